@@ -1,0 +1,1 @@
+"""Config loading: YAML recipes, dotted overrides, strict dataclasses."""

@@ -1,0 +1,179 @@
+"""YAML + dotted command-line overrides -> nested config dataclasses, strictly typed.
+
+Every config section is a plain dataclass. `build_dataclass` turns a nested dict into one, rejecting
+unknown keys (with the closest valid name), coercing strings from the command line to the field's type,
+and naming the full dotted key in every error.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Mapping, Type, TypeVar, Union
+
+import yaml
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A bad config key or value; the message names the dotted key and the fix."""
+
+
+def read_yaml(path: Union[str, Path]) -> Dict[str, Any]:
+    """Read a YAML mapping (empty file -> {})."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    with open(path) as f:
+        data = yaml.safe_load(f) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: top level must be a mapping, got {type(data).__name__}")
+    return data
+
+
+def parse_override(item: str) -> tuple[List[str], Any]:
+    """'train.lr=3e-4' -> (['train', 'lr'], '3e-4' parsed as YAML)."""
+    if "=" not in item:
+        raise ConfigError(f"override {item!r} must look like section.key=value")
+    key, raw = item.split("=", 1)
+    parts = key.strip().split(".")
+    if not all(parts):
+        raise ConfigError(f"override {item!r}: empty key component")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return parts, value
+
+
+def apply_overrides(tree: Dict[str, Any], overrides: Iterable[str]) -> Dict[str, Any]:
+    """Set dotted keys in a nested dict (in place, returned for chaining)."""
+    for item in overrides:
+        parts, value = parse_override(item)
+        node = tree
+        for i, part in enumerate(parts[:-1]):
+            nxt = node.setdefault(part, {})
+            if not isinstance(nxt, dict):
+                raise ConfigError(f"override {item!r}: {'.'.join(parts[: i + 1])} is not a section")
+            node = nxt
+        node[parts[-1]] = value
+    return tree
+
+
+def deep_merge(base: Mapping[str, Any], top: Mapping[str, Any]) -> Dict[str, Any]:
+    """Recursive dict merge; values in `top` win."""
+    out = dict(base)
+    for key, value in top.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _is_optional(tp: Any) -> tuple[bool, Any]:
+    origin = typing.get_origin(tp)
+    if origin in (Union, getattr(types, "UnionType", Union)):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) < len(typing.get_args(tp)) and len(args) == 1:
+            return True, args[0]
+    return False, tp
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    optional, inner = _is_optional(tp)
+    if value is None or (optional and isinstance(value, str) and value.lower() in ("none", "null")):
+        if optional or tp is Any:
+            return None
+        raise ConfigError(f"{key}: null is not allowed (expected {getattr(tp, '__name__', tp)})")
+    tp = inner
+    if tp is Any:
+        return value
+    if dataclasses.is_dataclass(tp):
+        if isinstance(value, str) and "path" in {f.name for f in dataclasses.fields(tp)}:
+            value = {"path": value}  # shorthand: a bare string is the entry's path
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{key}: expected a mapping for section {tp.__name__}, got {value!r}")
+        return build_dataclass(tp, value, prefix=key)
+    origin = typing.get_origin(tp)
+    if origin in (list, List, tuple):
+        (item_tp, *_) = typing.get_args(tp) or (Any,)
+        if isinstance(value, str):
+            value = [v for v in value.split(",") if v]
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{key}: expected a list, got {value!r}")
+        return [_coerce(v, item_tp, f"{key}[{i}]") for i, v in enumerate(value)]
+    if origin in (dict, Dict):
+        if not isinstance(value, Mapping):
+            raise ConfigError(f"{key}: expected a mapping, got {value!r}")
+        return dict(value)
+    if origin is typing.Literal:
+        choices = typing.get_args(tp)
+        if value not in choices:
+            raise ConfigError(f"{key}: {value!r} is not one of {list(choices)}")
+        return value
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+            return value.lower() in ("true", "1", "yes")
+        raise ConfigError(f"{key}: expected true/false, got {value!r}")
+    if tp is int:
+        if isinstance(value, bool):
+            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        try:
+            as_float = float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{key}: expected an integer, got {value!r}") from None
+        if as_float != int(as_float):
+            raise ConfigError(f"{key}: expected an integer, got {value!r}")
+        return int(as_float)
+    if tp is float:
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{key}: expected a number, got {value!r}") from None
+    if tp is str:
+        if isinstance(value, (dict, list)):
+            raise ConfigError(f"{key}: expected a string, got {value!r}")
+        return str(value)
+    return value
+
+
+def build_dataclass(cls: Type[T], data: Mapping[str, Any], prefix: str = "") -> T:
+    """Construct dataclass `cls` from a (nested) mapping; unknown keys are errors naming the key."""
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    kwargs = {}
+    for key, value in data.items():
+        dotted = f"{prefix}.{key}" if prefix else str(key)
+        if key not in fields:
+            close = difflib.get_close_matches(str(key), list(fields), n=1)
+            hint = f"; did you mean {(prefix + '.' if prefix else '') + close[0]!r}?" if close else ""
+            raise ConfigError(
+                f"unknown config key {dotted!r}{hint} (valid keys in "
+                f"{prefix or 'the top level'}: {', '.join(sorted(fields))})"
+            )
+        kwargs[key] = _coerce(value, hints[key], dotted)
+    try:
+        obj = cls(**kwargs)
+    except TypeError as e:
+        raise ConfigError(f"{prefix or cls.__name__}: {e}") from None
+    validate = getattr(obj, "validate", None)
+    if callable(validate):
+        validate()
+    return obj
+
+
+def to_dict(obj: Any) -> Any:
+    """Dataclass tree -> plain dict (for YAML/JSON dumps and checkpoints)."""
+    if dataclasses.is_dataclass(obj):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, (list, tuple)):
+        return [to_dict(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: to_dict(v) for k, v in obj.items()}
+    return obj

@@ -1,0 +1,186 @@
+"""The run config: one dataclass per concern, composed; loaded from YAML + `--set section.key=value`.
+
+    cfg = load_run_config("configs/tiny.yaml", ["parallel.tp=2", "train.iters=50", "run.dir=runs/x"])
+
+Unknown keys and invalid combinations are `ConfigError`s that name the key.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Literal, Optional, Sequence
+
+import yaml
+
+from cplm_megatron.config.loader import (
+    ConfigError,
+    apply_overrides,
+    build_dataclass,
+    read_yaml,
+    to_dict,
+)
+from cplm_megatron.data.config import DataConfig
+from cplm_megatron.model.builder import PrecisionConfig, RecomputeConfig
+from cplm_megatron.model.config import ModelConfig, resolve_model_section
+from cplm_megatron.model.copy_head import CopyHeadConfig
+from cplm_megatron.parallel.distributed import ParallelConfig
+from cplm_megatron.training.optimizer import OptimizerConfig, ScheduleConfig
+
+# Batch shape lives in train.*; the data section receives it (one source of truth).
+_BATCH_KEYS = ("seq_len", "micro_batch", "global_batch")
+
+
+@dataclass
+class RunSection:
+    """The `run.*` section."""
+
+    dir: str = "runs/default"
+    name: str = ""
+    seed: int = 1234
+
+
+@dataclass
+class TrainConfig:
+    """The `train.*` section: length, batch shape, cadence, failure policy."""
+
+    iters: Optional[int] = None
+    tokens: Optional[int] = None  # alternative to iters: train until this many tokens
+    micro_batch: int = 4
+    global_batch: int = 32
+    seq_len: int = 256
+    lr: float = 3e-4  # peak learning rate (after warmup)
+    min_lr: float = 3e-5  # floor of the decay
+    log_interval: int = 10
+    eval_interval: int = 0  # 0: no periodic validation
+    eval_iters: int = 4  # validation micro-batches per data-parallel rank per evaluation
+    max_nonfinite_steps: int = 5  # abort after this many non-finite losses in a row
+    exit_after_iters: Optional[int] = None  # stop (with a checkpoint) after this many iterations of this launch
+
+    def validate(self) -> None:
+        if (self.iters is None) == (self.tokens is None):
+            raise ConfigError("set exactly one of train.iters and train.tokens")
+        for key in ("micro_batch", "global_batch", "seq_len", "log_interval", "eval_iters", "max_nonfinite_steps"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"train.{key} must be >= 1, got {getattr(self, key)}")
+        if self.eval_interval < 0:
+            raise ConfigError(f"train.eval_interval must be >= 0, got {self.eval_interval}")
+        if self.lr <= 0 or not 0 <= self.min_lr <= self.lr:
+            raise ConfigError(f"train.lr/min_lr must satisfy lr > 0 and 0 <= min_lr <= lr (got {self.lr}/{self.min_lr})")
+        if self.global_batch % self.micro_batch:
+            raise ConfigError(f"train.global_batch={self.global_batch} is not a multiple of train.micro_batch={self.micro_batch}")
+
+    def total_iters(self) -> int:
+        """train.iters, or train.tokens converted with the global batch."""
+        if self.iters is not None:
+            return self.iters
+        per_step = self.global_batch * self.seq_len
+        return -(-int(self.tokens) // per_step)
+
+
+@dataclass
+class CheckpointConfig:
+    """The `checkpoint.*` section (torch_dist checkpoints under run.dir/checkpoints)."""
+
+    interval: int = 0  # 0: only at the end and on signals
+    keep: int = 2  # keep the newest N complete checkpoints
+    async_save: bool = False
+    load: Optional[str] = None  # initialize from this checkpoint dir when run.dir has none (fine-tune/convert)
+    load_optimizer: bool = True  # with `load`: also restore optimizer/scheduler/data state
+    resume: bool = True  # auto-resume from run.dir/checkpoints/latest
+
+    def validate(self) -> None:
+        if self.interval < 0:
+            raise ConfigError(f"checkpoint.interval must be >= 0, got {self.interval}")
+        if self.keep < 1:
+            raise ConfigError(f"checkpoint.keep must be >= 1, got {self.keep}")
+
+
+@dataclass
+class LoggingConfig:
+    """The `logging.*` section."""
+
+    wandb: bool = True
+    wandb_mode: Literal["offline", "online", "disabled"] = "offline"
+    wandb_project: str = "cplm-megatron"
+    wandb_entity: Optional[str] = None
+    peak_tflops: Optional[float] = None  # per-device peak for MFU; None: by GPU model (CPU: 1.0 nominal)
+
+
+@dataclass
+class RunConfig:
+    """Everything a training run needs."""
+
+    run: RunSection = field(default_factory=RunSection)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    copy_head: CopyHeadConfig = field(default_factory=CopyHeadConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    precision: PrecisionConfig = field(default_factory=PrecisionConfig)
+    recompute: RecomputeConfig = field(default_factory=RecomputeConfig)
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
+    train: TrainConfig = field(default_factory=lambda: TrainConfig(iters=100))
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+
+    def validate(self) -> None:
+        for key in _BATCH_KEYS:
+            setattr(self.data, key, getattr(self.train, key))
+        if self.train.seq_len > self.model.max_position_embeddings:
+            raise ConfigError(
+                f"train.seq_len={self.train.seq_len} exceeds model.max_position_embeddings="
+                f"{self.model.max_position_embeddings}"
+            )
+        if self.data.document_masking and self.model.layer_spec == "te":
+            raise ConfigError("data.document_masking=true needs model.layer_spec=local (explicit attention masks)")
+        if self.copy_head.fp8 and self.precision.dtype == "fp32":
+            raise ConfigError("copy_head.fp8=true needs precision.dtype=bf16")
+
+    def to_dict(self) -> Dict[str, Any]:
+        return to_dict(self)
+
+    def hash(self) -> str:
+        """Short hash of the resolved config (for scaling-study records)."""
+        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:12]
+
+
+def _check_batch_keys(tree: Dict[str, Any]) -> None:
+    data = tree.get("data") or {}
+    for key in _BATCH_KEYS:
+        if key in data:
+            raise ConfigError(f"data.{key} is set by train.{key}; remove data.{key} and set train.{key}")
+
+
+def build_run_config(tree: Dict[str, Any]) -> RunConfig:
+    """RunConfig from a nested dict (already merged with overrides)."""
+    tree = dict(tree)
+    _check_batch_keys(tree)
+    if "model" in tree:
+        if not isinstance(tree["model"], dict):
+            raise ConfigError(f"model: expected a mapping, got {tree['model']!r}")
+        tree["model"] = resolve_model_section(tree["model"])
+    return build_dataclass(RunConfig, tree)
+
+
+def load_run_config(path: Optional[str], overrides: Sequence[str] = ()) -> RunConfig:
+    """Read a YAML recipe (or start empty), apply dotted overrides, build and validate."""
+    tree = read_yaml(path) if path else {}
+    apply_overrides(tree, overrides)
+    return build_run_config(tree)
+
+
+def dump_run_config(cfg: RunConfig, path: Path) -> None:
+    """Write the resolved config as YAML (what the run actually used)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as f:
+        yaml.safe_dump(cfg.to_dict(), f, sort_keys=False)
+
+
+def overrides_from_args(items: Optional[List[str]]) -> List[str]:
+    """Flatten `--set a=1 b=2 --set c=3` argparse results."""
+    out: List[str] = []
+    for group in items or []:
+        out.extend(group if isinstance(group, list) else [group])
+    return out

@@ -1,0 +1,179 @@
+"""Build Megatron-Core `CPLMGPTModel` chunks from the model, copy-head, parallel and precision configs.
+
+The local (pure megatron-core) layer spec is used on CPU; the Transformer Engine spec when TE and
+CUDA are present (required for FP8). TE is imported lazily and never on CPU.
+"""
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from typing import List, Literal, Optional
+
+import torch
+import torch.nn.functional as F
+
+from cplm_megatron.config.loader import ConfigError
+from cplm_megatron.model.config import ModelConfig
+from cplm_megatron.model.copy_head import CopyHeadConfig
+from cplm_megatron.parallel.distributed import ParallelConfig
+
+
+@dataclass
+class PrecisionConfig:
+    """The `precision.*` section: parameter/compute dtype and FP8 (Transformer Engine only)."""
+
+    dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
+    fp8: Optional[Literal["hybrid", "e4m3"]] = None
+    fp8_recipe: Literal["delayed", "tensorwise", "mxfp8", "blockwise"] = "tensorwise"
+    fp8_amax_history_len: int = 1024
+    fp8_amax_compute_algo: Literal["max", "most_recent"] = "max"
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[self.dtype]
+
+    def validate(self) -> None:
+        if self.fp8 and self.dtype == "fp32":
+            raise ConfigError("precision.fp8 needs precision.dtype=bf16 (FP8 GEMMs run inside bf16 training)")
+
+
+@dataclass
+class RecomputeConfig:
+    """The `recompute.*` section: activation recomputation (Megatron's granularity/method)."""
+
+    granularity: Literal["none", "selective", "full"] = "none"
+    method: Literal["uniform", "block"] = "uniform"
+    num_layers: int = 1
+
+
+def te_available() -> bool:
+    """Transformer Engine importable and a CUDA device present."""
+    return torch.cuda.is_available() and importlib.util.find_spec("transformer_engine") is not None
+
+
+def use_te_spec(model: ModelConfig, precision: Optional[PrecisionConfig] = None) -> bool:
+    """Resolve `model.layer_spec` (auto: TE when available) and check FP8 can run."""
+    if model.layer_spec == "te" and not te_available():
+        raise ConfigError("model.layer_spec=te needs transformer_engine and a CUDA GPU; use model.layer_spec=local")
+    use_te = model.layer_spec == "te" or (model.layer_spec == "auto" and te_available())
+    if precision is not None and precision.fp8 and not use_te:
+        raise ConfigError("precision.fp8 needs the Transformer Engine layer spec (model.layer_spec=te on a GPU)")
+    return use_te
+
+
+def layer_spec(model: ModelConfig, use_te: bool):
+    """Megatron-Core transformer layer spec for the backbone."""
+    from megatron.core.models.gpt.gpt_layer_specs import (
+        get_gpt_layer_local_spec,
+        get_gpt_layer_with_transformer_engine_spec,
+    )
+
+    if use_te:
+        return get_gpt_layer_with_transformer_engine_spec()
+    return get_gpt_layer_local_spec(normalization=model.normalization)
+
+
+def transformer_config(
+    model: ModelConfig,
+    parallel: ParallelConfig,
+    precision: Optional[PrecisionConfig] = None,
+    recompute: Optional[RecomputeConfig] = None,
+    use_te: bool = False,
+):
+    """The Megatron TransformerConfig for this backbone and layout."""
+    from megatron.core.transformer import TransformerConfig
+
+    precision = precision or PrecisionConfig()
+    recompute = recompute or RecomputeConfig()
+    on_cpu = not torch.cuda.is_available()
+    dtype = precision.torch_dtype
+    kwargs = dict(
+        num_layers=model.num_layers,
+        hidden_size=model.hidden_size,
+        num_attention_heads=model.num_attention_heads,
+        num_query_groups=model.kv_heads,
+        ffn_hidden_size=model.ffn_hidden_size,
+        kv_channels=model.head_dim,
+        normalization=model.normalization,
+        layernorm_epsilon=model.norm_eps,
+        gated_linear_unit=model.gated,
+        activation_func=F.silu if model.gated else F.gelu,
+        add_bias_linear=model.add_bias_linear,
+        add_qkv_bias=model.add_bias_linear,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        init_method_std=model.init_method_std,
+        tensor_model_parallel_size=parallel.tp,
+        pipeline_model_parallel_size=parallel.pp,
+        virtual_pipeline_model_parallel_size=parallel.vpp,
+        sequence_parallel=parallel.sp,
+        context_parallel_size=parallel.cp,
+        params_dtype=dtype,
+        pipeline_dtype=dtype,
+        bf16=precision.dtype == "bf16",
+        fp16=precision.dtype == "fp16",
+        use_cpu_initialization=on_cpu,
+        # fusions that need Apex/TE/CUDA kernels
+        bias_activation_fusion=use_te and model.add_bias_linear,
+        masked_softmax_fusion=use_te,
+        persist_layer_norm=False,
+        bias_dropout_fusion=use_te,
+        apply_rope_fusion=False,
+        gradient_accumulation_fusion=use_te,
+        cross_entropy_loss_fusion=False,
+        deallocate_pipeline_outputs=True,
+        calculate_per_token_loss=True,  # losses are token sums; grads normalized by global token count
+    )
+    if recompute.granularity != "none":
+        kwargs["recompute_granularity"] = recompute.granularity
+        if recompute.granularity == "full":
+            kwargs["recompute_method"] = recompute.method
+            kwargs["recompute_num_layers"] = recompute.num_layers
+    if precision.fp8:
+        kwargs.update(
+            fp8=precision.fp8,
+            fp8_recipe=precision.fp8_recipe,
+            fp8_amax_history_len=precision.fp8_amax_history_len,
+            fp8_amax_compute_algo=precision.fp8_amax_compute_algo,
+        )
+    return TransformerConfig(**kwargs)
+
+
+def build_model(
+    model: ModelConfig,
+    copy_head: Optional[CopyHeadConfig],
+    parallel: ParallelConfig,
+    precision: Optional[PrecisionConfig] = None,
+    recompute: Optional[RecomputeConfig] = None,
+    max_seq_len: Optional[int] = None,
+) -> List["torch.nn.Module"]:
+    """This rank's model chunks (one per virtual pipeline stage); Megatron parallel state must exist."""
+    from megatron.core import parallel_state as ps
+
+    from cplm_megatron.model.cplm_gpt import CPLMGPTModel
+
+    te = use_te_spec(model, precision)
+    config = transformer_config(model, parallel, precision, recompute, te)
+    spec = layer_spec(model, te)
+    vpp = parallel.vpp
+    chunks = []
+    for vp_stage in range(vpp or 1):
+        stage = vp_stage if vpp else None
+        chunk = CPLMGPTModel(
+            config=config,
+            transformer_layer_spec=spec,
+            vocab_size=model.padded_vocab_size,
+            max_sequence_length=max_seq_len or model.max_position_embeddings,
+            pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=stage),
+            post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=stage),
+            parallel_output=True,
+            share_embeddings_and_output_weights=model.tie_embeddings,
+            position_embedding_type=model.position_embedding,
+            rotary_base=int(model.rope_theta),
+            copy_head=copy_head,
+            vp_stage=stage,
+        )
+        if torch.cuda.is_available() and not any(p.is_meta for p in chunk.parameters()):
+            chunk.cuda(torch.cuda.current_device())
+        chunks.append(chunk)
+    return chunks

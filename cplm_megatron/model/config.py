@@ -1,0 +1,104 @@
+"""Backbone shape and recipe: the `model.*` config section and the named presets in configs/models/."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Literal, Optional
+
+from cplm_megatron.config.loader import ConfigError, deep_merge, read_yaml
+
+PRESET_DIR = Path(__file__).resolve().parents[2] / "configs" / "models"
+
+
+@dataclass
+class ModelConfig:
+    """A GPT backbone (Llama family or GPT-2 family) as Megatron-Core builds it."""
+
+    preset: str = ""
+    family: Literal["llama", "gpt2"] = "llama"
+    num_layers: int = 4
+    hidden_size: int = 128
+    num_attention_heads: int = 4
+    num_query_groups: Optional[int] = None  # KV heads; None = multi-head attention
+    ffn_hidden_size: int = 384
+    kv_channels: Optional[int] = None  # head dim; None = hidden_size / num_attention_heads
+    vocab_size: int = 4096
+    vocab_pad_multiple: int = 128  # padded vocab is layout-independent, so checkpoints reshard
+    max_position_embeddings: int = 2048
+    position_embedding: Literal["rope", "learned_absolute"] = "rope"
+    rope_theta: float = 10000.0
+    normalization: Literal["RMSNorm", "LayerNorm"] = "RMSNorm"
+    norm_eps: float = 1e-5
+    activation: Literal["swiglu", "gelu"] = "swiglu"
+    add_bias_linear: bool = False
+    tie_embeddings: bool = True
+    init_method_std: float = 0.02
+    layer_spec: Literal["auto", "local", "te"] = "auto"
+    default_tp: int = 1  # suggested layout for 8-GPU nodes (model_info, SLURM scripts)
+    default_pp: int = 1
+
+    @property
+    def head_dim(self) -> int:
+        return self.kv_channels or self.hidden_size // self.num_attention_heads
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_query_groups or self.num_attention_heads
+
+    @property
+    def padded_vocab_size(self) -> int:
+        m = self.vocab_pad_multiple
+        return ((self.vocab_size + m - 1) // m) * m
+
+    @property
+    def gated(self) -> bool:
+        return self.activation == "swiglu"
+
+    def validate(self) -> None:
+        """Shape checks that do not depend on the parallel layout."""
+        positive = ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "vocab_size")
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"model.{name} must be positive, got {getattr(self, name)}")
+        if self.kv_channels is None and self.hidden_size % self.num_attention_heads:
+            raise ConfigError(
+                f"model.hidden_size={self.hidden_size} is not divisible by "
+                f"model.num_attention_heads={self.num_attention_heads}; set model.kv_channels"
+            )
+        if self.num_attention_heads % self.kv_heads:
+            raise ConfigError(
+                f"model.num_attention_heads={self.num_attention_heads} is not divisible by "
+                f"model.num_query_groups={self.kv_heads}"
+            )
+        if self.vocab_pad_multiple <= 0:
+            raise ConfigError(f"model.vocab_pad_multiple must be positive, got {self.vocab_pad_multiple}")
+
+
+def available_presets() -> List[str]:
+    """Names of the YAML presets under configs/models/."""
+    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+
+
+def preset_dict(name: str) -> Dict[str, Any]:
+    """The raw mapping of a named preset (its file name without .yaml)."""
+    path = PRESET_DIR / f"{name}.yaml"
+    if not path.is_file():
+        raise ConfigError(f"unknown model.preset {name!r}; available: {', '.join(available_presets())}")
+    data = read_yaml(path)
+    data["preset"] = name
+    return data
+
+
+def resolve_model_section(section: Dict[str, Any]) -> Dict[str, Any]:
+    """Expand `model.preset` into its fields; explicit keys in the section override the preset."""
+    name = section.get("preset")
+    if not name:
+        return dict(section)
+    return deep_merge(preset_dict(str(name)), section)
+
+
+def load_preset(name: str, **overrides: Any) -> ModelConfig:
+    """A ModelConfig from a named preset plus keyword overrides."""
+    from cplm_megatron.config.loader import build_dataclass
+
+    return build_dataclass(ModelConfig, resolve_model_section({"preset": name, **overrides}), "model")

@@ -1,0 +1,226 @@
+"""The Copy-Paste head: copy distribution over earlier labels, gated mixture with the LM head.
+
+Contract: DESIGN.md "The Copy-Paste head". Training never builds a vocabulary-sized copy tensor:
+``log p_LM(y_t) = -CE_t`` comes from Megatron's vocab-parallel cross entropy and
+``log p_copy(y_t)`` from two log-sum-exps over candidates (cplm_kernels). The parameters are
+replicated on every TP rank; the head sees full (sequence-gathered) hidden states, so its gradients
+are identical across TP ranks and need no reduction.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Dict, Literal, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import cplm_kernels
+from cplm_megatron.config.loader import ConfigError
+
+NEG_INF = float("-inf")
+
+
+@dataclass
+class CopyHeadConfig:
+    """The `copy_head.*` section."""
+
+    enabled: bool = True
+    heads: int = 4
+    head_dim: int = 64
+    qk_norm: bool = False
+    norm_eps: float = 1e-5
+    gate_bias_init: float = -2.0
+    mixing: Literal["gate", "constant"] = "gate"  # constant: g = sigmoid(b_g), no dependence on h
+    lm_loss_weight: float = 0.0  # auxiliary LM-only cross entropy
+    copy_loss_weight: float = 0.0  # auxiliary copy-only NLL on positions with a matching candidate
+    impl: Literal["auto", "naive", "chunked", "fused"] = "auto"
+    block_size: int = 128  # query block of the chunked implementation
+    fp8: bool = False  # fused impl only: quantize q/k to float8_e4m3fn (current amax scaling)
+
+    def validate(self) -> None:
+        if self.heads < 1 or self.head_dim < 1:
+            raise ConfigError(f"copy_head.heads/head_dim must be >= 1, got {self.heads}/{self.head_dim}")
+        if self.block_size < 1:
+            raise ConfigError(f"copy_head.block_size must be >= 1, got {self.block_size}")
+        if self.lm_loss_weight < 0 or self.copy_loss_weight < 0:
+            raise ConfigError("copy_head.lm_loss_weight and copy_head.copy_loss_weight must be >= 0")
+        if self.fp8 and self.impl not in ("fused", "auto"):
+            raise ConfigError(f"copy_head.fp8=true needs copy_head.impl=fused (got {self.impl!r})")
+
+
+LseFn = Callable[..., Tuple[torch.Tensor, torch.Tensor]]
+
+
+def resolve_impl(cfg: CopyHeadConfig, device: torch.device) -> str:
+    """`auto` -> fused on CUDA when the Triton kernel is importable, else chunked."""
+    if cfg.impl != "auto":
+        if cfg.impl == "fused" and not _fused_available():
+            raise ConfigError(
+                "copy_head.impl=fused needs triton and a CUDA device (or TRITON_INTERPRET=1); "
+                "use copy_head.impl=chunked on CPU"
+            )
+        return cfg.impl
+    if device.type == "cuda" and _fused_available():
+        return "fused"
+    return "chunked"
+
+
+def _fused_available() -> bool:
+    probe = getattr(cplm_kernels, "fused_available", None)
+    return bool(probe and probe())
+
+
+def safe_logsumexp(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """logsumexp that returns -inf for all -inf rows with zero (not NaN) gradients."""
+    any_finite = torch.isfinite(x).any(dim, keepdim=True)
+    out = torch.logsumexp(torch.where(any_finite, x, 0.0), dim=dim, keepdim=True)
+    return torch.where(any_finite, out, NEG_INF).squeeze(dim)
+
+
+def candidate_labels(labels: torch.Tensor, loss_mask: Optional[torch.Tensor]) -> torch.Tensor:
+    """Labels as copy candidates: ignored (<0) or loss-masked positions become -1 (never candidates)."""
+    valid = labels >= 0
+    if loss_mask is not None:
+        valid = valid & (loss_mask > 0)
+    return torch.where(valid, labels, -1)
+
+
+@dataclass
+class CopyHeadOutput:
+    """Per-token results, all [b, s]."""
+
+    loss: torch.Tensor  # mixture NLL (+ auxiliary terms)
+    lm_ce: torch.Tensor  # -log p_LM(y_t)
+    mix_nll: torch.Tensor  # -log p(y_t) of the mixture
+    gate: torch.Tensor  # g_t (0 where no candidate)
+    has_candidate: torch.Tensor  # bool
+    has_match: torch.Tensor  # bool: some candidate proposes y_t
+    log_p_copy: torch.Tensor  # log p_copy(y_t) (-inf without a match)
+
+    def metrics(self) -> Dict[str, torch.Tensor]:
+        """Detached per-token tensors the loss function reduces with the loss mask."""
+        return {
+            "lm_loss": self.lm_ce.detach(),
+            "mix_loss": self.mix_nll.detach(),
+            "gate_mean": self.gate.detach(),
+            "match_frac": self.has_match.detach().float(),
+            "copy_prob": self.log_p_copy.detach().exp(),
+        }
+
+
+class CopyPasteHead(nn.Module):
+    """q/k projections (+ optional per-head RMSNorm) and the gate; replicated across TP ranks."""
+
+    def __init__(self, hidden_size: int, cfg: CopyHeadConfig, init_std: float = 0.02,
+                 params_dtype: torch.dtype = torch.float32):
+        super().__init__()
+        self.cfg = cfg
+        inner = cfg.heads * cfg.head_dim
+        self.q_proj = nn.Linear(hidden_size, inner, bias=False, dtype=params_dtype)
+        self.k_proj = nn.Linear(hidden_size, inner, bias=False, dtype=params_dtype)
+        if cfg.qk_norm:
+            self.q_norm = nn.RMSNorm(cfg.head_dim, eps=cfg.norm_eps, dtype=params_dtype)
+            self.k_norm = nn.RMSNorm(cfg.head_dim, eps=cfg.norm_eps, dtype=params_dtype)
+        self.gate = nn.Linear(hidden_size, 1, bias=True, dtype=params_dtype)
+        with torch.no_grad():
+            nn.init.normal_(self.q_proj.weight, std=init_std)
+            nn.init.normal_(self.k_proj.weight, std=init_std)
+            nn.init.normal_(self.gate.weight, std=init_std)
+            self.gate.bias.fill_(cfg.gate_bias_init)
+            if cfg.mixing == "constant":
+                self.gate.weight.zero_()
+                self.gate.weight.requires_grad_(False)
+        self.scale = 1.0 / math.sqrt(cfg.head_dim)
+
+    def queries_keys(self, hidden: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """[b, s, h] -> q, k as [b, H, s, d]."""
+        b, s, _ = hidden.shape
+        shape = (b, s, self.cfg.heads, self.cfg.head_dim)
+        q = self.q_proj(hidden).view(shape)
+        k = self.k_proj(hidden).view(shape)
+        if self.cfg.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        return q.transpose(1, 2), k.transpose(1, 2)
+
+    def gate_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[b, s, h] -> [b, s] gate logits (fp32)."""
+        return self.gate(hidden).squeeze(-1).float()
+
+    def copy_lse(self, q, k, cand_labels, doc_ids, impl: str) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(lse_all, lse_match) [b, H, s] with the chosen implementation."""
+        if impl == "naive":
+            return cplm_kernels.copy_lse_naive(q, k, cand_labels, doc_ids, self.scale)
+        if impl == "chunked":
+            return cplm_kernels.copy_lse_chunked(q, k, cand_labels, doc_ids, self.scale, self.cfg.block_size)
+        if impl == "fused":
+            if self.cfg.fp8:
+                q8, qs = cplm_kernels.quantize_fp8(q)
+                k8, ks = cplm_kernels.quantize_fp8(k)
+                return cplm_kernels.copy_lse_fused(q8, k8, cand_labels, doc_ids, self.scale, q_scale=qs, k_scale=ks)
+            return cplm_kernels.copy_lse_fused(q, k, cand_labels, doc_ids, self.scale)
+        raise ConfigError(f"unknown copy_head.impl {impl!r}")
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        lm_ce: torch.Tensor,
+        labels: torch.Tensor,
+        loss_mask: Optional[torch.Tensor] = None,
+        doc_ids: Optional[torch.Tensor] = None,
+        impl: Optional[str] = None,
+    ) -> CopyHeadOutput:
+        """Mixture loss per token.
+
+        hidden: final-normed [b, s, h] (full sequence); lm_ce: [b, s] = -log p_LM(y_t);
+        labels: [b, s]; loss_mask: [b, s] (0 = padded/ignored, never a candidate); doc_ids: [b, s] or None.
+        """
+        impl = impl or resolve_impl(self.cfg, hidden.device)
+        cand = candidate_labels(labels, loss_mask)
+        q, k = self.queries_keys(hidden)
+        lse_all, lse_match = self.copy_lse(q, k, cand, doc_ids, impl)
+        has_cand = torch.isfinite(lse_all[:, 0])
+        log_p_head = torch.where(has_cand[:, None], lse_match - torch.where(has_cand[:, None], lse_all, 0.0), NEG_INF)
+        log_p_copy = safe_logsumexp(log_p_head, dim=1) - math.log(self.cfg.heads)
+        has_match = torch.isfinite(log_p_copy)
+
+        z = self.gate_logits(hidden)
+        log_g = torch.where(has_cand, F.logsigmoid(z), NEG_INF)
+        log_1mg = torch.where(has_cand, F.logsigmoid(-z), 0.0)
+        lm_ce = lm_ce.float()
+        copy_term = torch.where(has_match, log_g + torch.where(has_match, log_p_copy, 0.0), NEG_INF)
+        mix_nll = -torch.logaddexp(log_1mg - lm_ce, copy_term)
+
+        loss = mix_nll
+        if self.cfg.lm_loss_weight:
+            loss = loss + self.cfg.lm_loss_weight * lm_ce
+        if self.cfg.copy_loss_weight:
+            loss = loss + self.cfg.copy_loss_weight * torch.where(has_match, -log_p_copy, 0.0)
+        gate = torch.where(has_cand, torch.sigmoid(z), 0.0)
+        return CopyHeadOutput(loss, lm_ce, mix_nll, gate, has_cand, has_match, log_p_copy)
+
+    def mixture_log_probs(
+        self,
+        hidden: torch.Tensor,
+        lm_log_probs: torch.Tensor,
+        labels: torch.Tensor,
+        vocab_start: int,
+        loss_mask: Optional[torch.Tensor] = None,
+        doc_ids: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
+        """log p(v|t) of the mixture for the vocab slice [vocab_start, vocab_start + V_slice).
+
+        lm_log_probs: [b, s, V_slice] log p_LM normalized over the FULL vocabulary. Copy mass is
+        scattered only for candidate labels inside the slice, so summing exp() over all TP slices gives 1.
+        """
+        vocab_end = vocab_start + lm_log_probs.shape[-1]
+        cand = candidate_labels(labels, loss_mask)
+        q, k = self.queries_keys(hidden)
+        p_copy, has_cand = cplm_kernels.copy_distribution(
+            q, k, cand, vocab_start, vocab_end, doc_ids, self.scale, self.cfg.block_size
+        )
+        z = self.gate_logits(hidden)
+        log_g = torch.where(has_cand, F.logsigmoid(z), NEG_INF)[..., None]
+        log_1mg = torch.where(has_cand, F.logsigmoid(-z), 0.0)[..., None]
+        return torch.logaddexp(log_1mg + lm_log_probs.float(), log_g + torch.log(p_copy))

@@ -1,0 +1,1 @@
+"""cplm_megatron.parallel"""

@@ -1,0 +1,250 @@
+"""Process-group and Megatron parallel-state setup from torchrun or SLURM environments.
+
+`init_distributed` validates the layout against the model first (so a bad layout fails before any
+rendezvous), applies the CPU-compat layer where it is needed, picks nccl on CUDA and gloo on CPU,
+initializes Megatron's parallel state (tp, pp, virtual pp, sp; dp derived) and seeds every RNG the
+way Megatron-LM does.
+"""
+from __future__ import annotations
+
+import os
+import random
+import re
+import socket
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import List, Mapping, Optional
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from cplm_megatron.config.loader import ConfigError
+from cplm_megatron.model.config import ModelConfig
+
+
+@dataclass
+class ParallelConfig:
+    """The `parallel.*` section: model-parallel sizes; data parallelism is what remains."""
+
+    tp: int = 1
+    pp: int = 1
+    vpp: Optional[int] = None  # virtual pipeline stages (model chunks) per pipeline rank
+    sp: bool = False
+    cp: int = 1
+    backend: str = "auto"  # auto | nccl | gloo
+    timeout_minutes: int = 30
+
+    def validate(self) -> None:
+        for name in ("tp", "pp", "cp", "timeout_minutes"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"parallel.{name} must be >= 1, got {getattr(self, name)}")
+        if self.vpp is not None and (self.vpp < 1 or self.pp < 2):
+            raise ConfigError(f"parallel.vpp={self.vpp} needs parallel.pp >= 2 (got pp={self.pp}) and vpp >= 1")
+        if self.sp and self.tp < 2:
+            raise ConfigError("parallel.sp=true needs parallel.tp >= 2 (sequence parallelism shards over TP)")
+        if self.cp != 1:
+            raise ConfigError(f"parallel.cp={self.cp}: context parallelism is not supported yet; use cp=1")
+        if self.backend not in ("auto", "nccl", "gloo"):
+            raise ConfigError(f"parallel.backend must be auto|nccl|gloo, got {self.backend!r}")
+
+
+@dataclass
+class DistEnv:
+    """Where this process sits in the job, as the launcher told it."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    master_addr: str
+    master_port: int
+    launcher: str  # torchrun | slurm | single
+
+
+@dataclass
+class Layout:
+    """This rank's coordinates in the Megatron process grid."""
+
+    rank: int
+    world_size: int
+    tp: int
+    pp: int
+    dp: int
+    vpp: Optional[int]
+    sp: bool
+    tp_rank: int
+    pp_rank: int
+    dp_rank: int
+    device: torch.device
+
+    @property
+    def is_last_stage(self) -> bool:
+        return self.pp_rank == self.pp - 1
+
+    @property
+    def is_first_stage(self) -> bool:
+        return self.pp_rank == 0
+
+
+def expand_hostlist(nodelist: str) -> List[str]:
+    """SLURM host list -> host names: 'gpu[01-03,7],login' -> ['gpu01', 'gpu02', 'gpu03', 'gpu7', 'login']."""
+    hosts: List[str] = []
+    for match in re.finditer(r"([^,\[]+)(\[([^\]]*)\])?([^,\[]*)", nodelist):
+        prefix, ranges, suffix = match.group(1), match.group(3), match.group(4)
+        if not prefix and not ranges:
+            continue
+        if ranges is None:
+            hosts.append(prefix + suffix)
+            continue
+        for part in ranges.split(","):
+            if "-" in part:
+                lo, hi = part.split("-", 1)
+                hosts.extend(f"{prefix}{i:0{len(lo)}d}{suffix}" for i in range(int(lo), int(hi) + 1))
+            else:
+                hosts.append(prefix + part + suffix)
+    return hosts
+
+
+def master_port_for_job(job_id: str) -> int:
+    """A port all tasks of one SLURM job agree on without talking: 15000 + job id mod 20000."""
+    digits = re.sub(r"\D", "", str(job_id)) or "0"
+    return 15000 + int(digits) % 20000
+
+
+def free_port() -> int:
+    """An unused TCP port on 127.0.0.1."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def detect_env(env: Optional[Mapping[str, str]] = None) -> DistEnv:
+    """Read torchrun's (RANK/WORLD_SIZE/...) or SLURM's (SLURM_PROCID/NTASKS/...) environment."""
+    env = os.environ if env is None else env
+    if "RANK" in env and "WORLD_SIZE" in env:
+        return DistEnv(
+            rank=int(env["RANK"]),
+            world_size=int(env["WORLD_SIZE"]),
+            local_rank=int(env.get("LOCAL_RANK", 0)),
+            local_world_size=int(env.get("LOCAL_WORLD_SIZE", env["WORLD_SIZE"])),
+            master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+            master_port=int(env.get("MASTER_PORT", 29500)),
+            launcher="torchrun",
+        )
+    if "SLURM_PROCID" in env and "SLURM_NTASKS" in env:
+        nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or "127.0.0.1"
+        hosts = expand_hostlist(nodelist)
+        job_id = env.get("SLURM_JOB_ID", "0")
+        ntasks = int(env["SLURM_NTASKS"])
+        per_node = env.get("SLURM_NTASKS_PER_NODE", "").split("(")[0]
+        return DistEnv(
+            rank=int(env["SLURM_PROCID"]),
+            world_size=ntasks,
+            local_rank=int(env.get("SLURM_LOCALID", 0)),
+            local_world_size=int(per_node) if per_node.isdigit() else ntasks,
+            master_addr=env.get("MASTER_ADDR") or (hosts[0] if hosts else "127.0.0.1"),
+            master_port=int(env.get("MASTER_PORT") or master_port_for_job(job_id)),
+            launcher="slurm",
+        )
+    return DistEnv(0, 1, 0, 1, "127.0.0.1", int(env.get("MASTER_PORT", 0)) or free_port(), "single")
+
+
+def validate_layout(world_size: int, parallel: ParallelConfig, model: ModelConfig) -> int:
+    """Check the layout against the world and the model; returns the data-parallel size."""
+    parallel.validate()
+    mp = parallel.tp * parallel.pp * parallel.cp
+    if world_size % mp:
+        raise ConfigError(
+            f"world size {world_size} is not divisible by parallel.tp*parallel.pp*parallel.cp = "
+            f"{parallel.tp}*{parallel.pp}*{parallel.cp} = {mp}; change the layout or the number of processes"
+        )
+    if model.num_attention_heads % parallel.tp:
+        raise ConfigError(
+            f"model.num_attention_heads={model.num_attention_heads} is not divisible by "
+            f"parallel.tp={parallel.tp}"
+        )
+    if model.kv_heads % parallel.tp:
+        raise ConfigError(
+            f"KV heads (model.num_query_groups={model.kv_heads}) are not divisible by parallel.tp={parallel.tp}"
+        )
+    stages = parallel.pp * (parallel.vpp or 1)
+    if model.num_layers % stages:
+        raise ConfigError(
+            f"model.num_layers={model.num_layers} is not divisible by parallel.pp={parallel.pp}"
+            + (f" x parallel.vpp={parallel.vpp}" if parallel.vpp else "")
+        )
+    if model.padded_vocab_size % parallel.tp:
+        raise ConfigError(
+            f"padded vocab {model.padded_vocab_size} (model.vocab_size={model.vocab_size}, "
+            f"model.vocab_pad_multiple={model.vocab_pad_multiple}) is not divisible by parallel.tp={parallel.tp}"
+        )
+    return world_size // mp
+
+
+def set_seed(seed: int) -> None:
+    """Megatron-LM's seeding: seed + 100 * pipeline rank for python/numpy/torch, then the TP RNG tracker."""
+    from megatron.core import parallel_state as ps
+    from megatron.core import tensor_parallel
+
+    stage_seed = seed + 100 * ps.get_pipeline_model_parallel_rank()
+    random.seed(stage_seed)
+    np.random.seed(stage_seed)
+    torch.manual_seed(stage_seed)  # on CPU also the "data-parallel" RNG state
+    tensor_parallel.model_parallel_cuda_manual_seed(stage_seed)
+
+
+def init_distributed(
+    parallel: ParallelConfig, model: ModelConfig, seed: int = 1234, env: Optional[DistEnv] = None
+) -> Layout:
+    """Initialize torch.distributed + Megatron parallel state for this process."""
+    from cplm_megatron.parallel.cpu_compat import apply_compat
+
+    env = env or detect_env()
+    dp = validate_layout(env.world_size, parallel, model)
+    apply_compat()
+    cuda = torch.cuda.is_available()
+    backend = parallel.backend if parallel.backend != "auto" else ("nccl" if cuda else "gloo")
+    if cuda:
+        torch.cuda.set_device(env.local_rank % torch.cuda.device_count())
+    if not dist.is_initialized():
+        dist.init_process_group(
+            backend=backend,
+            init_method=f"tcp://{env.master_addr}:{env.master_port}",
+            rank=env.rank,
+            world_size=env.world_size,
+            timeout=timedelta(minutes=parallel.timeout_minutes),
+        )
+    from megatron.core import parallel_state as ps
+
+    if not ps.model_parallel_is_initialized():
+        ps.initialize_model_parallel(
+            tensor_model_parallel_size=parallel.tp,
+            pipeline_model_parallel_size=parallel.pp,
+            virtual_pipeline_model_parallel_size=parallel.vpp,
+            context_parallel_size=parallel.cp,
+        )
+    set_seed(seed)
+    return Layout(
+        rank=env.rank,
+        world_size=env.world_size,
+        tp=parallel.tp,
+        pp=parallel.pp,
+        dp=dp,
+        vpp=parallel.vpp,
+        sp=parallel.sp,
+        tp_rank=ps.get_tensor_model_parallel_rank(),
+        pp_rank=ps.get_pipeline_model_parallel_rank(),
+        dp_rank=ps.get_data_parallel_rank(),
+        device=torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu"),
+    )
+
+
+def destroy_distributed() -> None:
+    """Tear down Megatron parallel state and the default process group."""
+    from megatron.core import parallel_state as ps
+
+    if ps.model_parallel_is_initialized():
+        ps.destroy_model_parallel()
+    if dist.is_initialized():
+        dist.destroy_process_group()

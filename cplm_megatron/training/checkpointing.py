@@ -1,0 +1,235 @@
+"""Training checkpoints: torch_dist (megatron.core.dist_checkpointing), atomic `latest`, keep-last-N.
+
+Layout under `<run.dir>/checkpoints/`:
+
+    iter_0000100/      model + optimizer (+ rng, when the layout matches) sharded tensors,
+                       common state (iteration, consumed tokens, scheduler, data loader, config)
+    iter_0000100/cplm_state.json   the same scalars + saving layout, readable without torch
+    latest             "iter_0000100", written (atomically, by rank 0) only after every rank
+                       finished writing; auto-resume reads it
+
+A crash during a save leaves `latest` on the previous complete checkpoint; the partial directory is
+removed by the next successful save. Model and optimizer states reshard to any TP/PP/DP layout
+(optimizer: Megatron's `fully_reshardable` format); RNG states are restored only under the saving layout.
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from cplm_megatron.training.weights import load_model_state, model_sharded_state_dict
+
+LATEST = "latest"
+STATE_JSON = "cplm_state.json"
+OPTIM_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
+# Fault-injection hook for the crash-during-save test: exit hard after writing shards, before finalize.
+CRASH_ENV = "CPLM_FAULT_CRASH_DURING_SAVE_ITER"
+
+
+@dataclass
+class TrainState:
+    """Scalars restored with a checkpoint."""
+
+    iteration: int = 0
+    consumed_tokens: int = 0
+    skipped_steps: int = 0
+
+
+def iter_dir_name(iteration: int) -> str:
+    return f"iter_{iteration:07d}"
+
+
+def read_latest(ckpt_root: Path) -> Optional[Path]:
+    """The checkpoint `latest` points at, or None (a dangling marker is an error naming the fix)."""
+    marker = Path(ckpt_root) / LATEST
+    if not marker.is_file():
+        return None
+    name = marker.read_text().strip()
+    path = Path(ckpt_root) / name
+    if not (path / "metadata.json").is_file() or not (path / STATE_JSON).is_file():
+        raise FileNotFoundError(
+            f"{marker} points at {name}, which is missing or incomplete; restore it or delete {marker} to start over"
+        )
+    return path
+
+
+def _layout() -> Dict[str, int]:
+    from megatron.core import parallel_state as ps
+
+    return {
+        "tp": ps.get_tensor_model_parallel_world_size(),
+        "pp": ps.get_pipeline_model_parallel_world_size(),
+        "dp": ps.get_data_parallel_world_size(),
+    }
+
+
+def _rng_sharded_object(load: bool):
+    """Per-(pp, tp) RNG states as a ShardedObject (replicated across DP), as Megatron-LM saves them."""
+    from megatron.core import parallel_state as ps
+    from megatron.core import tensor_parallel
+    from megatron.core.dist_checkpointing.mapping import ShardedObject
+
+    state = None
+    if not load:
+        state = {
+            "random": random.getstate(),
+            "numpy": np.random.get_state(),
+            "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
+            "tracker": tensor_parallel.get_cuda_rng_tracker().get_states(),
+        }
+    pp, tp = ps.get_pipeline_model_parallel_world_size(), ps.get_tensor_model_parallel_world_size()
+    return ShardedObject(
+        "rng_state", state, (pp, tp),
+        (ps.get_pipeline_model_parallel_rank(), ps.get_tensor_model_parallel_rank()),
+        replica_id=ps.get_data_parallel_rank(with_context_parallel=True),
+    )
+
+
+def _restore_rng(state: Dict[str, Any]) -> None:
+    from megatron.core import tensor_parallel
+
+    random.setstate(state["random"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if state.get("cuda") is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+    tensor_parallel.get_cuda_rng_tracker().set_states(state["tracker"])
+
+
+class Checkpointer:
+    """Save/resume of the full training state for one run directory (all methods are collective)."""
+
+    def __init__(self, ckpt_root: Path, keep: int = 2, async_save: bool = False, log: Callable[[str], None] = print):
+        self.root = Path(ckpt_root)
+        self.keep = keep
+        self.async_save = async_save
+        self.log = log
+        self._queue = None
+        if async_save:
+            from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
+
+            self._queue = AsyncCallsQueue(persistent=False)
+
+    # ---------------------------------------------------------------- save
+    def _sharded_state(self, chunks, optimizer, load: bool, with_rng: bool) -> Dict[str, Any]:
+        state = model_sharded_state_dict(chunks)
+        if optimizer is not None:
+            state["optimizer"] = optimizer.sharded_state_dict(state, is_loading=load, metadata=OPTIM_METADATA)
+        if with_rng:
+            state["rng_state"] = _rng_sharded_object(load)
+        return state
+
+    def save(self, chunks, optimizer, scheduler, train_state: TrainState, data_state: Optional[Dict],
+             config: Dict[str, Any]) -> Path:
+        """Save iteration `train_state.iteration`; `latest` moves only once every rank has finished."""
+        from megatron.core import dist_checkpointing
+
+        self.wait()  # one save in flight at a time
+        target = self.root / iter_dir_name(train_state.iteration)
+        rank = dist.get_rank()
+        if rank == 0:
+            if target.exists():  # a partial leftover of a crashed save of the same iteration
+                shutil.rmtree(target)
+            target.mkdir(parents=True)
+        dist.barrier()
+        state = self._sharded_state(chunks, optimizer, load=False, with_rng=True)
+        state.update(
+            scheduler=scheduler.state_dict() if scheduler is not None else None,
+            train_state=vars(train_state).copy(),
+            data=data_state,
+            config=config,
+        )
+        request = dist_checkpointing.save(state, str(target), async_sharded_save=self.async_save)
+        if int(os.environ.get(CRASH_ENV, "-1")) == train_state.iteration:
+            os._exit(17)
+        finalize = lambda: self._finalize(target, train_state)  # noqa: E731
+        if self.async_save:
+            request.add_finalize_fn(finalize)
+            self._queue.schedule_async_request(request)
+        else:
+            finalize()
+        return target
+
+    def _finalize(self, target: Path, train_state: TrainState) -> None:
+        dist.barrier()  # every rank's shards (and rank 0's metadata) are on disk
+        if dist.get_rank() == 0:
+            record = {**vars(train_state), "layout": _layout()}
+            _atomic_write(target / STATE_JSON, json.dumps(record, indent=2))
+            _atomic_write(self.root / LATEST, target.name + "\n")
+            self._prune(keep_name=target.name)
+            self.log(f"[checkpoint] saved {target} (iteration {train_state.iteration})")
+        dist.barrier()
+
+    def _prune(self, keep_name: str) -> None:
+        complete = sorted(p for p in self.root.glob("iter_*") if (p / STATE_JSON).is_file())
+        for old in complete[: max(0, len(complete) - self.keep)]:
+            if old.name != keep_name:
+                shutil.rmtree(old, ignore_errors=True)
+        for partial in self.root.glob("iter_*"):
+            if partial.name != keep_name and not (partial / STATE_JSON).is_file():
+                shutil.rmtree(partial, ignore_errors=True)
+
+    def poll(self) -> None:
+        """Finalize finished async saves (non-blocking)."""
+        if self._queue is not None:
+            self._queue.maybe_finalize_async_calls(blocking=False)
+
+    def wait(self) -> None:
+        """Block until every in-flight async save is finalized."""
+        if self._queue is not None:
+            self._queue.maybe_finalize_async_calls(blocking=True)
+
+    def close(self) -> None:
+        self.wait()
+        if self._queue is not None:
+            self._queue.close()
+
+    # ---------------------------------------------------------------- load
+    def load(self, path: Path, chunks, optimizer, scheduler, load_optimizer: bool = True) -> Dict[str, Any]:
+        """Restore model (+ optimizer, scheduler, RNG when the layout matches) from `path`.
+
+        Returns {'train_state': TrainState, 'data': loader state or None, 'config': saved config,
+        'same_layout': bool}.
+        """
+        from megatron.core import dist_checkpointing
+
+        record = json.loads((Path(path) / STATE_JSON).read_text())
+        same_layout = record.get("layout") == _layout()
+        if optimizer is not None and load_optimizer and hasattr(optimizer, "_init_optimizer_states_with_dummy_values"):
+            optimizer._init_optimizer_states_with_dummy_values()  # a never-stepped distributed optimizer
+        state = self._sharded_state(chunks, optimizer if load_optimizer else None, load=True, with_rng=same_layout)
+        loaded = dist_checkpointing.load(state, str(path))
+        load_model_state(chunks, loaded)
+        if optimizer is not None and load_optimizer:
+            optimizer.load_state_dict(loaded["optimizer"])
+            if scheduler is not None and loaded.get("scheduler") is not None:
+                scheduler.load_state_dict(loaded["scheduler"])
+        if same_layout and loaded.get("rng_state") is not None:
+            _restore_rng(loaded["rng_state"])
+        ts = TrainState(**loaded["train_state"]) if load_optimizer else TrainState()
+        return {"train_state": ts, "data": loaded.get("data") if load_optimizer else None,
+                "config": loaded.get("config"), "same_layout": same_layout}
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def list_checkpoints(ckpt_root: Path) -> List[Path]:
+    """Complete checkpoints, oldest first."""
+    return sorted(p for p in Path(ckpt_root).glob("iter_*") if (p / STATE_JSON).is_file())

@@ -1,0 +1,92 @@
+"""Run logging from one rank: a console line per interval, RUN_DIR/metrics.jsonl, optional wandb."""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+from cplm_megatron.config.schema import LoggingConfig
+
+
+def format_line(rec: Dict[str, Any], total_iters: int) -> str:
+    """The console line for one logged iteration."""
+    parts = [f"iter {rec['iteration']}/{total_iters}", f"loss {rec['loss']:.4f}", f"lm {rec['lm_loss']:.4f}"]
+    if rec.get("gate_mean") is not None:
+        parts.append(f"gate {rec['gate_mean']:.3f}")
+    parts.append(f"lr {rec['lr']:.2e}")
+    if rec.get("grad_norm") is not None:
+        parts.append(f"gnorm {rec['grad_norm']:.3f}")
+    if "tokens_per_sec" in rec:
+        parts += [
+            f"tok/s {rec['tokens_per_sec']:,.0f}",
+            f"TFLOP/s/dev {rec['tflops_per_device']:.3f}",
+            f"MFU {100 * rec['mfu']:.2f}%",
+            f"ETA {datetime.timedelta(seconds=int(rec['eta_sec']))}",
+        ]
+    if rec.get("skipped_steps"):
+        parts.append(f"skipped {rec['skipped_steps']}")
+    return " | ".join(parts)
+
+
+class MetricsLogger:
+    """Writes metrics on the logging rank only; every method is a no-op elsewhere."""
+
+    def __init__(self, run_dir: Path, cfg: LoggingConfig, config: Dict[str, Any], active: bool,
+                 resume_iteration: int = 0, run_name: str = ""):
+        self.active = active
+        self.path = Path(run_dir) / "metrics.jsonl"
+        self._wandb = None
+        if not active:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._truncate_after(resume_iteration)
+        if cfg.wandb and cfg.wandb_mode != "disabled":
+            self._wandb = _init_wandb(Path(run_dir), cfg, config, run_name)
+
+    def _truncate_after(self, iteration: int) -> None:
+        """Drop records past the resumed checkpoint (they are about to be recomputed)."""
+        if not self.path.exists():
+            return
+        keep = [line for line in self.path.read_text().splitlines()
+                if line.strip() and json.loads(line).get("iteration", 0) <= iteration]
+        self.path.write_text("".join(line + "\n" for line in keep))
+
+    def log(self, record: Dict[str, Any]) -> None:
+        if not self.active:
+            return
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self._wandb is not None:
+            self._wandb.log({k: v for k, v in record.items() if isinstance(v, (int, float))},
+                            step=record["iteration"])
+
+    def close(self) -> None:
+        if self._wandb is not None:
+            self._wandb.finish()
+            self._wandb = None
+
+
+def _init_wandb(run_dir: Path, cfg: LoggingConfig, config: Dict[str, Any], name: str):
+    """wandb run (offline by default) whose id is stable across restarts of the same run directory."""
+    import wandb
+
+    id_file = run_dir / "wandb_id"
+    run_id = id_file.read_text().strip() if id_file.exists() else wandb.util.generate_id()
+    id_file.write_text(run_id)
+    os.environ.setdefault("WANDB_SILENT", "true")
+    return wandb.init(
+        project=cfg.wandb_project, entity=cfg.wandb_entity, name=name or run_dir.name, id=run_id,
+        resume="allow", dir=str(run_dir), mode=cfg.wandb_mode, config=config,
+    )
+
+
+def rank0_print(message: str, rank: Optional[int] = None) -> None:
+    """Print from global rank 0 only (flush: logs are tailed by SLURM/tests)."""
+    import torch.distributed as dist
+
+    if rank is None:
+        rank = dist.get_rank() if dist.is_initialized() else 0
+    if rank == 0:
+        print(message, flush=True)

@@ -1,0 +1,126 @@
+"""Megatron optimizer + LR/WD schedule from the `optimizer.*` and `schedule.*` config sections."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Literal, Optional
+
+import torch
+
+from cplm_megatron.config.loader import ConfigError
+
+
+@dataclass
+class OptimizerConfig:
+    """The `optimizer.*` section (AdamW via Megatron's optimizer wrappers; the LR is train.lr)."""
+
+    weight_decay: float = 0.01
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    clip_grad: float = 1.0
+    distributed: bool = False  # Megatron's distributed optimizer (ZeRO-1 over data parallel)
+    overlap_grad_reduce: bool = False
+    overlap_param_gather: bool = False
+    bucket_size: Optional[int] = None
+
+    def validate(self) -> None:
+        if self.overlap_param_gather and not self.distributed:
+            raise ConfigError("optimizer.overlap_param_gather=true needs optimizer.distributed=true")
+
+
+@dataclass
+class ScheduleConfig:
+    """The `schedule.*` section: warmup then cosine, or warmup-stable-decay (WSD)."""
+
+    style: Literal["wsd", "cosine", "linear", "constant"] = "wsd"
+    warmup_iters: int = 0
+    decay_iters: Optional[int] = None  # cosine/linear: iterations to decay over (default: train.iters)
+    wsd_decay_fraction: float = 0.2  # WSD: final fraction of training spent decaying
+    wsd_decay_style: Literal["linear", "cosine", "exponential", "minus_sqrt"] = "linear"
+
+    def validate(self) -> None:
+        if self.warmup_iters < 0:
+            raise ConfigError(f"schedule.warmup_iters must be >= 0, got {self.warmup_iters}")
+        if not 0.0 < self.wsd_decay_fraction <= 1.0:
+            raise ConfigError(f"schedule.wsd_decay_fraction must be in (0, 1], got {self.wsd_decay_fraction}")
+
+
+def ddp_config(opt: OptimizerConfig, bf16: bool):
+    """Megatron DistributedDataParallelConfig for this optimizer setup."""
+    from megatron.core.distributed import DistributedDataParallelConfig
+
+    kwargs = dict(
+        grad_reduce_in_fp32=True,
+        overlap_grad_reduce=opt.overlap_grad_reduce,
+        overlap_param_gather=opt.overlap_param_gather,
+        use_distributed_optimizer=opt.distributed,
+        check_for_nan_in_grad=False,  # non-finite steps are skipped and counted by the trainer
+    )
+    if opt.bucket_size is not None:
+        kwargs["bucket_size"] = opt.bucket_size
+    return DistributedDataParallelConfig(**kwargs)
+
+
+def wrap_ddp(chunks: List[torch.nn.Module], opt: OptimizerConfig, bf16: bool) -> List[torch.nn.Module]:
+    """Wrap model chunks in Megatron-Core DDP (grad buffers, bucketed all-reduce/reduce-scatter)."""
+    from megatron.core.distributed import DistributedDataParallel
+
+    cfg = ddp_config(opt, bf16)
+    return [
+        DistributedDataParallel(config=chunk.config, ddp_config=cfg, module=chunk,
+                                disable_bucketing=(i > 0))
+        for i, chunk in enumerate(chunks)
+    ]
+
+
+def build_optimizer(chunks: List[torch.nn.Module], opt: OptimizerConfig, dtype: str, lr: float, min_lr: float):
+    """Megatron optimizer (Adam with decoupled weight decay) over DDP-wrapped chunks."""
+    from megatron.core.optimizer import OptimizerConfig as MegatronOptimizerConfig
+    from megatron.core.optimizer import get_megatron_optimizer
+
+    cfg = MegatronOptimizerConfig(
+        optimizer="adam",
+        lr=lr,
+        min_lr=min_lr,
+        weight_decay=opt.weight_decay,
+        adam_beta1=opt.beta1,
+        adam_beta2=opt.beta2,
+        adam_eps=opt.eps,
+        clip_grad=opt.clip_grad,
+        bf16=dtype == "bf16",
+        fp16=dtype == "fp16",
+        params_dtype={"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype],
+        use_distributed_optimizer=opt.distributed,
+        overlap_param_gather_with_optimizer_step=False,
+    )
+    return get_megatron_optimizer(cfg, chunks)
+
+
+def build_scheduler(optimizer, opt: OptimizerConfig, sched: ScheduleConfig, train_iters: int, lr: float,
+                    min_lr: float):
+    """Megatron's OptimizerParamScheduler (stepped once per iteration)."""
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+    decay_iters = sched.decay_iters or train_iters
+    style = sched.style
+    kwargs = {}
+    if style == "wsd":
+        kwargs = dict(wsd_decay_steps=max(1, int(round(sched.wsd_decay_fraction * train_iters))),
+                      lr_wsd_decay_style=sched.wsd_decay_style)
+        style = "WSD"
+    return OptimizerParamScheduler(
+        optimizer,
+        init_lr=0.0 if sched.warmup_iters else lr,
+        max_lr=lr,
+        min_lr=min_lr,
+        lr_warmup_steps=sched.warmup_iters,
+        lr_decay_steps=max(decay_iters, sched.warmup_iters + 1),
+        lr_decay_style=style,
+        start_wd=opt.weight_decay,
+        end_wd=opt.weight_decay,
+        wd_incr_steps=max(1, train_iters),
+        wd_incr_style="constant",
+        use_checkpoint_opt_param_scheduler=True,
+        override_opt_param_scheduler=False,
+        **kwargs,
+    )

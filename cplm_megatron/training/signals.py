@@ -1,0 +1,46 @@
+"""Graceful stop on SIGTERM/SIGUSR1: checkpoint at the next step boundary, exit with RESUME_EXIT_CODE.
+
+SLURM sends USR1 ahead of the time limit (`--signal=B:USR1@...`, forwarded by slurm/launch.sh) and TERM
+on preemption/scancel. The handler only records the signal; `StopSignal.requested()` agrees on it
+across all ranks (a MAX all-reduce), so every rank saves and exits on the same step.
+"""
+from __future__ import annotations
+
+import signal
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+# sysexits.h EX_TEMPFAIL: "temporary failure; the user is invited to retry". Launchers requeue on it.
+RESUME_EXIT_CODE = 75
+
+
+class StopSignal:
+    """Installs the handlers; remembers the first signal received."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+    def __init__(self) -> None:
+        self.received: Optional[int] = None
+        self._previous = {}
+        for sig in self.SIGNALS:
+            self._previous[sig] = signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame) -> None:  # noqa: ARG002 - signal handler signature
+        if self.received is None:
+            self.received = signum
+
+    def requested(self) -> bool:
+        """Collective: True on every rank if any rank received a signal."""
+        flag = torch.tensor([1 if self.received is not None else 0], dtype=torch.int32)
+        if dist.is_initialized():
+            backend = dist.get_backend()
+            if backend == "nccl":
+                flag = flag.cuda()
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+    def restore(self) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)

@@ -1,0 +1,222 @@
+"""One optimizer step (or one evaluation pass) over a global batch with Megatron's schedules.
+
+The global batch is `num_microbatches` micro-batches per data-parallel rank. All ranks read the same
+number of micro-batches per step (TP/PP peers get identical ones), so data state stays aligned; the
+micro-batches are replayed to every virtual-pipeline chunk. Losses are per-token sums and the
+gradients are normalized by the global token count (`calculate_per_token_loss`), so the loss is the
+same for every layout.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import partial
+from typing import Dict, Iterable, List, Optional
+
+import torch
+import torch.distributed as dist
+
+# Per-token quantities reduced with the loss mask; `loss` first (the optimized objective).
+METRIC_KEYS = ("loss", "lm_loss", "mix_loss", "gate_mean", "match_frac", "copy_prob")
+
+
+def document_attention_mask(document_ids: torch.Tensor) -> torch.Tensor:
+    """[b, s] document ids -> Megatron boolean mask [b, 1, s, s] (True = masked): causal and same document."""
+    s = document_ids.shape[1]
+    causal = torch.ones(s, s, dtype=torch.bool, device=document_ids.device).tril()
+    same = document_ids[:, :, None] == document_ids[:, None, :]
+    return ~(causal[None] & same)[:, None]
+
+
+def model_inputs(batch: Dict[str, torch.Tensor], device: torch.device, document_masking: bool) -> Dict:
+    """Batch dict (tokens/labels/loss_mask/position_ids/document_ids) -> model call arguments."""
+    tokens = batch["tokens"].to(device, non_blocking=True)
+    labels = batch["labels"].to(device, non_blocking=True)
+    loss_mask = batch["loss_mask"].to(device, non_blocking=True).float()
+    if "position_ids" in batch:
+        position_ids = batch["position_ids"].to(device, non_blocking=True)
+    else:
+        position_ids = torch.arange(tokens.shape[1], device=device)[None].expand_as(tokens)
+    doc_ids = batch.get("document_ids")
+    attention_mask = None
+    if document_masking and doc_ids is not None:
+        doc_ids = doc_ids.to(device, non_blocking=True)
+        attention_mask = document_attention_mask(doc_ids)
+    else:
+        doc_ids = None
+    return dict(input_ids=tokens, position_ids=position_ids, attention_mask=attention_mask,
+                labels=labels, loss_mask=loss_mask, document_ids=doc_ids)
+
+
+def loss_func(loss_mask: torch.Tensor, copy_out, output_tensor: torch.Tensor):
+    """Megatron loss_func: (sum of masked per-token loss, token count, metric sums for logging)."""
+    mask = loss_mask.float().reshape(-1)
+    losses = output_tensor.float().reshape(-1)
+    loss_sum = torch.sum(losses * mask)
+    num_tokens = mask.sum().to(torch.int)
+    sums = [loss_sum.detach()]
+    if copy_out is not None:
+        metrics = copy_out.metrics()
+        for key in METRIC_KEYS[1:]:
+            sums.append(torch.sum(metrics[key].float().reshape(-1) * mask))
+    else:  # baseline: the loss is the LM cross entropy; no copy quantities
+        sums += [loss_sum.detach(), loss_sum.detach()] + [torch.zeros(())] * (len(METRIC_KEYS) - 3)
+    report = torch.stack([s.to(mask.device) for s in sums] + [mask.sum()])
+    return loss_sum, num_tokens, {"sums": report}
+
+
+def forward_step(document_masking: bool, data_iterator, model):
+    """Megatron forward_step_func: returns (output tensor, loss function)."""
+    batch = next(data_iterator)
+    device = next(model.parameters()).device
+    inputs = model_inputs(batch, device, document_masking)
+    out = model(**inputs, output="loss_and_copy")
+    if isinstance(out, tuple):
+        loss, copy_out = out
+    else:
+        loss, copy_out = out, None
+    return loss, partial(loss_func, inputs["loss_mask"], copy_out)
+
+
+def _reduce_metrics(losses_reduced: List[Dict], device: torch.device) -> Dict[str, float]:
+    """Sum micro-batch reports, all-reduce over data parallel, share from the last stage with all ranks."""
+    from megatron.core import parallel_state as ps
+
+    n = len(METRIC_KEYS) + 1
+    total = torch.zeros(n, dtype=torch.float64, device=device)
+    if ps.is_pipeline_last_stage(ignore_virtual=True):
+        for item in losses_reduced:
+            total += item["sums"].to(total)
+        dist.all_reduce(total, group=ps.get_data_parallel_group())
+        if ps.get_tensor_model_parallel_rank() != 0 or ps.get_data_parallel_rank() != 0:
+            total.zero_()
+    else:
+        total.zero_()
+    dist.all_reduce(total)  # exactly one contributor: last stage, tp 0, dp 0
+    tokens = float(total[-1])
+    out = {k: float(total[i]) / max(tokens, 1.0) for i, k in enumerate(METRIC_KEYS)}
+    out["tokens"] = tokens
+    return out
+
+
+@dataclass
+class StepResult:
+    """What one training step reports."""
+
+    metrics: Dict[str, float]
+    grad_norm: Optional[float]
+    lr: float
+    skipped: bool
+
+
+def train_step(
+    chunks: List[torch.nn.Module],
+    optimizer,
+    scheduler,
+    batches: List[Dict[str, torch.Tensor]],
+    seq_len: int,
+    micro_batch: int,
+    document_masking: bool = False,
+) -> StepResult:
+    """Forward/backward over `batches` (this DP rank's micro-batches), then one optimizer step.
+
+    A step whose loss is not finite is skipped (no update, scheduler not advanced).
+    """
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    for chunk in chunks:
+        chunk.zero_grad_buffer()
+    optimizer.zero_grad()
+    iterators = _iterators(batches, len(chunks))
+    losses = get_forward_backward_func()(
+        forward_step_func=partial(forward_step, document_masking),
+        data_iterator=iterators,
+        model=chunks if len(chunks) > 1 else chunks[0],
+        num_microbatches=len(batches),
+        seq_length=seq_len,
+        micro_batch_size=micro_batch,
+        forward_only=False,
+    )
+    device = next(chunks[0].parameters()).device
+    metrics = _reduce_metrics(losses, device)
+    lr = optimizer.param_groups[0]["lr"]
+    if not math.isfinite(metrics["loss"]):
+        optimizer.zero_grad()
+        return StepResult(metrics, None, lr, skipped=True)
+    ok, grad_norm, _ = optimizer.step()
+    if not ok:  # fp16 loss-scale overflow
+        return StepResult(metrics, grad_norm, lr, skipped=True)
+    scheduler.step(increment=1)
+    return StepResult(metrics, float(grad_norm) if grad_norm is not None else None, lr, skipped=False)
+
+
+@torch.no_grad()
+def eval_step(
+    chunks: List[torch.nn.Module],
+    batches: List[Dict[str, torch.Tensor]],
+    seq_len: int,
+    micro_batch: int,
+    document_masking: bool = False,
+) -> Dict[str, float]:
+    """Forward-only pass over `batches`; token-weighted metrics on every rank."""
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    for chunk in chunks:
+        chunk.eval()
+    try:
+        losses = get_forward_backward_func()(
+            forward_step_func=partial(forward_step, document_masking),
+            data_iterator=_iterators(batches, len(chunks)),
+            model=chunks if len(chunks) > 1 else chunks[0],
+            num_microbatches=len(batches),
+            seq_length=seq_len,
+            micro_batch_size=micro_batch,
+            forward_only=True,
+        )
+    finally:
+        for chunk in chunks:
+            chunk.train()
+    return _reduce_metrics(losses, next(chunks[0].parameters()).device)
+
+
+def _iterators(batches: List[Dict[str, torch.Tensor]], n_chunks: int):
+    """One iterator over the same micro-batches per virtual-pipeline chunk."""
+    if n_chunks == 1:
+        return iter(batches)
+    return [iter(batches) for _ in range(n_chunks)]
+
+
+def setup_model_config(chunks: List[torch.nn.Module], optimizer) -> None:
+    """Wire Megatron's schedule hooks (grad scaling, grad finalization, DDP no-sync) into the config."""
+    from megatron.core.distributed import finalize_model_grads
+    from megatron.core.utils import get_model_config
+
+    config = get_model_config(chunks[0])
+    config.calculate_per_token_loss = True
+    config.grad_scale_func = optimizer.scale_loss
+    config.finalize_model_grads_func = finalize_model_grads
+    ddp = chunks[0].ddp_config
+    if ddp.overlap_grad_reduce:
+        no_sync = [c.no_sync for c in chunks]
+        config.no_sync_func = no_sync[0] if len(chunks) == 1 else no_sync
+    if ddp.overlap_param_gather:
+        param_sync = [c.start_param_sync for c in chunks]
+        config.param_sync_func = param_sync[0] if len(chunks) == 1 else param_sync
+
+
+def count_microbatches(global_batch: int, micro_batch: int, dp: int) -> int:
+    """global = micro * dp * n; error naming the values when it does not divide."""
+    from cplm_megatron.config.loader import ConfigError
+
+    if global_batch % (micro_batch * dp):
+        raise ConfigError(
+            f"train.global_batch={global_batch} is not divisible by train.micro_batch={micro_batch} x "
+            f"data-parallel size {dp}"
+        )
+    return global_batch // (micro_batch * dp)
+
+
+def take(iterator: Iterable, n: int) -> List:
+    """The next n items of an iterator as a list."""
+    it = iter(iterator)
+    return [next(it) for _ in range(n)]

@@ -1,0 +1,209 @@
+"""The training loop: build, resume, step, log, evaluate, checkpoint, stop on signals.
+
+Exit codes: 0 finished; RESUME_EXIT_CODE (75) stopped early with a checkpoint (signal or
+train.exit_after_iters) — launchers requeue on it; 1 failure (e.g. too many non-finite steps).
+"""
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Dict, Optional
+
+import torch
+
+from cplm_megatron.config.schema import RunConfig, dump_run_config
+from cplm_megatron.model.accounting import CopyHeadShape, train_flops_per_token
+from cplm_megatron.training.checkpointing import Checkpointer, TrainState, read_latest
+from cplm_megatron.training.metrics_log import MetricsLogger, format_line, rank0_print
+from cplm_megatron.training.signals import RESUME_EXIT_CODE, StopSignal
+from cplm_megatron.training.step import eval_step, setup_model_config, take, train_step
+from cplm_megatron.training.throughput import SpeedMonitor, default_peak_tflops
+
+
+class NonFiniteLossError(RuntimeError):
+    """Too many consecutive non-finite losses."""
+
+
+def copy_shape(cfg: RunConfig) -> Optional[CopyHeadShape]:
+    """The copy head's size parameters, or None for the baseline."""
+    c = cfg.copy_head
+    return CopyHeadShape(c.heads, c.head_dim, c.qk_norm) if c.enabled else None
+
+
+def build_data(cfg: RunConfig, dp_rank: int, dp_size: int):
+    """(training micro-batch iterator, validation loader or None) for this DP rank."""
+    from cplm_megatron.data.loader import build_train_loader, build_val_loader
+
+    vocab = cfg.model.padded_vocab_size
+    train = build_train_loader(cfg.data, dp_rank, dp_size, model_vocab_size=vocab)
+    val = None
+    if cfg.train.eval_interval and cfg.data.val_streams:
+        val = build_val_loader(cfg.data, dp_rank, dp_size, model_vocab_size=vocab)
+    return train, val
+
+
+class Trainer:
+    """Owns the model chunks, optimizer, data and bookkeeping of one run (one per process)."""
+
+    def __init__(self, cfg: RunConfig):
+        from cplm_megatron.model.builder import build_model
+        from cplm_megatron.parallel.distributed import init_distributed
+        from cplm_megatron.training.optimizer import build_optimizer, build_scheduler, wrap_ddp
+
+        self.cfg = cfg
+        self.run_dir = Path(cfg.run.dir)
+        self.layout = init_distributed(cfg.parallel, cfg.model, cfg.run.seed)
+        self.is_logger = self.layout.rank == 0
+        if self.is_logger:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            dump_run_config(cfg, self.run_dir / "config.yaml")
+        self.total_iters = cfg.train.total_iters()
+        chunks = build_model(cfg.model, cfg.copy_head, cfg.parallel, cfg.precision, cfg.recompute,
+                             max_seq_len=cfg.train.seq_len)
+        self.chunks = wrap_ddp(chunks, cfg.optimizer, bf16=cfg.precision.dtype == "bf16")
+        t = cfg.train
+        self.optimizer = build_optimizer(self.chunks, cfg.optimizer, cfg.precision.dtype, t.lr, t.min_lr)
+        self.scheduler = build_scheduler(self.optimizer, cfg.optimizer, cfg.schedule, self.total_iters, t.lr, t.min_lr)
+        setup_model_config(self.chunks, self.optimizer)
+        self.train_data, self.val_data = build_data(cfg, self.layout.dp_rank, self.layout.dp)
+        self.num_micro = cfg.data.num_microbatches(self.layout.dp)
+        self.checkpointer = Checkpointer(self.run_dir / "checkpoints", cfg.checkpoint.keep,
+                                         cfg.checkpoint.async_save, log=rank0_print)
+        self.state = TrainState()
+        self._resume()
+        self.logger = MetricsLogger(self.run_dir, cfg.logging, cfg.to_dict(), self.is_logger,
+                                    resume_iteration=self.state.iteration, run_name=cfg.run.name)
+        flops = train_flops_per_token(cfg.model, cfg.train.seq_len, copy_shape(cfg), cfg.recompute.granularity)
+        self.speed = SpeedMonitor(
+            flops_per_token=flops,
+            tokens_per_step=cfg.train.global_batch * cfg.train.seq_len,
+            world_size=self.layout.world_size,
+            peak_tflops=cfg.logging.peak_tflops or default_peak_tflops(),
+            total_iters=self.total_iters,
+        )
+        n_params = sum(p.numel() for c in self.chunks for p in c.parameters())
+        rank0_print(f"[train] layout tp={self.layout.tp} pp={self.layout.pp} dp={self.layout.dp} "
+                    f"vpp={self.layout.vpp} sp={self.layout.sp}; rank-0 parameters {n_params:,}; "
+                    f"{self.num_micro} micro-batches/step; {self.total_iters} iterations; "
+                    f"copy head {'on' if cfg.copy_head.enabled else 'off'}")
+
+    def _resume(self) -> None:
+        ckpt = self.cfg.checkpoint
+        path, load_optimizer = None, True
+        if ckpt.resume:
+            path = read_latest(self.checkpointer.root)
+        if path is None and ckpt.load:
+            path, load_optimizer = read_latest(Path(ckpt.load)) or Path(ckpt.load), ckpt.load_optimizer
+        if path is None:
+            return
+        restored = self.checkpointer.load(path, self.chunks, self.optimizer, self.scheduler, load_optimizer)
+        self.state = restored["train_state"]
+        if restored["data"] is not None:
+            self.train_data.load_state_dict(restored["data"])
+        rank0_print(f"[train] resumed from {path} at iteration {self.state.iteration} "
+                    f"({'same' if restored['same_layout'] else 'new'} layout)")
+
+    def save(self) -> None:
+        self.checkpointer.save(self.chunks, self.optimizer, self.scheduler, self.state,
+                               self.train_data.state_dict(), self.cfg.to_dict())
+
+    def evaluate(self) -> Dict[str, float]:
+        """Validation loss/perplexity over train.eval_iters micro-batches per DP rank (same batches each time)."""
+        batches = []
+        for batch in self.val_data:
+            batches.append(batch)
+            if len(batches) == self.cfg.train.eval_iters:
+                break
+        m = eval_step(self.chunks, batches, self.cfg.train.seq_len, self.cfg.train.micro_batch,
+                      self.cfg.data.document_masking)
+        return {"val_loss": m["loss"], "val_lm_loss": m["lm_loss"], "val_ppl": math.exp(min(m["loss"], 50.0)),
+                "val_tokens": m["tokens"]}
+
+    def run(self) -> int:
+        """Train to the end (0), or stop early with a checkpoint (RESUME_EXIT_CODE)."""
+        cfg, t = self.cfg, self.cfg.train
+        stop = StopSignal()
+        nonfinite_in_a_row = 0
+        launch_start = self.state.iteration
+        self.speed.start()
+        saved_at = None
+        try:
+            while self.state.iteration < self.total_iters:
+                batches = take(self.train_data, self.num_micro)
+                result = train_step(self.chunks, self.optimizer, self.scheduler, batches, t.seq_len,
+                                    t.micro_batch, cfg.data.document_masking)
+                self.speed.step()
+                self.state.iteration += 1
+                self.state.consumed_tokens += t.global_batch * t.seq_len
+                if result.skipped:
+                    self.state.skipped_steps += 1
+                    nonfinite_in_a_row += 1
+                    rank0_print(f"[train] iteration {self.state.iteration}: non-finite loss "
+                                f"({result.metrics['loss']}), step skipped ({nonfinite_in_a_row} in a row)")
+                    if nonfinite_in_a_row >= t.max_nonfinite_steps:
+                        raise NonFiniteLossError(
+                            f"loss was non-finite for {nonfinite_in_a_row} consecutive steps (last at iteration "
+                            f"{self.state.iteration}); lower optimizer.lr, check the data, or raise "
+                            f"train.max_nonfinite_steps. Checkpoints on disk are from before the failure."
+                        )
+                else:
+                    nonfinite_in_a_row = 0
+                it = self.state.iteration
+                if it % t.log_interval == 0 or it == self.total_iters:
+                    self._log(result)
+                if t.eval_interval and self.val_data is not None and it % t.eval_interval == 0:
+                    val = self.evaluate()
+                    rank0_print(f"[eval] iter {it} | val loss {val['val_loss']:.4f} | ppl {val['val_ppl']:.2f}")
+                    self.logger.log({"iteration": it, **val})
+                self.checkpointer.poll()
+                stop_now = stop.requested()
+                exit_now = t.exit_after_iters is not None and it - launch_start >= t.exit_after_iters
+                interval = cfg.checkpoint.interval
+                if (interval and it % interval == 0) or stop_now or exit_now:
+                    self.save()
+                    saved_at = it
+                if stop_now or exit_now:
+                    reason = f"signal {stop.received}" if stop_now else "train.exit_after_iters"
+                    rank0_print(f"[train] stopping at iteration {it} ({reason}); exit code {RESUME_EXIT_CODE} = resume me")
+                    return RESUME_EXIT_CODE
+            if saved_at != self.state.iteration:
+                self.save()
+            rank0_print(f"[train] done: {self.state.iteration} iterations, {self.state.consumed_tokens:,} tokens")
+            return 0
+        finally:
+            self.checkpointer.close()
+            self.logger.close()
+            stop.restore()
+
+    def _log(self, result) -> None:
+        m = result.metrics
+        rec = {
+            "iteration": self.state.iteration,
+            "loss": m["loss"],
+            "lm_loss": m["lm_loss"],
+            "lr": result.lr,
+            "grad_norm": result.grad_norm,
+            "consumed_tokens": self.state.consumed_tokens,
+            "skipped_steps": self.state.skipped_steps,
+            "time": time.time(),
+            **self.speed.metrics(self.state.iteration),
+        }
+        if self.cfg.copy_head.enabled:
+            rec.update(gate_mean=m["gate_mean"], match_frac=m["match_frac"], copy_prob=m["copy_prob"],
+                       mix_loss=m["mix_loss"])
+        if torch.cuda.is_available():
+            rec["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
+        if self.is_logger:
+            print(format_line(rec, self.total_iters), flush=True)
+        self.logger.log(rec)
+
+
+def train(cfg: RunConfig) -> int:
+    """Build a Trainer and run it; tears down the process groups at the end."""
+    from cplm_megatron.parallel.distributed import destroy_distributed
+
+    try:
+        return Trainer(cfg).run()
+    finally:
+        destroy_distributed()

