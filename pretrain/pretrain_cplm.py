@@ -48,13 +48,16 @@ def main(argv: Optional[List[str]] = None) -> int:
         yaml.safe_dump(cfg.to_dict(), buf, sort_keys=False)
         print(buf.getvalue())
         return 0
-    from cplm_megatron.training.trainer import train
+    from cplm_megatron.training.trainer import NonFiniteLossError, train
 
     try:
         return train(cfg)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return EXIT_BAD_CONFIG
+    except NonFiniteLossError as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return 1
 
 
 if __name__ == "__main__":

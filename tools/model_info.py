@@ -115,7 +115,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
     from cplm_megatron.config.loader import ConfigError
-    from cplm_megatron.parallel.distributed import validate_layout, ParallelConfig
+    from cplm_megatron.parallel.distributed import ParallelConfig, validate_layout
 
     try:
         validate_layout(args.tp * args.pp * args.dp, ParallelConfig(tp=args.tp, pp=args.pp, sp=args.sp),

@@ -83,6 +83,7 @@ class TrainConfig:
 class CheckpointConfig:
     """The `checkpoint.*` section (torch_dist checkpoints under run.dir/checkpoints)."""
 
+    enabled: bool = True  # false: never save (throughput benchmarks); a signal then just stops the run
     interval: int = 0  # 0: only at the end and on signals
     keep: int = 2  # keep the newest N complete checkpoints
     async_save: bool = False

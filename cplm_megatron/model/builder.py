@@ -124,6 +124,11 @@ def transformer_config(
         deallocate_pipeline_outputs=True,
         calculate_per_token_loss=True,  # losses are token sums; grads normalized by global token count
     )
+    if parallel.vpp:
+        # Interleaving with pp=2 sends activations and gradients to the same peer in one step; batched
+        # isend/irecv can then pair them up swapped (seen with gloo). Megatron-LM's default for
+        # interleaving: per-direction p2p ops (overlapped with compute on GPU).
+        kwargs.update(batch_p2p_comm=False, overlap_p2p_comm=not on_cpu)
     if recompute.granularity != "none":
         kwargs["recompute_granularity"] = recompute.granularity
         if recompute.granularity == "full":
@@ -175,5 +180,11 @@ def build_model(
         )
         if torch.cuda.is_available() and not any(p.is_meta for p in chunk.parameters()):
             chunk.cuda(torch.cuda.current_device())
+        if config.bf16 or config.fp16:
+            # As Megatron-LM does: every parameter in 16 bit (torch norms are built in fp32, which the
+            # mixed-precision optimizer's checkpoint mapping cannot handle), fp32 outputs on the last stage.
+            from megatron.core.transformer.module import Float16Module
+
+            chunk = Float16Module(config, chunk)
         chunks.append(chunk)
     return chunks

@@ -14,7 +14,6 @@ effect. Tests apply all patches but one in a fresh process to show each one is n
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 from dataclasses import dataclass
 from typing import Callable, Iterable, List
@@ -96,31 +95,6 @@ def _patch_current_device() -> None:
     torch.cuda.current_device = lambda: "cpu"
 
 
-# --- 3 ---------------------------------------------------------------------------------------------
-@functools.lru_cache(maxsize=None)
-def _cpu_default_causal_mask(sq: int) -> torch.Tensor:
-    return torch.triu(torch.ones(sq, sq), diagonal=1).bool()
-
-
-@functools.lru_cache(maxsize=None)
-def _cpu_sliding_window_causal_mask(sq: int, skv: int, window_size) -> torch.Tensor:
-    m = torch.ones(sq, skv, dtype=torch.bool)
-    mu = torch.triu(m, diagonal=skv - sq - window_size[0])
-    ml = torch.tril(mu, diagonal=skv - sq + window_size[1])
-    return ~ml
-
-
-def _patch_causal_masks() -> None:
-    import megatron.core.fusions.fused_softmax as fs
-    import megatron.core.transformer.utils as tu
-
-    for mod in (tu, fs):  # fused_softmax imports them by name
-        if _mark(mod, "causal_masks"):
-            mod.get_default_causal_mask = _cpu_default_causal_mask
-            if hasattr(mod, "get_sliding_window_causal_mask"):
-                mod.get_sliding_window_causal_mask = _cpu_sliding_window_causal_mask
-
-
 # --- 4 ---------------------------------------------------------------------------------------------
 def _to_cpu_device(d):
     if isinstance(d, str) and d.startswith("cuda"):
@@ -132,7 +106,10 @@ def _to_cpu_device(d):
 
 class CudaToCpuMode(torch.overrides.TorchFunctionMode):
     """Rewrites mcore's scattered CUDA placement (device="cuda", .cuda(), pin_memory=True) to CPU and
-    answers `param.type()` with the CUDA type names mcore compares against."""
+    answers `param.type()` with the CUDA type names mcore compares against.
+
+    This also covers transformer/utils.py's causal masks (`torch.ones(..., device="cuda")`), which the
+    reference shim patched separately."""
 
     _IDENTITY = (torch.Tensor.cuda, torch.Tensor.pin_memory)
 
@@ -247,8 +224,6 @@ PATCHES: List[Patch] = [
           "cpu", _patch_rng_tracker),
     Patch("current_device", "torch.cuda.current_device() (rotary_pos_embedding get_emb, "
           "p2p_communication, utils GlobalMemoryBuffer) -> 'cpu'", "cpu", _patch_current_device),
-    Patch("causal_masks", "transformer/utils.py get_default_causal_mask / sliding window mask "
-          "(device='cuda'; rebound in fusions/fused_softmax.py)", "cpu", _patch_causal_masks),
     Patch("cuda_placement", "device='cuda', .cuda(), pin_memory=True, param.type()=='torch.cuda.*' "
           "across schedules, clip_grads, optimizer, distrib_optimizer, dist_checkpointing",
           "cpu", _patch_cuda_placement),

@@ -152,7 +152,8 @@ class Checkpointer:
         request = dist_checkpointing.save(state, str(target), async_sharded_save=self.async_save)
         if int(os.environ.get(CRASH_ENV, "-1")) == train_state.iteration:
             os._exit(17)
-        finalize = lambda: self._finalize(target, train_state)  # noqa: E731
+        extra = {"has_optimizer": optimizer is not None}
+        finalize = lambda: self._finalize(target, train_state, extra)  # noqa: E731
         if self.async_save:
             request.add_finalize_fn(finalize)
             self._queue.schedule_async_request(request)
@@ -160,10 +161,10 @@ class Checkpointer:
             finalize()
         return target
 
-    def _finalize(self, target: Path, train_state: TrainState) -> None:
+    def _finalize(self, target: Path, train_state: TrainState, extra: Dict[str, Any]) -> None:
         dist.barrier()  # every rank's shards (and rank 0's metadata) are on disk
         if dist.get_rank() == 0:
-            record = {**vars(train_state), "layout": _layout()}
+            record = {**vars(train_state), "layout": _layout(), **extra}
             _atomic_write(target / STATE_JSON, json.dumps(record, indent=2))
             _atomic_write(self.root / LATEST, target.name + "\n")
             self._prune(keep_name=target.name)
@@ -204,17 +205,25 @@ class Checkpointer:
         from megatron.core import dist_checkpointing
 
         record = json.loads((Path(path) / STATE_JSON).read_text())
+        if load_optimizer and optimizer is not None and not record.get("has_optimizer", True):
+            raise ValueError(
+                f"checkpoint {path} holds weights only (converted or exported), no optimizer state; "
+                f"start from it with checkpoint.load={Path(path).parent} checkpoint.load_optimizer=false"
+            )
         same_layout = record.get("layout") == _layout()
-        if optimizer is not None and load_optimizer and hasattr(optimizer, "_init_optimizer_states_with_dummy_values"):
-            optimizer._init_optimizer_states_with_dummy_values()  # a never-stepped distributed optimizer
-        state = self._sharded_state(chunks, optimizer if load_optimizer else None, load=True, with_rng=same_layout)
+        if optimizer is not None and load_optimizer:
+            for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
+                if hasattr(opt, "_init_optimizer_states_with_dummy_values"):
+                    opt._init_optimizer_states_with_dummy_values()  # a never-stepped distributed optimizer
+        with_rng = same_layout and load_optimizer  # weights-only loads (fine-tuning, conversions) keep fresh RNG
+        state = self._sharded_state(chunks, optimizer if load_optimizer else None, load=True, with_rng=with_rng)
         loaded = dist_checkpointing.load(state, str(path))
         load_model_state(chunks, loaded)
         if optimizer is not None and load_optimizer:
             optimizer.load_state_dict(loaded["optimizer"])
             if scheduler is not None and loaded.get("scheduler") is not None:
                 scheduler.load_state_dict(loaded["scheduler"])
-        if same_layout and loaded.get("rng_state") is not None:
+        if with_rng and loaded.get("rng_state") is not None:
             _restore_rng(loaded["rng_state"])
         ts = TrainState(**loaded["train_state"]) if load_optimizer else TrainState()
         return {"train_state": ts, "data": loaded.get("data") if load_optimizer else None,

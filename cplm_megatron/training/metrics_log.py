@@ -70,10 +70,12 @@ class MetricsLogger:
 
 def _init_wandb(run_dir: Path, cfg: LoggingConfig, config: Dict[str, Any], name: str):
     """wandb run (offline by default) whose id is stable across restarts of the same run directory."""
+    import secrets
+
     import wandb
 
     id_file = run_dir / "wandb_id"
-    run_id = id_file.read_text().strip() if id_file.exists() else wandb.util.generate_id()
+    run_id = id_file.read_text().strip() if id_file.exists() else secrets.token_hex(6)
     id_file.write_text(run_id)
     os.environ.setdefault("WANDB_SILENT", "true")
     return wandb.init(

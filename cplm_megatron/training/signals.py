@@ -16,6 +16,19 @@ import torch.distributed as dist
 RESUME_EXIT_CODE = 75
 
 
+def _start_resource_tracker_without(signals) -> None:
+    """SLURM signals every process of a step; multiprocessing's resource tracker (used by streaming's
+    shared memory) would die of SIGUSR1 and spam KeyErrors. Start it now with those signals blocked
+    (a blocked mask is inherited), so it ignores them for the rest of the run."""
+    from multiprocessing import resource_tracker
+
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, set(signals))
+    try:
+        resource_tracker.ensure_running()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 class StopSignal:
     """Installs the handlers; remembers the first signal received."""
 
@@ -24,6 +37,7 @@ class StopSignal:
     def __init__(self) -> None:
         self.received: Optional[int] = None
         self._previous = {}
+        _start_resource_tracker_without(self.SIGNALS)
         for sig in self.SIGNALS:
             self._previous[sig] = signal.signal(sig, self._handle)
 

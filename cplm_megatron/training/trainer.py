@@ -6,6 +6,7 @@ train.exit_after_iters) — launchers requeue on it; 1 failure (e.g. too many no
 from __future__ import annotations
 
 import math
+import os
 import time
 from pathlib import Path
 from typing import Dict, Optional
@@ -33,9 +34,22 @@ def copy_shape(cfg: RunConfig) -> Optional[CopyHeadShape]:
 
 def build_data(cfg: RunConfig, dp_rank: int, dp_size: int):
     """(training micro-batch iterator, validation loader or None) for this DP rank."""
-    from cplm_megatron.data.loader import build_train_loader, build_val_loader
+    from cplm_megatron.config.loader import ConfigError
 
     vocab = cfg.model.padded_vocab_size
+    if cfg.data.synthetic:
+        from cplm_megatron.data.synthetic import SyntheticLoader, synthetic_val_batches
+
+        d, t = cfg.data, cfg.train
+        train = SyntheticLoader(d.synthetic, t.seq_len, cfg.model.vocab_size, t.micro_batch, dp_rank, dp_size, d.seed)
+        val = synthetic_val_batches(d.synthetic, t.eval_iters, t.micro_batch, t.seq_len, cfg.model.vocab_size,
+                                    dp_rank, dp_size) if t.eval_interval else None
+        return train, val
+    if not cfg.data.streams:
+        raise ConfigError("data.streams is empty: point it at prepared datasets (e.g. --set "
+                          "data.streams=data/stdlib/train after `make data`) or set data.synthetic")
+    from cplm_megatron.data.loader import build_train_loader, build_val_loader  # imports streaming
+
     train = build_train_loader(cfg.data, dp_rank, dp_size, model_vocab_size=vocab)
     val = None
     if cfg.train.eval_interval and cfg.data.val_streams:
@@ -53,6 +67,7 @@ class Trainer:
 
         self.cfg = cfg
         self.run_dir = Path(cfg.run.dir)
+        self.stop = StopSignal()  # first: a signal during set-up is acted on at the first step boundary
         self.layout = init_distributed(cfg.parallel, cfg.model, cfg.run.seed)
         self.is_logger = self.layout.rank == 0
         if self.is_logger:
@@ -105,6 +120,8 @@ class Trainer:
                     f"({'same' if restored['same_layout'] else 'new'} layout)")
 
     def save(self) -> None:
+        if not self.cfg.checkpoint.enabled:
+            return
         self.checkpointer.save(self.chunks, self.optimizer, self.scheduler, self.state,
                                self.train_data.state_dict(), self.cfg.to_dict())
 
@@ -123,7 +140,7 @@ class Trainer:
     def run(self) -> int:
         """Train to the end (0), or stop early with a checkpoint (RESUME_EXIT_CODE)."""
         cfg, t = self.cfg, self.cfg.train
-        stop = StopSignal()
+        stop = self.stop
         nonfinite_in_a_row = 0
         launch_start = self.state.iteration
         self.speed.start()
@@ -169,12 +186,46 @@ class Trainer:
                     return RESUME_EXIT_CODE
             if saved_at != self.state.iteration:
                 self.save()
+            self._write_summary()
             rank0_print(f"[train] done: {self.state.iteration} iterations, {self.state.consumed_tokens:,} tokens")
             return 0
         finally:
             self.checkpointer.close()
             self.logger.close()
             stop.restore()
+
+    def _write_summary(self) -> None:
+        """RUN_DIR/summary.json: one throughput record of this launch (scaling studies aggregate these)."""
+        import json
+
+        import torch.distributed as dist
+
+        peak = torch.tensor([peak_memory_gib()], dtype=torch.float64)
+        if dist.get_backend() == "nccl":
+            peak = peak.cuda()
+        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
+        if not self.is_logger:
+            return
+        speed = self.speed.metrics(self.state.iteration)
+        record = {
+            "preset": self.cfg.model.preset,
+            "copy_head": self.cfg.copy_head.enabled,
+            "layout": {"tp": self.layout.tp, "pp": self.layout.pp, "dp": self.layout.dp,
+                       "vpp": self.layout.vpp, "sp": self.layout.sp, "world_size": self.layout.world_size},
+            "nodes": int(os.environ.get("SLURM_JOB_NUM_NODES", os.environ.get("SLURM_NNODES", "1"))),
+            "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+            "seq_len": self.cfg.train.seq_len,
+            "global_batch": self.cfg.train.global_batch,
+            "iterations": self.state.iteration,
+            "tokens_per_sec": speed.get("tokens_per_sec"),
+            "tflops_per_device": speed.get("tflops_per_device"),
+            "mfu": speed.get("mfu"),
+            "step_time": speed.get("step_time"),
+            "peak_memory_gib": float(peak.item()),
+            "flops_per_token": self.speed.flops_per_token,
+            "config_hash": self.cfg.hash(),
+        }
+        (self.run_dir / "summary.json").write_text(json.dumps(record, indent=2))
 
     def _log(self, result) -> None:
         m = result.metrics
@@ -197,6 +248,15 @@ class Trainer:
         if self.is_logger:
             print(format_line(rec, self.total_iters), flush=True)
         self.logger.log(rec)
+
+
+def peak_memory_gib() -> float:
+    """Peak device memory of this process: CUDA max allocated, or the CPU max RSS."""
+    if torch.cuda.is_available():
+        return torch.cuda.max_memory_allocated() / 2**30
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
 
 def train(cfg: RunConfig) -> int:

@@ -33,7 +33,13 @@ def build(parallel: ParallelConfig, preset: str = "tiny", copy: Optional[CopyHea
     """init_distributed + model + DDP + optimizer + scheduler for one process."""
     from cplm_megatron.model.builder import build_model
     from cplm_megatron.parallel.distributed import init_distributed
-    from cplm_megatron.training.optimizer import OptimizerConfig, ScheduleConfig, build_optimizer, build_scheduler, wrap_ddp
+    from cplm_megatron.training.optimizer import (
+        OptimizerConfig,
+        ScheduleConfig,
+        build_optimizer,
+        build_scheduler,
+        wrap_ddp,
+    )
     from cplm_megatron.training.step import setup_model_config
 
     model_cfg = load_preset(preset, **model_overrides)
@@ -65,6 +71,13 @@ def one_step(rank: int, parallel_kw: dict, init_dir: str, out_dir: Optional[str]
     per_rank = n_micro // layout.dp
     mine = batches[layout.dp_rank * per_rank:(layout.dp_rank + 1) * per_rank]
     result = train_step(chunks, optimizer, scheduler, mine, seq_len, 1, document_masking=document_masking)
+    head_grads = {}
+    if not distributed_optimizer:  # main_grad holds the full reduced gradient
+        for chunk in chunks:
+            for name, p in chunk.module.named_parameters():
+                if name.startswith("copy_head."):
+                    head_grads[name] = p.main_grad.detach().clone()
     if out_dir:
         save_weights(chunks, out_dir)
-    return {"metrics": result.metrics, "grad_norm": result.grad_norm, "layout": (layout.tp, layout.pp, layout.dp)}
+    return {"metrics": result.metrics, "grad_norm": result.grad_norm, "head_grads": head_grads,
+            "layout": (layout.tp, layout.pp, layout.dp)}

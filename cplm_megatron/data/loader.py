@@ -1,0 +1,288 @@
+"""Training and validation micro-batch loaders over prepared datasets, for one data-parallel rank.
+
+    loader = build_train_loader(cfg, dp_rank, dp_size, model_vocab_size=padded_vocab)
+    for _ in range(cfg.num_microbatches(dp_size)):
+        batch = next(loader)          # dict of [micro_batch, seq_len] tensors (see batch.py)
+    checkpoint["data"] = loader.state_dict()   # plain dict of ints; identical on every rank
+
+Streams are local directories or object-store URLs (``s3://bucket/prefix``, read through
+streaming with ``S3_ENDPOINT_URL``/AWS credentials from the environment), mixed by
+proportion/repeat/choose. Sharding follows the data-parallel rank and size given here, never
+RANK/WORLD_SIZE (see streaming_world.py): TP/PP peers get identical batches, DP ranks disjoint ones.
+
+Every rank must build the same loaders in the same order (construction runs collectives on the
+default process group) and draw the same number of micro-batches.
+"""
+from __future__ import annotations
+
+import hashlib
+import re
+import tempfile
+from collections.abc import Iterator, Sequence
+from functools import partial
+from math import ceil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from cplm_megatron.data._streaming_import import Stream
+from cplm_megatron.data.batch import collate_packed_samples
+from cplm_megatron.data.config import DataConfig, StreamConfig
+from cplm_megatron.data.manifest import (
+    DatasetError,
+    check_compatible,
+    is_remote,
+    read_manifest,
+)
+from cplm_megatron.data.shards import SHARD_HASH, verify_local_shards
+from cplm_megatron.data.streaming_world import (
+    DataParallelStreamingDataset,
+    NodeLayout,
+    detect_node_layout,
+    streaming_world_env,
+)
+from cplm_megatron.data.tokenizer import TokenizerInfo
+
+STATE_FORMAT = "cplm-train-loader/1"
+
+
+def _cache_root(cfg: DataConfig) -> Path:
+    return Path(cfg.cache_dir) if cfg.cache_dir else Path(tempfile.gettempdir()) / "cplm-streaming-cache"
+
+
+def _open_streams(
+    stream_cfgs: Sequence[StreamConfig],
+    cfg: DataConfig,
+    model_vocab_size: int | None,
+    role: str,
+    layout: NodeLayout,
+    also_check: Sequence[StreamConfig] = (),
+) -> tuple[list[Stream], TokenizerInfo]:
+    """Check every dataset's manifest (and local shards) against the run, then make its Stream.
+
+    `also_check` streams (e.g. the training streams when opening validation ones) only take part
+    in the consistency check (same tokenizer, seq_len, vocab). Shard hashes are checked by one
+    process per machine (the others only check sizes), so a node reads each shard once."""
+    if not stream_cfgs:
+        raise DatasetError("no streams configured")
+    cache_root = _cache_root(cfg)
+    manifests = [(sc.label, read_manifest(sc.path, scratch_dir=cache_root)) for sc in stream_cfgs]
+    others = [(sc.label, read_manifest(sc.path, scratch_dir=cache_root)) for sc in also_check]
+    tokenizer = check_compatible(manifests + others, cfg.seq_len, model_vocab_size)
+    streams = []
+    for sc, (_, manifest) in zip(stream_cfgs, manifests, strict=True):
+        weights = {"proportion": sc.proportion, "repeat": sc.repeat, "choose": sc.choose}
+        source = sc.path
+        if not is_remote(sc.path):
+            source = str(Path(sc.path).resolve())
+            verify_local_shards(Path(source), check_hashes=cfg.verify_shards and layout.local_rank == 0)
+        if is_remote(source) or cfg.cache_dir:
+            # Keyed by the dataset's fingerprint: a rebuilt dataset never meets a stale cache.
+            source_hash = hashlib.blake2s(source.encode(), digest_size=8).hexdigest()
+            name = re.sub(r"[^A-Za-z0-9_.-]", "_", sc.name or "stream")
+            # One cache per loader role: streaming refuses two live datasets sharing a cache directory.
+            local = cache_root / f"{role}-{name}-{source_hash}-{manifest.fingerprint[:12]}"
+            streams.append(Stream(remote=source, local=str(local), validate_hash=SHARD_HASH, **weights))
+        else:  # read in place; streaming decompresses each shard next to its .zstd file on first use
+            streams.append(Stream(local=source, validate_hash=SHARD_HASH, **weights))
+    return streams, tokenizer
+
+
+def _node_layout(dp_size: int) -> NodeLayout:
+    import torch.distributed as dist
+
+    if dp_size > 1 and not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError(f"dp_size={dp_size} needs torch.distributed to be initialized first")
+    return detect_node_layout()
+
+
+def _make_dataset(
+    streams: list[Stream], cfg: DataConfig, dp_rank: int, dp_size: int, layout: NodeLayout, *, train: bool
+) -> DataParallelStreamingDataset:
+    with streaming_world_env(layout):
+        return DataParallelStreamingDataset(
+            dp_rank=dp_rank,
+            dp_size=dp_size,
+            streams=streams,
+            batch_size=cfg.micro_batch,
+            shuffle=cfg.shuffle if train else False,
+            shuffle_seed=cfg.seed,
+            num_canonical_nodes=1,  # fixed, so the sample order does not depend on the job's size
+            partition_algo="orig",
+            # Validation passes must all see the same samples, also when streams are resampled.
+            sampling_method="balanced" if train else "fixed",
+            epoch_size=cfg.epoch_size if train else None,
+        )
+
+
+def _batches_per_pass(epoch_size: int, start_sample: int, dp_size: int, micro_batch: int) -> int:
+    """Full micro-batches each DP rank reads from an epoch resumed at `start_sample` (streaming's
+    'orig' partition over one canonical node pads each rank to ceil(remaining / dp_size))."""
+    return ceil(max(epoch_size - start_sample, 0) / dp_size) // micro_batch
+
+
+def _short_pass_error(what: str, got: int, expected: int) -> RuntimeError:
+    return RuntimeError(
+        f"{what} ended after {got} of {expected} micro-batches: streaming failed to read or download a "
+        f"shard (a corrupt or missing shard, or an unreachable remote; streaming logs the cause from its "
+        f"download thread)"
+    )
+
+
+class _Loader:
+    """What the train and validation loaders share: the dataset, its DataLoader, batch geometry."""
+
+    def __init__(self, dataset: DataParallelStreamingDataset, cfg: DataConfig, tokenizer: TokenizerInfo, what: str):
+        self.dataset = dataset
+        self.tokenizer = tokenizer
+        self.micro_batch = cfg.micro_batch
+        self.dp_size = dataset.dp_size
+        self.epoch_size = int(dataset.epoch_size)
+        collate = partial(
+            collate_packed_samples,
+            eod_id=tokenizer.eod_id,
+            document_masking=cfg.document_masking,
+            eod_mask_loss=cfg.eod_mask_loss,
+        )
+        self._dataloader = torch.utils.data.DataLoader(
+            dataset, batch_size=cfg.micro_batch, num_workers=cfg.num_workers, collate_fn=collate, drop_last=True
+        )
+        if _batches_per_pass(self.epoch_size, 0, self.dp_size, self.micro_batch) == 0:
+            raise DatasetError(
+                f"{what} has {self.epoch_size} samples per epoch, fewer than micro_batch * dp_size = "
+                f"{self.micro_batch} * {self.dp_size}: no full micro-batch per rank; use more data or a "
+                f"smaller micro_batch"
+            )
+
+
+class TrainBatchIterator(_Loader):
+    """Endless training micro-batches for one DP rank, epoch after epoch, resumable mid-epoch."""
+
+    def __init__(self, dataset: DataParallelStreamingDataset, cfg: DataConfig, tokenizer: TokenizerInfo):
+        super().__init__(dataset, cfg, tokenizer, "the training data")
+        self.seed = cfg.seed
+        self.epoch = 0
+        self._pass_start = 0  # sample_in_epoch where the current pass began (non-zero after resume)
+        self._pass_batches = 0  # micro-batches this rank drew in the current pass
+        self._pass: Iterator[dict[str, torch.Tensor]] | None = None
+        self._started = False
+
+    @property
+    def micro_batches_per_epoch(self) -> int:
+        """Micro-batches each DP rank draws in one full epoch."""
+        return _batches_per_pass(self.epoch_size, 0, self.dp_size, self.micro_batch)
+
+    @property
+    def sample_in_epoch(self) -> int:
+        """Samples consumed in the current epoch by all DP ranks together."""
+        return self._pass_start + self._pass_batches * self.micro_batch * self.dp_size
+
+    def __iter__(self) -> TrainBatchIterator:
+        return self
+
+    def __next__(self) -> dict[str, torch.Tensor]:
+        for _ in range(2):  # the current pass may be exhausted: then one new epoch
+            if self._pass is None:
+                self._pass = iter(self._dataloader)
+                self._started = True
+            batch = next(self._pass, None)
+            if batch is not None:
+                self._pass_batches += 1
+                return batch
+            expected = _batches_per_pass(self.epoch_size, self._pass_start, self.dp_size, self.micro_batch)
+            if self._pass_batches != expected:
+                raise _short_pass_error(f"training epoch {self.epoch}", self._pass_batches, expected)
+            self.epoch += 1
+            self._pass_start = 0
+            self._pass_batches = 0
+            self._pass = None
+        raise RuntimeError("internal error: a fresh training epoch yielded no micro-batch")
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where the data stream stands (plain ints/strings; the same on every rank)."""
+        return {
+            "format": STATE_FORMAT,
+            "epoch": self.epoch,
+            "sample_in_epoch": self.sample_in_epoch,
+            "epoch_size": self.epoch_size,
+            "seed": self.seed,
+            "micro_batch": self.micro_batch,
+            "dp_size": self.dp_size,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume at `state` (from `state_dict`); call before drawing the first batch."""
+        if self._started:
+            raise RuntimeError("load_state_dict must be called before the first batch is drawn; build a new loader")
+        if state.get("format") != STATE_FORMAT:
+            raise ValueError(f"not a training data-loader state (format {state.get('format')!r}, expected {STATE_FORMAT!r})")
+        if state["epoch_size"] != self.epoch_size:
+            raise DatasetError(
+                f"the checkpoint's data epoch had {state['epoch_size']} samples, the configured streams give "
+                f"{self.epoch_size}: the datasets or mixture changed, so the resume position is meaningless"
+            )
+        if state["seed"] != self.seed:
+            raise DatasetError(
+                f"the checkpoint's data seed is {state['seed']} but data.seed is {self.seed}; resuming with "
+                f"another seed would change the sample order (set data.seed={state['seed']})"
+            )
+        if not 0 <= state["sample_in_epoch"] <= self.epoch_size:
+            raise ValueError(f"sample_in_epoch={state['sample_in_epoch']} is outside [0, {self.epoch_size}]")
+        self.epoch = int(state["epoch"])
+        self._pass_start = int(state["sample_in_epoch"])
+        self._pass_batches = 0
+        self.dataset.load_state_dict(
+            {
+                "epoch": self.epoch,
+                "sample_in_epoch": self._pass_start,
+                "num_canonical_nodes": 1,
+                "shuffle_seed": self.seed,
+                "initial_physical_nodes": 1,
+            }
+        )
+
+
+class ValBatchLoader(_Loader):
+    """Validation micro-batches for one DP rank: each `iter()` is one pass, in the same order."""
+
+    def __init__(self, dataset: DataParallelStreamingDataset, cfg: DataConfig, tokenizer: TokenizerInfo):
+        super().__init__(dataset, cfg, tokenizer, "the validation data")
+
+    def __len__(self) -> int:
+        return _batches_per_pass(self.epoch_size, 0, self.dp_size, self.micro_batch)
+
+    def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
+        count = 0
+        for batch in self._dataloader:
+            count += 1
+            yield batch
+        if count != len(self):
+            raise _short_pass_error("the validation pass", count, len(self))
+
+
+def build_train_loader(
+    cfg: DataConfig, dp_rank: int, dp_size: int, *, model_vocab_size: int | None = None
+) -> TrainBatchIterator:
+    """Training micro-batches for data-parallel rank `dp_rank` of `dp_size` (collective: all ranks call)."""
+    cfg.validate()
+    cfg.num_microbatches(dp_size)  # global_batch must split evenly
+    layout = _node_layout(dp_size)
+    streams, tokenizer = _open_streams(cfg.streams, cfg, model_vocab_size, "train", layout)
+    dataset = _make_dataset(streams, cfg, dp_rank, dp_size, layout, train=True)
+    return TrainBatchIterator(dataset, cfg, tokenizer)
+
+
+def build_val_loader(
+    cfg: DataConfig, dp_rank: int, dp_size: int, *, model_vocab_size: int | None = None
+) -> ValBatchLoader:
+    """Validation micro-batches (unshuffled, one pass per iter) for `dp_rank` (collective: all ranks call).
+
+    The training streams, if configured, must share the validation streams' tokenizer."""
+    cfg.validate()
+    if not cfg.val_streams:
+        raise DatasetError("data.val_streams is empty: no validation data configured")
+    layout = _node_layout(dp_size)
+    streams, tokenizer = _open_streams(cfg.val_streams, cfg, model_vocab_size, "val", layout, also_check=cfg.streams)
+    dataset = _make_dataset(streams, cfg, dp_rank, dp_size, layout, train=False)
+    return ValBatchLoader(dataset, cfg, tokenizer)

@@ -1,0 +1,141 @@
+"""Run StreamingDataset under Megatron's process grid: shard by data-parallel rank, coordinate by node.
+
+Streaming uses one "world" for two jobs (see streaming/base/dataset.py, world.py):
+
+* coordination: per physical machine, one local leader creates shared memory (``/dev/shm``) and
+  computes each epoch's sample order; the processes of that machine attach to it and meet at
+  shared-memory barriers. It reads RANK/WORLD_SIZE/LOCAL_RANK/LOCAL_WORLD_SIZE and assumes
+  the ranks of one machine are consecutive.
+* iteration: which slice of the epoch a process reads. `replication` can give *consecutive*
+  ranks the same slice, but Megatron's data-parallel peers are not consecutive (pipeline stages
+  are the outermost dimension), and they may live on different machines.
+
+So we keep the coordination world physical, taken from the process group itself (ranks grouped
+by machine), and replace the iteration world by the data-parallel view: a single virtual node of
+`dp_size` ranks where this process is rank `dp_rank`. Every TP/PP peer of a DP rank reads the
+same slice; different DP ranks read disjoint slices.
+
+Consequences for callers: building a dataset runs barriers on the default process group and every
+process of a machine meets at each epoch start, so *all ranks* must build the same loaders in the
+same order and iterate them in step (Megatron does: every rank pulls the same micro-batches).
+"""
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from math import ceil
+from pathlib import Path
+from typing import Any
+
+from cplm_megatron.data._streaming_import import TICK, ShardState, StreamingDataset, World
+
+_WORLD_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+
+
+@dataclass(frozen=True)
+class NodeLayout:
+    """This process's place among the processes of its machine."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+
+
+def machine_id() -> str:
+    """Identifies the machine (and so its /dev/shm): hostname plus kernel boot id."""
+    boot_id = Path("/proc/sys/kernel/random/boot_id")
+    boot = boot_id.read_text().strip() if boot_id.is_file() else ""
+    return f"{socket.gethostname()}/{boot}"
+
+
+def layout_from_machines(machines: Sequence[str], rank: int) -> NodeLayout:
+    """Node layout of `rank` given every rank's machine id; streaming needs machines to hold equal,
+    consecutive blocks of ranks (as torchrun and SLURM's block distribution give)."""
+    world_size = len(machines)
+    mine = [r for r, m in enumerate(machines) if m == machines[rank]]
+    local_world_size = len(mine)
+    first = mine[0]
+    consecutive = mine == list(range(first, first + local_world_size))
+    if not consecutive or first % local_world_size or world_size % local_world_size:
+        raise RuntimeError(
+            f"ranks {mine} share machine {machines[rank]!r}, but the streaming data loader needs each "
+            f"machine to hold an equal block of consecutive ranks (world size {world_size}); launch "
+            f"with torchrun or SLURM block distribution (--distribution=block)"
+        )
+    for start in range(0, world_size, local_world_size):
+        block = set(machines[start : start + local_world_size])
+        if len(block) != 1:
+            raise RuntimeError(
+                f"ranks {start}..{start + local_world_size - 1} span machines {sorted(block)}; the "
+                f"streaming data loader needs every machine to run {local_world_size} consecutive ranks"
+            )
+    return NodeLayout(rank, world_size, rank - first, local_world_size)
+
+
+def detect_node_layout() -> NodeLayout:
+    """This process's node layout; a collective over the default process group when there is one."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return NodeLayout(0, 1, 0, 1)
+    machines: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(machines, machine_id())
+    return layout_from_machines([str(m) for m in machines], dist.get_rank())
+
+
+@contextmanager
+def streaming_world_env(layout: NodeLayout) -> Iterator[None]:
+    """Set the environment streaming's `World.detect()` reads to `layout`; restore it after."""
+    saved = {key: os.environ.get(key) for key in _WORLD_ENV}
+    values = (layout.rank, layout.world_size, layout.local_rank, layout.local_world_size)
+    os.environ.update({key: str(value) for key, value in zip(_WORLD_ENV, values, strict=True)})
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+class DataParallelStreamingDataset(StreamingDataset):
+    """A StreamingDataset that partitions each epoch over data-parallel ranks, not global ranks.
+
+    Construct it inside `streaming_world_env(detect_node_layout())`. Relies on streaming 0.13's
+    `_parallel_rank_world` (the iteration world) and `length`; checked here so an upgrade that
+    renames them fails loudly instead of silently sharding by global rank.
+    """
+
+    def __init__(self, *, dp_rank: int, dp_size: int, **kwargs: Any):
+        if not 0 <= dp_rank < dp_size:
+            raise ValueError(f"dp_rank={dp_rank} must be in [0, dp_size={dp_size})")
+        if kwargs.get("replication") is not None:
+            raise ValueError("replication is replaced by dp_rank/dp_size here; do not pass it")
+        super().__init__(**kwargs)
+        if not isinstance(getattr(self, "_parallel_rank_world", None), World) or not hasattr(self, "length"):
+            raise RuntimeError(
+                "this mosaicml-streaming version has no StreamingDataset._parallel_rank_world/length; "
+                "the data-parallel sharding in cplm_megatron.data.streaming_world needs streaming 0.13"
+            )
+        self._parallel_rank_world = World(num_nodes=1, ranks_per_node=dp_size, workers_per_rank=1, worker=dp_rank)
+        self.length = ceil(self.epoch_size / dp_size)
+        self.dp_rank = dp_rank
+        self.dp_size = dp_size
+
+    def prepare_shard(self, shard_id: int, blocking: bool = True) -> None:
+        """streaming's prepare_shard, except that a blocking wait gives up once the download thread has
+        failed: streaming 0.13 waits forever on a shard whose download (or checksum) raised."""
+        super().prepare_shard(shard_id, blocking=False)
+        while blocking and self._shard_states[shard_id] == ShardState.PREPARING:
+            if getattr(self, "_event", None) is not None and self._event.is_set():
+                raise RuntimeError(
+                    f"streaming's download thread failed while preparing shard {shard_id}"
+                    " (the cause is logged above: a corrupt or missing shard, or an unreachable remote)"
+                )
+            time.sleep(TICK)

@@ -1,0 +1,37 @@
+"""Hugging Face config for Copy-Paste Language Models: a Llama config plus the copy-head fields.
+
+Self-contained on purpose: this file is copied into every exported checkpoint directory and loaded
+there with ``trust_remote_code=True``, so it may import only ``transformers``.
+"""
+
+from transformers import LlamaConfig
+
+
+class CPLMConfig(LlamaConfig):
+    """LlamaConfig + Copy-Paste head: ``copy_heads`` x ``copy_head_dim`` query/key heads and a gate."""
+
+    model_type = "cplm"
+
+    # An explicit __init__ (not dataclass fields) keeps the class valid on transformers 4.x, where
+    # configs are plain classes, and 5.x, where configs are dataclasses that honour a custom __init__.
+    def __init__(
+        self,
+        copy_heads: int = 4,
+        copy_head_dim: int = 64,
+        copy_qk_norm: bool = False,
+        copy_norm_eps: float = 1e-5,
+        copy_gate_bias_init: float = -2.0,
+        **kwargs,
+    ) -> None:
+        if not (isinstance(copy_heads, int) and copy_heads > 0):
+            raise ValueError(f"CPLMConfig: copy_heads must be a positive int, got {copy_heads!r}")
+        if not (isinstance(copy_head_dim, int) and copy_head_dim > 0):
+            raise ValueError(f"CPLMConfig: copy_head_dim must be a positive int, got {copy_head_dim!r}")
+        if not copy_norm_eps > 0:
+            raise ValueError(f"CPLMConfig: copy_norm_eps must be > 0, got {copy_norm_eps!r}")
+        self.copy_heads = copy_heads
+        self.copy_head_dim = copy_head_dim
+        self.copy_qk_norm = bool(copy_qk_norm)
+        self.copy_norm_eps = float(copy_norm_eps)
+        self.copy_gate_bias_init = float(copy_gate_bias_init)
+        super().__init__(**kwargs)

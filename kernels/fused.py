@@ -1,0 +1,314 @@
+"""Fused Copy-Paste scores: the autograd Function over the Triton kernels and its public entry points.
+
+Same semantics as :func:`cplm_kernels.reference.copy_lse_naive` (see that module): outputs fp32
+``[b, H, T]`` (``-inf`` for empty sets), memory O(b * H * T) besides the inputs, gradients of empty
+rows zero. ``q``/``k`` may be strided views (e.g. ``[b, H, T, d]`` views of a ``[T, b, H * d]``
+projection): the kernels take strides, nothing is copied. Imports triton: load it lazily through
+``cplm_kernels`` (``import cplm_kernels`` works without triton).
+"""
+from __future__ import annotations
+
+import math
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from cplm_kernels import triton_copy
+from cplm_kernels.block_bounds import (
+    DocumentIndex,
+    index_documents,
+    key_tile_query_end,
+    query_tile_key_start,
+)
+from cplm_kernels.configs import KernelConfigs, TileConfig, select_configs
+from cplm_kernels.fp8 import DEFAULT_SCALE_BLOCK_ROWS, FP8_DTYPE, quantize_fp8
+from cplm_kernels.interpreter import DotPlan, dot_plan, kernels_are_interpreted
+from cplm_kernels.reference import default_scale
+
+LOG2E = 1.4426950408889634
+_INPUT_DTYPES = (torch.float32, torch.bfloat16, torch.float16, FP8_DTYPE)
+
+
+@dataclass(frozen=True)
+class RowScale:
+    """FP8 dequantization scales as the kernels read them: ``scale[b, h, row // rows]`` via strides."""
+
+    tensor: torch.Tensor
+    strides: tuple[int, int, int]
+    rows: int
+
+    @staticmethod
+    def unused(device: torch.device) -> RowScale:
+        return RowScale(torch.ones(1, dtype=torch.float32, device=device), (0, 0, 0), 1)
+
+
+@dataclass(frozen=True)
+class KernelOperands:
+    """What the kernels read for q and k: the storage tensors plus their FP8 scales (if any)."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    q_scale: RowScale
+    k_scale: RowScale
+
+    @property
+    def is_fp8(self) -> bool:
+        return self.q.dtype == FP8_DTYPE
+
+
+def row_scale_view(scale: torch.Tensor, name: str, x: torch.Tensor, block_rows: int) -> RowScale:
+    """Validate an FP8 scale (per tensor, or per block of ``block_rows`` rows) and describe it for the kernels."""
+    if not isinstance(scale, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor (fp32), got {type(scale).__name__}")
+    b, H, T, _ = x.shape
+    scale = scale.to(device=x.device, dtype=torch.float32)
+    if scale.numel() == 1:
+        return RowScale(scale.reshape(1), (0, 0, 0), 1)
+    n_blocks = math.ceil(T / block_rows)
+    if tuple(scale.shape) != (b, H, n_blocks):
+        raise ValueError(
+            f"{name} has shape {tuple(scale.shape)}; expected a one-element tensor (per tensor) or "
+            f"[b, H, ceil(T / scale_block_rows)] = {(b, H, n_blocks)} with scale_block_rows={block_rows} "
+            "(pass the block_rows given to quantize_fp8 as scale_block_rows)"
+        )
+    return RowScale(scale, tuple(scale.stride()), block_rows)
+
+
+def _check_inputs(q: torch.Tensor, k: torch.Tensor, labels: torch.Tensor, doc_ids: torch.Tensor | None) -> None:
+    if q.dim() != 4 or q.shape != k.shape:
+        raise ValueError(f"q and k must both be [b, H, T, d]; got q {tuple(q.shape)}, k {tuple(k.shape)}")
+    if q.dtype != k.dtype or q.dtype not in _INPUT_DTYPES:
+        raise ValueError(f"q/k dtypes must match and be one of {_INPUT_DTYPES}; got {q.dtype}, {k.dtype}")
+    b, _, T, _ = q.shape
+    for name, t in (("labels", labels), ("doc_ids", doc_ids)):
+        if t is None:
+            continue
+        if tuple(t.shape) != (b, T) or t.is_floating_point() or t.dtype == torch.bool:
+            raise ValueError(f"{name} must be an integer tensor of shape [b, T] = {(b, T)}; got {t.dtype} "
+                             f"{tuple(t.shape)}")
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
+    if k.device != q.device:
+        raise ValueError(f"k is on {k.device} but q is on {q.device}")
+    interpreted = kernels_are_interpreted(triton_copy.copy_lse_fwd_kernel)
+    if q.is_cuda == interpreted:
+        raise RuntimeError(
+            f"fused copy kernels were built {'for the Triton interpreter' if interpreted else 'for the GPU'} but q "
+            f"is on {q.device}: use CUDA tensors without TRITON_INTERPRET, or CPU tensors with TRITON_INTERPRET=1 "
+            "set before triton is first imported"
+        )
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Everything the three kernels share for one call."""
+
+    ops: KernelOperands
+    labels: torch.Tensor  # int32 [b, T]
+    docs: DocumentIndex | None  # compact int32 document ranks and spans (None: one document per row)
+    scale: float
+    plan: DotPlan
+    configs: KernelConfigs
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        return tuple(self.ops.q.shape)
+
+    def stride_args(self, bound: torch.Tensor) -> tuple:
+        doc = self.docs.rank if self.docs is not None else self.labels  # unused pointer without documents
+        return (*self.ops.q.stride(), *self.ops.k.stride(), *self.labels.stride(), *doc.stride(),
+                *self.ops.q_scale.strides, *self.ops.k_scale.strides, self.ops.q_scale.rows,
+                self.ops.k_scale.rows, bound.stride(0))
+
+    def pointer_args(self, bound: torch.Tensor) -> tuple:
+        doc = self.docs.rank if self.docs is not None else self.labels
+        return (self.ops.q, self.ops.k, self.labels, doc, self.ops.q_scale.tensor, self.ops.k_scale.tensor, bound)
+
+    def key_start(self, tile: TileConfig) -> torch.Tensor:
+        """Per query tile, the first key to visit (unused pointer without documents)."""
+        if self.docs is None:
+            return self.labels
+        return query_tile_key_start(self.docs.first, tile.block_m, tile.block_n)
+
+    def query_end(self, tile: TileConfig) -> torch.Tensor:
+        """Per key tile, one past the last query to visit (unused pointer without documents)."""
+        if self.docs is None:
+            return self.labels
+        return key_tile_query_end(self.docs.last, tile.block_n)
+
+    def constexprs(self, tile: TileConfig, with_grad_mode: bool) -> dict:
+        extra = {"GRAD_MODE": self.plan.grad_mode} if with_grad_mode else {}
+        return dict(HEAD_DIM=self.shape[3], BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
+                    HAS_DOC=self.docs is not None, IS_FP8=self.ops.is_fp8, SCORE_MODE=self.plan.score_mode,
+                    PRECISION=self.plan.input_precision, SHARED_EXP=tile.shared_exp, **extra)
+
+
+@dataclass(frozen=True)
+class KernelCall:
+    """One kernel launch, fully described (launched by the autograd Function, AOT-compiled by
+    :mod:`cplm_kernels.aot_check`)."""
+
+    kernel: object
+    grid: tuple[int, int]
+    args: tuple
+    constexprs: dict
+    num_warps: int
+    num_stages: int
+
+    def launch(self, device: torch.device) -> None:
+        with torch.cuda.device(device) if device.type == "cuda" else nullcontext():
+            self.kernel[self.grid](*self.args, **self.constexprs, num_warps=self.num_warps,
+                                   num_stages=self.num_stages)
+
+
+def forward_call(launch: Launch, lse_all: torch.Tensor, lse_match: torch.Tensor) -> KernelCall:
+    """The forward kernel writing both LSEs into contiguous ``[b, H, T]`` fp32 outputs."""
+    b, H, T, _ = launch.shape
+    tile = launch.configs.forward
+    bound = launch.key_start(tile)
+    args = (*launch.pointer_args(bound), lse_all, lse_match, *launch.stride_args(bound),
+            H, T, launch.scale * LOG2E)
+    return KernelCall(triton_copy.copy_lse_fwd_kernel, (triton.cdiv(T, tile.block_m), b * H), args,
+                      launch.constexprs(tile, with_grad_mode=False), tile.num_warps, tile.num_stages)
+
+
+def grad_call(launch: Launch, which: str, lse_all, lse_match, g_all, g_match, out: torch.Tensor) -> KernelCall:
+    """The dQ (``which == "q"``) or dK kernel writing into contiguous ``out`` [b, H, T, d]."""
+    b, H, T, _ = launch.shape
+    if which == "q":
+        tile, kernel = launch.configs.grad_q, triton_copy.copy_lse_bwd_dq_kernel
+        bound, n_tiles = launch.key_start(tile), triton.cdiv(T, tile.block_m)
+    else:
+        tile, kernel = launch.configs.grad_k, triton_copy.copy_lse_bwd_dk_kernel
+        bound, n_tiles = launch.query_end(tile), triton.cdiv(T, tile.block_n)
+    args = (*launch.pointer_args(bound), lse_all, lse_match, g_all, g_match, out, *launch.stride_args(bound),
+            *g_all.stride(), *g_match.stride(), H, T, launch.scale * LOG2E, launch.scale)
+    return KernelCall(kernel, (n_tiles, b * H), args, launch.constexprs(tile, with_grad_mode=True),
+                      tile.num_warps, tile.num_stages)
+
+
+def _forward(launch: Launch) -> tuple[torch.Tensor, torch.Tensor]:
+    b, H, T, _ = launch.shape
+    lse_all = torch.empty(b, H, T, dtype=torch.float32, device=launch.ops.q.device)
+    lse_match = torch.empty_like(lse_all)
+    if lse_all.numel() > 0:
+        forward_call(launch, lse_all, lse_match).launch(lse_all.device)
+    return lse_all, lse_match
+
+
+def _grad(launch: Launch, which: str, lse_all, lse_match, g_all, g_match, grad_dtype) -> torch.Tensor:
+    """dq (``which == "q"``) or dk of the scores' inputs, contiguous [b, H, T, d] in ``grad_dtype``."""
+    out = torch.empty(launch.shape, dtype=grad_dtype, device=launch.ops.q.device)
+    if out.numel() > 0:
+        grad_call(launch, which, lse_all, lse_match, g_all, g_match, out).launch(out.device)
+    return out
+
+
+class _FusedCopyLSE(torch.autograd.Function):
+    """(lse_all, lse_match) of the kernels; gradients w.r.t. q and k (straight-through for FP8 operands)."""
+
+    @staticmethod
+    def forward(ctx, q, k, launch: Launch):
+        lse_all, lse_match = _forward(launch)
+        ops = launch.ops
+        docs = launch.docs or DocumentIndex(None, None, None)
+        ctx.save_for_backward(ops.q, ops.k, ops.q_scale.tensor, ops.k_scale.tensor, launch.labels,
+                              docs.rank, docs.first, docs.last, lse_all, lse_match)
+        ctx.launch_meta = (ops.q_scale.strides, ops.q_scale.rows, ops.k_scale.strides, ops.k_scale.rows,
+                           launch.scale, launch.plan, launch.configs)
+        ctx.grad_dtypes = (q.dtype, k.dtype)
+        return lse_all, lse_match
+
+    @staticmethod
+    def backward(ctx, g_all, g_match):
+        oq, ok, qs, ks, labels, rank, first, last, lse_all, lse_match = ctx.saved_tensors
+        qs_strides, qs_rows, ks_strides, ks_rows, scale, plan, configs = ctx.launch_meta
+        ops = KernelOperands(oq, ok, RowScale(qs, qs_strides, qs_rows), RowScale(ks, ks_strides, ks_rows))
+        docs = DocumentIndex(rank, first, last) if rank is not None else None
+        launch = Launch(ops, labels, docs, scale, plan, configs)
+        dq = _grad(launch, "q", lse_all, lse_match, g_all, g_match, ctx.grad_dtypes[0]) \
+            if ctx.needs_input_grad[0] else None
+        dk = _grad(launch, "k", lse_all, lse_match, g_all, g_match, ctx.grad_dtypes[1]) \
+            if ctx.needs_input_grad[1] else None
+        return dq, dk, None
+
+
+def make_launch(ops: KernelOperands, labels, doc_ids, scale: float | None, capability: tuple[int, int] | None,
+                configs: KernelConfigs | None = None) -> Launch:
+    """Describe one call for a GPU of compute ``capability`` (``None``: the Triton interpreter).
+
+    Labels are compared as int32 (token ids), documents as compact int32 ranks.
+    """
+    head_dim = ops.q.shape[-1]
+    return Launch(
+        ops=ops, labels=labels.to(torch.int32), docs=index_documents(doc_ids) if doc_ids is not None else None,
+        scale=float(default_scale(head_dim) if scale is None else scale),
+        plan=dot_plan(ops.q.dtype, capability),
+        configs=configs or select_configs(head_dim, ops.q.dtype, interpret=capability is None),
+    )
+
+
+def _run(q, k, labels, doc_ids, scale, ops: KernelOperands, configs: KernelConfigs | None):
+    capability = None if not ops.q.is_cuda else torch.cuda.get_device_capability(ops.q.device)
+    return _FusedCopyLSE.apply(q, k, make_launch(ops, labels, doc_ids, scale, capability, configs))
+
+
+def copy_lse_fused(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    labels: torch.Tensor,
+    doc_ids: torch.Tensor | None = None,
+    scale: float | None = None,
+    q_scale: torch.Tensor | None = None,
+    k_scale: torch.Tensor | None = None,
+    *,
+    scale_block_rows: int = DEFAULT_SCALE_BLOCK_ROWS,
+    configs: KernelConfigs | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Fused ``(lse_all, lse_match)`` ``[b, H, T]`` fp32; same values/gradients as ``copy_lse_naive``.
+
+    ``q``/``k``: ``[b, H, T, d]`` (d in 32/64/128) in fp32/bf16/fp16, or float8_e4m3fn with
+    ``q_scale``/``k_scale`` (one-element fp32 per tensor, or ``[b, H, ceil(T / scale_block_rows)]``
+    per block of rows; see :mod:`cplm_kernels.fp8`). FP8 inputs give values only (no gradients into
+    fp8 tensors): train with :func:`copy_lse_fused_fp8`. ``configs`` overrides the tile table.
+    """
+    _check_inputs(q, k, labels, doc_ids)
+    if q.dtype == FP8_DTYPE:
+        if q_scale is None or k_scale is None:
+            raise ValueError("float8_e4m3fn q/k need q_scale and k_scale (see cplm_kernels.quantize_fp8)")
+        if q.requires_grad or k.requires_grad:
+            raise ValueError("gradients into float8 tensors are not supported: call copy_lse_fused_fp8 on the "
+                             "bf16/fp32 q and k for straight-through FP8 training")
+        ops = KernelOperands(q, k, row_scale_view(q_scale, "q_scale", q, scale_block_rows),
+                        row_scale_view(k_scale, "k_scale", k, scale_block_rows))
+    else:
+        if q_scale is not None or k_scale is not None:
+            raise ValueError(f"q_scale/k_scale are only for float8_e4m3fn q/k; got q/k of dtype {q.dtype}")
+        ops = KernelOperands(q, k, RowScale.unused(q.device), RowScale.unused(q.device))
+    return _run(q, k, labels, doc_ids, scale, ops, configs)
+
+
+def copy_lse_fused_fp8(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    labels: torch.Tensor,
+    doc_ids: torch.Tensor | None = None,
+    scale: float | None = None,
+    *,
+    block_rows: int | None = None,
+    configs: KernelConfigs | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """FP8 scores for training: quantizes bf16/fp16/fp32 ``q``/``k`` with current amax scaling
+    (per tensor, or per ``block_rows`` rows), runs the fused kernels on the fp8 values, and returns
+    straight-through gradients (the exact gradients w.r.t. the dequantized q/k) in q/k's dtype."""
+    _check_inputs(q, k, labels, doc_ids)
+    if q.dtype == FP8_DTYPE:
+        raise ValueError("copy_lse_fused_fp8 quantizes itself: pass bf16/fp16/fp32 q and k "
+                         "(or call copy_lse_fused with float8 q/k and their scales)")
+    rows = block_rows if block_rows is not None else DEFAULT_SCALE_BLOCK_ROWS
+    q8, q_scale = quantize_fp8(q, block_rows)
+    k8, k_scale = quantize_fp8(k, block_rows)
+    ops = KernelOperands(q8, k8, row_scale_view(q_scale, "q_scale", q8, rows), row_scale_view(k_scale, "k_scale", k8, rows))
+    return _run(q, k, labels, doc_ids, scale, ops, configs)

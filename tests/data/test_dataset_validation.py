@@ -1,0 +1,147 @@
+"""Bad datasets fail early with errors that name the file and the values (and how to fix them)."""
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+
+import pytest
+
+from cplm_megatron.config.loader import ConfigError
+from cplm_megatron.data.config import DataConfig
+from cplm_megatron.data.loader import build_train_loader, build_val_loader
+from cplm_megatron.data.manifest import DatasetError
+from tests.data_fixtures import (
+    numbered_docs,
+    synthetic_tokenizer,
+    write_synthetic_dataset,
+)
+
+pytestmark = pytest.mark.usefixtures("isolated_streaming")
+SEQ = 16
+
+
+@pytest.fixture(scope="module")
+def good_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("valid") / "ds"
+    write_synthetic_dataset(path, numbered_docs(48, SEQ, doc_len=21), SEQ, shard_size_limit=1 << 9)
+    return path
+
+
+def copy_of(dataset: Path, tmp_path: Path) -> Path:
+    return Path(shutil.copytree(dataset, tmp_path / "copy"))
+
+
+def train_cfg(*paths: Path, **overrides) -> DataConfig:
+    values = {"seq_len": SEQ, "micro_batch": 2, "global_batch": 2, "streams": [{"path": str(p)} for p in paths]}
+    return DataConfig(**{**values, **overrides})
+
+
+def first_shard(dataset: Path) -> Path:
+    return dataset / json.loads((dataset / "index.json").read_text())["shards"][0]["zip_data"]["basename"]
+
+
+def test_good_dataset_loads(good_dataset: Path) -> None:
+    assert next(build_train_loader(train_cfg(good_dataset), 0, 1, model_vocab_size=4096))["tokens"].shape == (2, SEQ)
+
+
+def test_not_a_dataset(tmp_path: Path) -> None:
+    with pytest.raises(DatasetError, match=r"dataset directory not found: .*nowhere"):
+        build_train_loader(train_cfg(tmp_path / "nowhere"), 0, 1)
+    (tmp_path / "half").mkdir()
+    (tmp_path / "half" / "index.json").write_text("{}")
+    with pytest.raises(DatasetError, match=r"half is not a prepared dataset \(no manifest\.json.*prepare_data"):
+        build_train_loader(train_cfg(tmp_path / "half"), 0, 1)
+
+
+def test_truncated_shard_names_file_and_sizes(good_dataset: Path, tmp_path: Path) -> None:
+    shard = first_shard(copy_of(good_dataset, tmp_path))
+    size = shard.stat().st_size
+    shard.write_bytes(shard.read_bytes()[: size // 2])
+    with pytest.raises(DatasetError, match=rf"shard corrupt: .*{shard.name} has {size // 2} bytes but index\.json says {size}"):
+        build_train_loader(train_cfg(tmp_path / "copy"), 0, 1)
+
+
+def test_altered_shard_fails_its_hash(good_dataset: Path, tmp_path: Path) -> None:
+    shard = first_shard(copy_of(good_dataset, tmp_path))
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with pytest.raises(DatasetError, match=rf"shard corrupt: .*{shard.name} has xxh3_64 [0-9a-f]+ but index\.json says"):
+        build_train_loader(train_cfg(tmp_path / "copy"), 0, 1)
+
+
+def test_corruption_found_while_streaming_is_not_a_silent_short_epoch(
+    good_dataset: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    shard = first_shard(copy_of(good_dataset, tmp_path))
+    shard.with_suffix("").unlink(missing_ok=True)  # force streaming to decompress (and hash-check) it
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    loader = build_train_loader(train_cfg(tmp_path / "copy", verify_shards=False, shuffle=False), 0, 1)
+    # streaming either re-raises from its download thread or ends the epoch early; either way: an error
+    with pytest.raises(RuntimeError, match=r"training epoch 0 ended after \d+ of 24 micro-batches: streaming failed|"
+                                           r"Background thread failed|streaming's download thread failed"):
+        for _ in range(24):
+            next(loader)
+    deadline = time.monotonic() + 10  # streaming logs the cause from its download thread, maybe a bit later
+    while f"Checksum failure: {shard}" not in caplog.text and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert f"Checksum failure: {shard}" in caplog.text
+
+
+def test_missing_shard_is_named(good_dataset: Path, tmp_path: Path) -> None:
+    shard = first_shard(copy_of(good_dataset, tmp_path))
+    shard.unlink()
+    shard.with_suffix("").unlink(missing_ok=True)  # the raw form, if an earlier read decompressed it
+    with pytest.raises(DatasetError, match=rf"shard missing: .*shard\.00000\.mds or {shard.name}"):
+        build_train_loader(train_cfg(tmp_path / "copy"), 0, 1)
+
+
+def test_tokenizer_larger_than_model_vocab(good_dataset: Path) -> None:
+    with pytest.raises(DatasetError, match=r"ds: tokenizer synthetic has 4096 tokens but the model's vocabulary has "
+                                           r"only 1000; raise the model's vocab_size to at least 4096"):
+        build_train_loader(train_cfg(good_dataset), 0, 1, model_vocab_size=1000)
+
+
+def test_seq_len_mismatch(good_dataset: Path) -> None:
+    with pytest.raises(DatasetError, match=r"ds: shards hold samples of seq_len 16 but the config has seq_len 32"):
+        build_val_loader(DataConfig(val_streams=[{"path": str(good_dataset)}], seq_len=32), 0, 1)
+
+
+def test_streams_with_different_tokenizers(good_dataset: Path, tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    write_synthetic_dataset(other, numbered_docs(8, SEQ, doc_len=21), SEQ, tokenizer=synthetic_tokenizer(name="other"))
+    with pytest.raises(DatasetError, match=r"other was tokenized with other .* but .*ds with synthetic .*one tokenizer"):
+        build_train_loader(train_cfg(good_dataset, other), 0, 1)
+
+
+def test_validation_and_training_streams_must_share_a_tokenizer(good_dataset: Path, tmp_path: Path) -> None:
+    other = tmp_path / "other"
+    write_synthetic_dataset(other, numbered_docs(8, SEQ, doc_len=21), SEQ, tokenizer=synthetic_tokenizer(name="other"))
+    cfg = train_cfg(good_dataset, val_streams=[{"path": str(other), "name": "heldout"}])
+    with pytest.raises(DatasetError, match=r"ds was tokenized with synthetic .* but heldout with other"):
+        build_val_loader(cfg, 0, 1)
+
+
+def test_too_little_data_for_one_micro_batch(tmp_path: Path) -> None:
+    write_synthetic_dataset(tmp_path / "small", numbered_docs(3, SEQ, doc_len=21), SEQ)
+    with pytest.raises(DatasetError, match=r"3 samples per epoch, fewer than micro_batch \* dp_size = 4 \* 1"):
+        build_train_loader(train_cfg(tmp_path / "small", micro_batch=4, global_batch=4), 0, 1)
+
+
+def test_config_errors_name_the_key(good_dataset: Path) -> None:
+    with pytest.raises(ConfigError, match=r"data.global_batch=6 must be a multiple of data.micro_batch \* dp_size"):
+        build_train_loader(train_cfg(good_dataset, micro_batch=2, global_batch=6), 0, 2)
+    with pytest.raises(ConfigError, match=r"data.streams\[1\]: give at most one of proportion/repeat/choose"):
+        DataConfig(streams=[{"path": "a"}, {"path": "b", "repeat": 2, "choose": 3}]).validate()
+    with pytest.raises(ConfigError, match=r"data.streams: give a proportion for every stream or for none"):
+        DataConfig(streams=[{"path": "a", "proportion": 0.5}, {"path": "b"}]).validate()
+    with pytest.raises(ConfigError, match=r"data.val_streams lists \['a'\] more than once"):
+        DataConfig(val_streams=["a", "a"]).validate()
+    with pytest.raises(ConfigError, match=r"unknown keys \['weight'\]"):
+        DataConfig(streams=[{"path": "a", "weight": 1}])
+    with pytest.raises(DatasetError, match="val_streams is empty"):
+        build_val_loader(train_cfg(good_dataset), 0, 1)

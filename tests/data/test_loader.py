@@ -1,0 +1,133 @@
+"""The single-process loader: batch contract on real data, exact resume, mixtures, validation passes."""
+from __future__ import annotations
+
+import os
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+from cplm_megatron.data.config import DataConfig
+from cplm_megatron.data.loader import build_train_loader, build_val_loader
+from cplm_megatron.data.manifest import DatasetError
+from tests.data_fixtures import TinyCorpus, numbered_docs, write_synthetic_dataset
+
+pytestmark = pytest.mark.usefixtures("isolated_streaming")
+SEQ = 16
+
+
+@pytest.fixture(scope="module")
+def datasets(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """'main': 48 samples; 'a'/'b': 40 samples each with token ids in disjoint ranges."""
+    root = tmp_path_factory.mktemp("loader-data")
+    write_synthetic_dataset(root / "main", numbered_docs(48, SEQ, doc_len=21), SEQ, shard_size_limit=1 << 9)
+    write_synthetic_dataset(root / "a", numbered_docs(40, SEQ, doc_len=13, first_token=1), SEQ)
+    write_synthetic_dataset(root / "b", numbered_docs(40, SEQ, doc_len=13, first_token=2000), SEQ)
+    return {name: root / name for name in ("main", "a", "b")}
+
+
+def sample_keys(batch: dict[str, torch.Tensor]) -> list[tuple[int, ...]]:
+    """One hashable id per sample (ids are unique per sample in the synthetic data)."""
+    return [tuple(row.tolist()) for row in batch["tokens"]]
+
+
+def draw(loader, count: int) -> list[tuple[int, ...]]:
+    return [key for _ in range(count) for key in sample_keys(next(loader))]
+
+
+def cfg_for(*paths: Path, **overrides) -> DataConfig:
+    values = {"seq_len": SEQ, "micro_batch": 2, "global_batch": 2, "seed": 7,
+              "streams": [{"path": str(p)} for p in paths]}
+    return DataConfig(**{**values, **overrides})
+
+
+def test_batches_on_a_real_corpus_follow_the_contract(tiny_corpus: TinyCorpus) -> None:
+    cfg = DataConfig(streams=[{"path": str(tiny_corpus.dataset_dir)}], seq_len=tiny_corpus.seq_len, micro_batch=8,
+                     global_batch=8)
+    batch = next(build_train_loader(cfg, 0, 1, model_vocab_size=tiny_corpus.tokenizer.vocab_size))
+    assert {k: (tuple(v.shape), v.dtype) for k, v in batch.items()} == {
+        "tokens": ((8, 64), torch.int64), "labels": ((8, 64), torch.int64), "loss_mask": ((8, 64), torch.float32),
+        "position_ids": ((8, 64), torch.int64), "document_ids": ((8, 64), torch.int64)}
+    assert torch.equal(batch["tokens"][:, 1:], batch["labels"][:, :-1])
+    eod = tiny_corpus.tokenizer.eod_id
+    follows_eod = torch.zeros_like(batch["tokens"], dtype=torch.bool)
+    follows_eod[:, 1:] = batch["tokens"][:, :-1] == eod
+    real = torch.ones_like(follows_eod)  # input positions before any EOD padding
+    real[:, 1:] = batch["loss_mask"][:, :-1] == 1
+    starts = follows_eod | (torch.arange(64) == 0)
+    assert torch.equal((batch["position_ids"] == 0)[real], starts[real])
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_resume_reproduces_the_remaining_sequence(datasets: dict[str, Path], num_workers: int) -> None:
+    cfg = cfg_for(datasets["main"], num_workers=num_workers)
+    reference = build_train_loader(cfg, 0, 1)
+    assert reference.micro_batches_per_epoch == 24
+    uninterrupted = draw(reference, 60)  # 2.5 epochs
+    epochs = [uninterrupted[0:48], uninterrupted[48:96]]
+    assert len(set(epochs[0])) == 48 and set(epochs[0]) == set(epochs[1])  # each epoch: every sample once
+    assert epochs[0] != epochs[1]  # reshuffled per epoch
+    assert epochs[0] != sorted(epochs[0])  # shuffled at all
+    # Stop mid-epoch, exactly at the epoch's end (not yet known to be exhausted), and in epoch 1.
+    for stop, (epoch, sample_in_epoch) in {17: (0, 34), 24: (0, 48), 31: (1, 14)}.items():
+        first = build_train_loader(cfg, 0, 1)
+        assert draw(first, stop) == uninterrupted[: 2 * stop]
+        state = first.state_dict()
+        assert (state["epoch"], state["sample_in_epoch"]) == (epoch, sample_in_epoch)
+        resumed = build_train_loader(cfg, 0, 1)
+        resumed.load_state_dict(dict(state))
+        assert draw(resumed, 60 - stop) == uninterrupted[2 * stop :], f"resumed after {stop} micro-batches"
+
+
+def test_state_dict_is_plain_and_guards_misuse(datasets: dict[str, Path]) -> None:
+    loader = build_train_loader(cfg_for(datasets["main"]), 0, 1)
+    state = loader.state_dict()
+    assert all(isinstance(v, (int, str)) for v in state.values())
+    next(loader)
+    with pytest.raises(RuntimeError, match="before the first batch"):
+        loader.load_state_dict(state)
+    with pytest.raises(DatasetError, match=r"data seed is 7 but data.seed is 8"):
+        build_train_loader(cfg_for(datasets["main"], seed=8), 0, 1).load_state_dict(state)
+    with pytest.raises(DatasetError, match=r"epoch had 48 samples, the configured streams give 40"):
+        build_train_loader(cfg_for(datasets["a"]), 0, 1).load_state_dict(state)
+
+
+def test_mixture_proportions_are_exact_per_epoch(datasets: dict[str, Path]) -> None:
+    cfg = cfg_for(datasets["a"], datasets["b"], micro_batch=4, global_batch=4, epoch_size=64)
+    cfg.streams[0].proportion, cfg.streams[1].proportion = 0.75, 0.25
+    loader = build_train_loader(cfg, 0, 1)
+    assert loader.micro_batches_per_epoch == 16
+    for _ in range(2):
+        keys = draw(loader, 16)
+        sources = Counter("a" if max(key) < 2000 else "b" for key in keys)  # b's ids start at 2000
+        assert sources == {"a": 48, "b": 16}
+        assert len({k for k in keys if max(k) < 2000}) == 40  # 48 > 40: stream a is upsampled, all seen
+
+
+def test_repeat_and_choose_weights(datasets: dict[str, Path]) -> None:
+    cfg = cfg_for(datasets["a"], datasets["b"], micro_batch=5, global_batch=5)
+    cfg.streams[0].repeat, cfg.streams[1].choose = 2.0, 10
+    loader = build_train_loader(cfg, 0, 1)
+    keys = draw(loader, loader.micro_batches_per_epoch)
+    assert Counter("a" if max(k) < 2000 else "b" for k in keys) == {"a": 80, "b": 10}
+
+
+def test_validation_passes_are_identical_and_unshuffled(datasets: dict[str, Path]) -> None:
+    cfg = cfg_for(micro_batch=4, global_batch=4, val_streams=[{"path": str(datasets["main"])}])
+    val = build_val_loader(cfg, 0, 1)
+    assert len(val) == 12
+    first = [k for batch in val for k in sample_keys(batch)]
+    second = [k for batch in val for k in sample_keys(batch)]
+    assert first == second == sorted(first) and len(set(first)) == 48
+
+
+def test_cache_dir_keeps_a_local_dataset_untouched(datasets: dict[str, Path], tmp_path: Path) -> None:
+    source = tmp_path / "src"
+    write_synthetic_dataset(source, numbered_docs(8, SEQ, doc_len=21), SEQ)
+    before = sorted(os.listdir(source))
+    cfg = cfg_for(source, cache_dir=str(tmp_path / "cache"))
+    keys = draw(build_train_loader(cfg, 0, 1), 4)
+    assert len(set(keys)) == 8
+    assert sorted(os.listdir(source)) == before
+    assert list((tmp_path / "cache").glob("*/shard.*.mds"))  # decompressed in the cache instead

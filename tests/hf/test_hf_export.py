@@ -1,0 +1,203 @@
+"""write_hf_checkpoint: exported directories reload offline in a fresh process with identical logits."""
+
+import copy
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+from hf_testing import (
+    BOS_EOS_ID,
+    PAD_ID,
+    VOCAB_SIZE,
+    cplm_config,
+    llama_config_like,
+    offline_env,
+    repetitive_ids,
+    tiny_cplm,
+)
+from safetensors import safe_open
+from transformers import (
+    AutoTokenizer,
+    BertConfig,
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaForCausalLM,
+)
+
+from cplm_megatron.hf.export import with_legacy_rope_fields, write_hf_checkpoint
+
+LOADER = Path(__file__).with_name("hf_load_exported.py")
+TEXT = "the quick brown fox copy paste"
+
+
+def saved_tensors(model_dir: Path) -> dict[str, torch.Tensor]:
+    tensors = {}
+    for path in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(str(path), framework="pt") as handle:
+            tensors.update({name: handle.get_tensor(name) for name in handle.keys()})  # noqa: SIM118 (not iterable)
+    return tensors
+
+
+def tiny_gpt2() -> GPT2LMHeadModel:
+    torch.manual_seed(5)
+    config = GPT2Config(vocab_size=VOCAB_SIZE, n_embd=64, n_layer=2, n_head=4, n_positions=128,
+                        bos_token_id=BOS_EOS_ID, eos_token_id=BOS_EOS_ID)
+    return GPT2LMHeadModel(config).eval()
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path) -> dict:
+    """Export five variants, reload all of them in one fresh offline process; return models, dirs, results."""
+    root = tmp_path_factory.mktemp("export")
+    torch.manual_seed(0)
+    plain_llama = LlamaForCausalLM(llama_config_like(cplm_config(tie_word_embeddings=True))).eval()
+    models = {
+        "cplm": tiny_cplm(cplm_config(copy_qk_norm=True, rope_theta=50000.0), seed=1),
+        "cplm_tied_sharded": tiny_cplm(cplm_config(tie_word_embeddings=True), seed=2),
+        "cplm_bf16": tiny_cplm(cplm_config(), seed=3),
+        "llama": plain_llama,
+        "gpt2": tiny_gpt2(),
+    }
+    options = {"cplm_tied_sharded": {"max_shard_bytes": 60_000}, "cplm_bf16": {"dtype": torch.bfloat16}}
+    dirs = {}
+    for name, model in models.items():
+        dirs[name] = write_hf_checkpoint(root / name, model.config, model.state_dict(), tokenizer_dir,
+                                         **options.get(name, {}))
+    input_ids = repetitive_ids(2, 12, seed=4)
+    request = {"dirs": [str(d) for d in dirs.values()], "input_ids": input_ids, "text": TEXT}
+    torch.save(request, root / "request.pt")
+    proc = subprocess.run(
+        [sys.executable, str(LOADER), str(root / "request.pt"), str(root / "result.pt")],
+        env=offline_env(root / "hf_home"), capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    results = torch.load(root / "result.pt")
+    return {"models": models, "dirs": dirs, "input_ids": input_ids,
+            "results": {name: results[str(d)] for name, d in dirs.items()}}
+
+
+def test_cplm_reloads_with_remote_code_and_identical_logits(exported: dict, tokenizer_dir: Path) -> None:
+    model, model_dir, result = (exported[k]["cplm"] for k in ("models", "dirs", "results"))
+    assert result["class"] == "CPLMForCausalLM"
+    with torch.no_grad():
+        expected = model(exported["input_ids"]).logits
+    assert torch.equal(result["logits"], expected)
+    config = json.loads((model_dir / "config.json").read_text())
+    assert config["auto_map"] == {
+        "AutoConfig": "configuration_cplm.CPLMConfig",
+        "AutoModelForCausalLM": "modeling_cplm.CPLMForCausalLM",
+    }
+    assert config["architectures"] == ["CPLMForCausalLM"] and config["model_type"] == "cplm"
+    assert config["rope_theta"] == 50000.0  # also readable by transformers 4.x, which ignores rope_parameters
+    assert (model_dir / "modeling_cplm.py").is_file() and (model_dir / "configuration_cplm.py").is_file()
+    generation = json.loads((model_dir / "generation_config.json").read_text())
+    assert (generation["bos_token_id"], generation["eos_token_id"], generation["pad_token_id"]) == (
+        BOS_EOS_ID, BOS_EOS_ID, PAD_ID)
+    assert result["token_ids"] == AutoTokenizer.from_pretrained(str(tokenizer_dir))(TEXT).input_ids
+    assert set(saved_tensors(model_dir)) == set(model.state_dict())
+
+
+def test_exported_directory_serves_as_tokenizer_dir(exported: dict, tmp_path: Path) -> None:
+    """Re-export with an exported CPLM directory (config.json with auto_map) as the tokenizer source."""
+    model, model_dir = exported["models"]["cplm"], exported["dirs"]["cplm"]
+    again = write_hf_checkpoint(tmp_path / "again", model.config, model.state_dict(), model_dir)
+    assert (again / "tokenizer.json").read_bytes() == (model_dir / "tokenizer.json").read_bytes()
+
+
+def test_tied_embeddings_stored_once_across_shards(exported: dict) -> None:
+    model, model_dir, result = (exported[k]["cplm_tied_sharded"] for k in ("models", "dirs", "results"))
+    shards = sorted(p.name for p in model_dir.glob("*.safetensors"))
+    assert len(shards) > 1 and shards[0] == f"model-00001-of-{len(shards):05d}.safetensors"
+    index = json.loads((model_dir / "model.safetensors.index.json").read_text())
+    tensors = saved_tensors(model_dir)
+    assert set(index["weight_map"]) == set(tensors)
+    assert "lm_head.weight" not in tensors and "model.embed_tokens.weight" in tensors
+    assert index["metadata"]["total_size"] == sum(t.numel() * t.element_size() for t in tensors.values())
+    with torch.no_grad():
+        assert torch.equal(result["logits"], model(exported["input_ids"]).logits)
+
+
+def test_bf16_export_stores_bf16_and_reloads(exported: dict) -> None:
+    model, model_dir, result = (exported[k]["cplm_bf16"] for k in ("models", "dirs", "results"))
+    assert all(t.dtype == torch.bfloat16 for t in saved_tensors(model_dir).values())
+    assert json.loads((model_dir / "config.json").read_text())["dtype"] == "bfloat16"
+    # transformers 5 loads in the config's dtype; 4.x upcasts to fp32 unless asked otherwise
+    assert result["dtype"] == (torch.bfloat16 if transformers.__version__ >= "5" else torch.float32)
+    reference = copy.deepcopy(model)
+    for param in reference.parameters():  # bf16-rounded weights; buffers (RoPE inv_freq) stay fp32
+        param.data = param.data.to(torch.bfloat16).to(result["dtype"])
+    with torch.no_grad():
+        expected = reference(exported["input_ids"]).logits
+    assert result["logits"].dtype == torch.float32  # the mixture log-probs are fp32 whatever the weights
+    torch.testing.assert_close(result["logits"], expected, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("name, architecture", [("llama", "LlamaForCausalLM"), ("gpt2", "GPT2LMHeadModel")])
+def test_plain_backbones_export_without_custom_code(exported: dict, name: str, architecture: str) -> None:
+    model, model_dir, result = (exported[k][name] for k in ("models", "dirs", "results"))
+    assert result["class"] == architecture
+    with torch.no_grad():
+        assert torch.equal(result["logits"], model(exported["input_ids"]).logits)
+    config = json.loads((model_dir / "config.json").read_text())
+    assert "auto_map" not in config and config["architectures"] == [architecture]
+    assert not list(model_dir.glob("*.py"))
+    assert "lm_head.weight" not in saved_tensors(model_dir)  # both are tied
+
+
+def test_state_dict_errors_name_the_keys(tmp_path: Path, tokenizer_dir: Path) -> None:
+    config = cplm_config(copy_qk_norm=True)
+    state = tiny_cplm(config).state_dict()
+    missing = {k: v for k, v in state.items() if k != "copy_head.gate.bias"}
+    with pytest.raises(ValueError, match=r"missing keys: copy_head\.gate\.bias"):
+        write_hf_checkpoint(tmp_path / "a", config, missing, tokenizer_dir)
+    with pytest.raises(ValueError, match=r"unexpected keys: copy_head\.extra\.weight"):
+        write_hf_checkpoint(tmp_path / "b", config, {**state, "copy_head.extra.weight": torch.zeros(1)}, None)
+    wrong = {**state, "copy_head.q_proj.weight": torch.zeros(8, 64)}
+    with pytest.raises(ValueError, match=r"copy_head\.q_proj\.weight \[8, 64\] \(config expects \[48, 64\]\)"):
+        write_hf_checkpoint(tmp_path / "c", config, wrong, None)
+    with pytest.raises(ValueError, match=r"unexpected keys: copy_head\.gate\.bias, copy_head\.gate\.weight"):
+        write_hf_checkpoint(tmp_path / "d", llama_config_like(config), state, None)
+    assert not any((tmp_path / d).exists() for d in "abcd")  # nothing half-written
+
+
+def test_tied_output_weight_must_match_the_embedding(tmp_path: Path) -> None:
+    config = cplm_config(tie_word_embeddings=True)
+    state = dict(tiny_cplm(config).state_dict())
+    write_hf_checkpoint(tmp_path / "same", config, state, None)  # identical copy of the tied weight: accepted
+    state["lm_head.weight"] = state["lm_head.weight"] + 1.0
+    with pytest.raises(ValueError, match=r"ties embeddings but lm_head\.weight differs"):
+        write_hf_checkpoint(tmp_path / "differs", config, state, None)
+
+
+def test_bad_arguments_raise_clear_errors(tmp_path: Path, tokenizer_dir: Path) -> None:
+    config = cplm_config()
+    state = tiny_cplm(config).state_dict()
+    with pytest.raises(FileNotFoundError, match="no_such_tokenizer"):
+        write_hf_checkpoint(tmp_path / "a", config, state, tmp_path / "no_such_tokenizer")
+    (tmp_path / "empty_tok").mkdir()
+    with pytest.raises(FileNotFoundError, match="none of the tokenizer files"):
+        write_hf_checkpoint(tmp_path / "b", config, state, tmp_path / "empty_tok")
+    with pytest.raises(ValueError, match="vocab_size is 200"):
+        write_hf_checkpoint(tmp_path / "c", cplm_config(vocab_size=200), state, tokenizer_dir)
+    with pytest.raises(ValueError, match="model_type='bert'"):
+        write_hf_checkpoint(tmp_path / "d", BertConfig(), state, None)
+    with pytest.raises(ValueError, match="float32 or torch.bfloat16"):
+        write_hf_checkpoint(tmp_path / "e", config, state, None, dtype=torch.float16)
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "old.txt").write_text("x")
+    with pytest.raises(FileExistsError, match="not an empty directory"):
+        write_hf_checkpoint(tmp_path / "full", config, state, None)
+
+
+def test_legacy_rope_fields_mirror_rope_parameters() -> None:
+    llama3 = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0}
+    legacy = with_legacy_rope_fields({"rope_parameters": llama3, "hidden_size": 64})
+    assert legacy["rope_theta"] == 500000.0
+    assert legacy["rope_scaling"] == {"rope_type": "llama3", "factor": 8.0}
+    default = with_legacy_rope_fields({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}})
+    assert default["rope_theta"] == 1e4 and "rope_scaling" not in default
+    assert with_legacy_rope_fields({"n_embd": 64}) == {"n_embd": 64}  # GPT-2: no RoPE

@@ -1,0 +1,8 @@
+"""Kernel tests run the Triton kernels in the CPU interpreter.
+
+Triton decides interpreter vs GPU when a kernel is decorated, so the variable is set here, before
+any test module imports triton (PLATFORM.md: TRITON_INTERPRET=1, T <= 256).
+"""
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"

@@ -1,0 +1,56 @@
+"""Document index: exact compact ranks and spans, and conservative per-tile loop bounds."""
+import torch
+
+from cplm_kernels.block_bounds import (
+    index_documents,
+    key_tile_query_end,
+    query_tile_key_start,
+)
+from cplm_kernels.reference import candidate_masks
+
+
+def _docs():
+    gen = torch.Generator().manual_seed(0)
+    runs = torch.cumsum(torch.rand(2, 90, generator=gen) < 0.08, dim=1)
+    interleaved = torch.randint(0, 4, (2, 90), generator=gen) * 1000 - 7  # arbitrary, non-contiguous ids
+    return runs, interleaved
+
+
+def test_document_index_matches_brute_force():
+    for doc_ids in _docs():
+        index = index_documents(doc_ids)
+        assert index.rank.dtype == torch.int32
+        for b in range(doc_ids.shape[0]):
+            # ranks are a relabelling: equal ranks <=> equal ids
+            assert torch.equal(index.rank[b, :, None] == index.rank[b, None, :], doc_ids[b, :, None] == doc_ids[b, None])
+            for t in range(doc_ids.shape[1]):
+                same = (doc_ids[b] == doc_ids[b, t]).nonzero().flatten()
+                assert index.first[b, t] == same.min() and index.last[b, t] == same.max()
+
+
+def test_tile_bounds_never_cut_a_candidate_pair():
+    labels = torch.zeros(2, 90, dtype=torch.long)
+    for doc_ids in _docs():
+        cand, _ = candidate_masks(labels, doc_ids)  # [b, t, j]
+        index = index_documents(doc_ids)
+        first, last = index.first, index.last
+        for block_m, block_n in ((16, 32), (32, 16), (64, 64)):
+            key_start = query_tile_key_start(first, block_m, block_n)
+            assert (key_start % block_n == 0).all()
+            for tile in range(key_start.shape[1]):
+                rows = cand[:, tile * block_m:(tile + 1) * block_m]
+                for b in range(2):
+                    assert not rows[b, :, : key_start[b, tile]].any()
+            query_end = key_tile_query_end(last, block_n)
+            for tile in range(query_end.shape[1]):
+                cols = cand[:, :, tile * block_n:(tile + 1) * block_n]
+                for b in range(2):
+                    assert not cols[b, query_end[b, tile]:].any()
+
+
+def test_bounds_skip_work_for_contiguous_documents():
+    doc_ids = torch.arange(256)[None] // 64  # four documents of 64
+    index = index_documents(doc_ids)
+    first, last = index.first, index.last
+    assert query_tile_key_start(first, 64, 32).tolist() == [[0, 64, 128, 192]]
+    assert key_tile_query_end(last, 64).tolist() == [[64, 128, 192, 256]]

@@ -1,0 +1,92 @@
+"""Model presets: exact SmolLM2 counts, an independent HF count, the Megatron model built on meta."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from cplm_megatron.config.loader import ConfigError
+from cplm_megatron.model.accounting import CopyHeadShape, backbone_params, copy_head_params
+from cplm_megatron.model.config import available_presets, load_preset
+
+REPO = Path(__file__).resolve().parents[2]
+SMOLLM2 = {"smollm2-135m": 134_515_008, "smollm2-360m": 361_821_120, "smollm2-1.7b": 1_711_376_384}
+
+
+def hf_param_count(name: str) -> int:
+    """Independent count: the matching transformers model instantiated on the meta device."""
+    from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig
+
+    m = load_preset(name)
+    if m.family == "llama":
+        cfg = LlamaConfig(vocab_size=m.padded_vocab_size, hidden_size=m.hidden_size,
+                          intermediate_size=m.ffn_hidden_size, num_hidden_layers=m.num_layers,
+                          num_attention_heads=m.num_attention_heads, num_key_value_heads=m.kv_heads,
+                          tie_word_embeddings=m.tie_embeddings, max_position_embeddings=m.max_position_embeddings)
+    else:
+        cfg = GPT2Config(vocab_size=m.padded_vocab_size, n_embd=m.hidden_size, n_layer=m.num_layers,
+                         n_head=m.num_attention_heads, n_inner=m.ffn_hidden_size, n_positions=m.max_position_embeddings)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(cfg)
+    return sum(p.numel() for p in model.parameters())  # tied weights are one Parameter
+
+
+@pytest.mark.parametrize("name, expected", sorted(SMOLLM2.items()))
+def test_smollm2_counts_exact(name, expected):
+    assert backbone_params(load_preset(name)) == expected
+
+
+@pytest.mark.parametrize("name", available_presets())
+def test_analytic_count_matches_transformers(name):
+    assert backbone_params(load_preset(name)) == hf_param_count(name)
+
+
+def test_copy_head_count_formula():
+    m = load_preset("smollm2-135m")
+    assert copy_head_params(m, CopyHeadShape(4, 64)) == 2 * 576 * 4 * 64 + 576 + 1
+    assert copy_head_params(m, CopyHeadShape(4, 64, qk_norm=True)) == 2 * 576 * 4 * 64 + 576 + 1 + 2 * 64
+
+
+def test_presets_cover_the_families():
+    names = set(available_presets())
+    assert {"smollm2-135m", "smollm2-360m", "smollm2-1.7b", "tiny", "tiny-gpt2", "gpt2-124m"} <= names
+    assert {"llama-3b", "llama-7b", "llama-13b"} <= names
+    gpt2 = load_preset("gpt2-124m")
+    assert (gpt2.normalization, gpt2.activation, gpt2.position_embedding, gpt2.add_bias_linear) == \
+        ("LayerNorm", "gelu", "learned_absolute", True)
+
+
+def test_bad_preset_values():
+    with pytest.raises(ConfigError, match="model.hidden_size=100 is not divisible by model.num_attention_heads=3"):
+        load_preset("tiny", hidden_size=100, num_attention_heads=3, num_query_groups=1)
+    with pytest.raises(ConfigError, match="num_attention_heads=4 is not divisible by model.num_query_groups=3"):
+        load_preset("tiny", num_query_groups=3)
+
+
+BUILD_ALL = """
+import json, resource, sys
+from tools.model_info import count_built_params
+from cplm_megatron.model.accounting import CopyHeadShape
+from cplm_megatron.model.config import available_presets, load_preset
+out = {}
+for name in available_presets():
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    out[name] = count_built_params(load_preset(name), CopyHeadShape(4, 64))
+    out[name]["rss_growth_mib"] = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+def test_megatron_models_built_on_meta_match_and_allocate_nothing():
+    proc = subprocess.run([sys.executable, "-c", BUILD_ALL], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    built = json.loads(proc.stdout.strip().splitlines()[-1])
+    for name, counts in built.items():
+        m = load_preset(name)
+        assert counts["backbone"] == backbone_params(m), name
+        assert counts["copy_head"] == copy_head_params(m, CopyHeadShape(4, 64)), name
+    assert built["llama-13b"]["total"] > 13e9
+    assert built["llama-13b"]["rss_growth_mib"] < 300  # 13B fp32 would be ~49 GiB

@@ -1,0 +1,128 @@
+"""Scenarios for the CPU-compat tests; each runs in fresh processes (the patches are process-wide).
+
+    python -m tests.parallel.compat_scenarios NAME     (CPLM_COMPAT_SKIP=patch to leave one out)
+Exit 0 = the scenario behaved correctly.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+
+import torch
+
+from cplm_megatron.parallel.distributed import ParallelConfig
+from tests.dist_utils import run_distributed
+from tests.parallel.layouts import build, fixed_batches
+
+
+def _step(rank: int, kw: dict) -> float:
+    from cplm_megatron.training.step import train_step
+
+    _, model_cfg, chunks, opt, sched = build(ParallelConfig(**kw))
+    batches = fixed_batches(2, 1, 32, model_cfg.vocab_size, docs=False)  # no explicit mask: default causal mask
+    return train_step(chunks, opt, sched, batches, 32, 1).metrics["loss"]
+
+
+def train_step_single(rank: int) -> None:
+    """Model build, forward/backward through Megatron's schedule, optimizer step."""
+    assert torch.isfinite(torch.tensor(_step(rank, {})))
+
+
+def _distopt_resume(rank: int, root: str) -> dict:
+    """Distributed optimizer: 2 steps straight vs 1 step, save, fresh load, 1 step."""
+    from cplm_megatron.training.checkpointing import Checkpointer, TrainState
+    from cplm_megatron.training.step import train_step
+    from cplm_megatron.training.weights import save_weights
+
+    _, m, chunks, opt, sched = build(ParallelConfig(), distributed_optimizer=True)
+    batches = fixed_batches(2, 1, 32, m.vocab_size)
+    ckpt = Checkpointer(os.path.join(root, "ckpt"))
+    save_weights(chunks, os.path.join(root, "init"))
+    train_step(chunks, opt, sched, batches[:1], 32, 1)
+    ckpt.save(chunks, opt, sched, TrainState(iteration=1), None, {})
+    train_step(chunks, opt, sched, batches[1:], 32, 1)
+    straight = [p.detach().clone() for p in chunks[0].parameters()]
+    return {"straight": straight}
+
+
+def _distopt_load(rank: int, root: str) -> dict:
+    from cplm_megatron.training.checkpointing import Checkpointer, read_latest
+    from cplm_megatron.training.step import train_step
+
+    _, m, chunks, opt, sched = build(ParallelConfig(), distributed_optimizer=True)
+    batches = fixed_batches(2, 1, 32, m.vocab_size)
+    ckpt = Checkpointer(os.path.join(root, "ckpt"))
+    ckpt.load(read_latest(ckpt.root), chunks, opt, sched)
+    steps = [st["step"] for st in opt.chained_optimizers[0].optimizer.state.values()]
+    aliased = len({id(s) for s in steps}) < len(steps)
+    train_step(chunks, opt, sched, batches[1:], 32, 1)
+    return {"resumed": [p.detach().clone() for p in chunks[0].parameters()], "aliased": aliased,
+            "steps": [float(s) for s in steps]}
+
+
+def distopt_resume() -> None:
+    """Resume a distributed-optimizer run: loads (no KeyError) and continues exactly."""
+    with tempfile.TemporaryDirectory() as root:
+        [a] = run_distributed(_distopt_resume, 1, root)
+        [b] = run_distributed(_distopt_load, 1, root)
+    assert not b["aliased"], "all params share one Adam `step` tensor after loading"
+    assert all(s == 2.0 for s in b["steps"]), b["steps"][:4]
+    for x, y in zip(a["straight"], b["resumed"]):
+        assert torch.equal(x, y), "the resumed step differs from the uninterrupted one"
+
+
+def _sp_build(rank: int) -> float:
+    return _step(rank, {"tp": 2, "sp": True})
+
+
+def sequence_parallel() -> None:
+    """TP=2 with sequence parallelism on torch norms."""
+    run_distributed(_sp_build, 2)
+
+
+def _pp_step(rank: int) -> float:
+    return _step(rank, {"pp": 2})
+
+
+def pipeline_parallel() -> None:
+    """PP=2 1F1B step (batched p2p ops)."""
+    run_distributed(_pp_step, 2)
+
+
+def _norm(rank: int) -> dict:
+    from megatron.core.optimizer.clip_grads import get_grad_norm_fp32
+
+    from cplm_megatron.parallel.cpu_compat import apply_compat
+
+    apply_compat()
+    g = torch.Generator().manual_seed(0)
+    grads = [torch.randn(4096, 128, generator=g), torch.randn(300, generator=g) * 1e3]
+    grads[0][:10] *= 1000
+    exact = torch.sqrt(sum(t.double().pow(2).sum() for t in grads)).item()
+    return {"megatron": get_grad_norm_fp32(grads), "exact": exact}
+
+
+def grad_norm_precision() -> None:
+    """Megatron's grad norm (used for clipping) is exact to fp32 precision."""
+    import torch.distributed as dist
+
+    from cplm_megatron.parallel.distributed import free_port
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    from megatron.core import parallel_state as ps
+
+    ps.initialize_model_parallel()
+    r = _norm(0)
+    assert abs(r["megatron"] - r["exact"]) <= 1e-6 * r["exact"], r
+
+
+SCENARIOS = {f.__name__: f for f in (train_step_single, distopt_resume, sequence_parallel, pipeline_parallel,
+                                     grad_norm_precision)}
+PARALLEL_ONLY = {"train_step_single": lambda: run_distributed(train_step_single, 1)}
+
+if __name__ == "__main__":
+    name = sys.argv[1]
+    fn = PARALLEL_ONLY.get(name, SCENARIOS[name])
+    fn()
+    print(f"scenario {name}: ok")

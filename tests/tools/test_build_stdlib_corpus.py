@@ -1,0 +1,26 @@
+"""tools/build_stdlib_corpus.py (what `make data` runs): layout, split, and idempotent reruns."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cplm_megatron.data.manifest import read_manifest
+from tests.data_fixtures import load_tool
+
+
+def test_capped_build_then_up_to_date(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    tool = load_tool("build_stdlib_corpus")
+    args = ["--output", str(tmp_path / "stdlib"), "--vocab-size", "400", "--seq-len", "64", "--max-bytes", "400000",
+            "--workers", "2", "--quiet"]
+    assert tool.main(args) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["status"] == "built" and summary["tokenizer"]["vocab_size"] == 400
+    train, val = (read_manifest(str(tmp_path / "stdlib" / part)) for part in ("train", "val"))
+    assert train.seq_len == val.seq_len == 64 and train.tokenizer == val.tokenizer
+    assert not set(train.source_files) & set(val.source_files) and len(val.source_files) >= 1
+    assert summary["train"]["samples"] == train.samples and summary["val"]["tokens"] == val.tokens
+    assert tool.main(args) == 0
+    assert json.loads(capsys.readouterr().out)["status"] == "up to date"
+    assert read_manifest(str(tmp_path / "stdlib" / "train")) == train

@@ -1,0 +1,77 @@
+"""tools/prepare_data.py as users run it: summary, manifest, "up to date" reruns, killed runs."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from cplm_megatron.data.manifest import read_manifest
+from tests.data_fixtures import TinyCorpus, load_tool, subprocess_env
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_main(capsys: pytest.CaptureFixture, *args: str) -> tuple[int, dict | None, str]:
+    code = load_tool("prepare_data").main(list(args))
+    captured = capsys.readouterr()
+    return code, json.loads(captured.out) if code == 0 else None, captured.err
+
+
+def test_cli_writes_manifest_and_skips_unchanged_reruns(tmp_path: Path, tiny_corpus: TinyCorpus,
+                                                        capsys: pytest.CaptureFixture) -> None:
+    text = tmp_path / "lines.txt"
+    text.write_text("first line\n\nsecond line\nthird line\n")
+    out = tmp_path / "ds"
+    args = ("--input", str(text), "--tokenizer", str(tiny_corpus.tokenizer_dir), "--output", str(out),
+            "--seq-len", "8", "--split-by", "line", "--workers", "2", "--quiet")
+    code, summary, err = run_main(capsys, *args)
+    assert code == 0, err
+    assert summary["status"] == "written" and summary["documents"] == 3 and summary["seq_len"] == 8
+    manifest = read_manifest(str(out))
+    assert (manifest.documents, manifest.samples, manifest.tokens) == (3, summary["samples"], summary["tokens"])
+    assert manifest.tokenizer == tiny_corpus.tokenizer and manifest.source_files == [str(text)]
+    assert manifest.settings["split_by"] == "line" and manifest.settings["empty_documents_skipped"] == 1
+    assert sorted(p.name for p in out.iterdir()) == ["index.json", "manifest.json", "shard.00000.mds.zstd"]
+    code, again, _ = run_main(capsys, *args)
+    assert code == 0 and again["status"] == "up to date"
+
+
+def test_killed_run_leaves_nothing_that_looks_complete(tmp_path: Path, tiny_corpus: TinyCorpus,
+                                                       capsys: pytest.CaptureFixture) -> None:
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(f.read_text() for f in tiny_corpus.source_files) * 8)  # ~2.4 MB: a few seconds
+    out = tmp_path / "ds"
+    args = ("--input", str(corpus), "--tokenizer", str(tiny_corpus.tokenizer_dir), "--output", str(out),
+            "--seq-len", "64", "--workers", "1", "--split-by", "paragraph", "--shard-size", "64kb", "--quiet")
+    proc = subprocess.Popen([sys.executable, "tools/prepare_data.py", *args], cwd=REPO, env=subprocess_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while not list(tmp_path.glob(".ds.tmp-*/shard.*")) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert proc.poll() is None, "the build finished before it could be interrupted; use a larger input"
+    os.kill(proc.pid, signal.SIGKILL)  # in the middle of writing shards
+    proc.wait()
+    assert not out.exists()  # the partial build lives only in the hidden temporary directory
+    assert list(tmp_path.glob(".ds.tmp-*/shard.*"))
+    code, summary, err = run_main(capsys, *args)
+    assert code == 0, err
+    assert summary["status"] == "written" and read_manifest(str(out)).documents > 0
+    assert not list(tmp_path.glob(".ds.tmp-*"))  # the stale temporary was cleaned up
+
+
+def test_cli_errors_name_the_problem(tmp_path: Path, tiny_corpus: TinyCorpus, capsys: pytest.CaptureFixture) -> None:
+    (tmp_path / "a.txt").write_text("x = 1\n")
+    code, _, err = run_main(capsys, "--input", str(tmp_path / "a.txt"), "--tokenizer", str(tmp_path),
+                            "--output", str(tmp_path / "o"), "--seq-len", "8")
+    assert code == 2 and err.startswith("error: ") and "is not a tokenizer directory" in err
+    (tmp_path / "empty.jsonl").write_text("")
+    code, _, err = run_main(capsys, "--input", str(tmp_path / "empty.jsonl"), "--tokenizer",
+                            str(tiny_corpus.tokenizer_dir), "--output", str(tmp_path / "o"), "--seq-len", "8")
+    assert code == 2 and "holds no documents" in err
+    assert not (tmp_path / "o").exists()

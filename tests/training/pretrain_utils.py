@@ -1,0 +1,120 @@
+"""Launch pretrain/pretrain_cplm.py for tests: real processes (python or torchrun), real corpus."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from cplm_megatron.parallel.distributed import free_port
+
+REPO = Path(__file__).resolve().parents[2]
+ENTRY = REPO / "pretrain" / "pretrain_cplm.py"
+
+
+def tiny_overrides(corpus, run_dir: Path, iters: int = 10, **extra) -> List[str]:
+    """A fast CPU recipe on the embedded corpus (its seq_len, 2 x 2 micro-batches per step)."""
+    o = {
+        "run.dir": str(run_dir),
+        "model.vocab_size": corpus.tokenizer.vocab_size,
+        "copy_head.head_dim": 16,
+        "train.iters": iters,
+        "train.seq_len": corpus.train.seq_len,
+        "train.micro_batch": 2,
+        "train.global_batch": 4,
+        "train.log_interval": 1,
+        "train.eval_interval": 0,
+        "schedule.warmup_iters": 2,
+        "checkpoint.interval": 3,
+        "checkpoint.keep": 2,
+        "data.streams": str(corpus.train_dir),
+        "data.val_streams": str(corpus.val_dir),
+        "logging.wandb": "false",
+    }
+    o.update(extra)
+    return [f"{k}={v}" for k, v in o.items()]
+
+
+def command(nproc: int, overrides: List[str]) -> List[str]:
+    base = ["--config", str(REPO / "configs" / "tiny.yaml"), "--set", *overrides]
+    if nproc == 1:
+        return [sys.executable, str(ENTRY), *base]
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
+            "--master_addr", "127.0.0.1", "--master_port", str(free_port()), str(ENTRY), *base]
+
+
+def env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+    e = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
+    e.update(extra or {})
+    return e
+
+
+def run(nproc: int, overrides: List[str], timeout: int = 600, extra_env: Optional[Dict[str, str]] = None,
+        ) -> subprocess.CompletedProcess:
+    """Run to completion in its own process group; output via files (an orphaned helper process, e.g.
+    the async-checkpoint Manager after a simulated crash, must not keep a pipe open); leftovers are killed."""
+    import tempfile
+
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = subprocess.Popen(command(nproc, overrides), cwd=REPO, env=env(extra_env), stdout=out, stderr=err,
+                                text=True, start_new_session=True)
+        try:
+            proc.wait(timeout=timeout)
+        finally:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        out.seek(0)
+        err.seek(0)
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out.read(), err.read())
+
+
+def start(nproc: int, overrides: List[str], log: Path, extra_env: Optional[Dict[str, str]] = None) -> subprocess.Popen:
+    """Start a run in its own process group (so the test can kill or signal all of it)."""
+    f = open(log, "w")
+    return subprocess.Popen(command(nproc, overrides), cwd=REPO, env=env(extra_env), stdout=f, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+
+
+def metrics(run_dir: Path) -> List[Dict]:
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def losses(run_dir: Path) -> Dict[int, float]:
+    return {r["iteration"]: r["loss"] for r in metrics(run_dir) if "loss" in r}
+
+
+def wait_for(predicate, timeout: float = 300, poll: float = 0.05, proc: Optional[subprocess.Popen] = None) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if predicate():
+            return
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"process exited with {proc.returncode} before the condition held")
+        time.sleep(poll)
+    raise TimeoutError("condition not reached")
+
+
+def kill_group(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
+    """Signal the run's whole process group (no error if it is already gone)."""
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def worker_pids(proc: subprocess.Popen) -> List[int]:
+    """The python processes of a run: the process itself (single) or torchrun's children."""
+    import psutil
+
+    p = psutil.Process(proc.pid)
+    children = p.children(recursive=True)
+    return [c.pid for c in children] if children else [proc.pid]

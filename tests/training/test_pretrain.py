@@ -1,0 +1,164 @@
+"""pretrain/pretrain_cplm.py end to end on the embedded corpus, with real processes: layouts, exact
+resume after kill -9, resume under another layout, crash during a save, SIGUSR1, non-finite losses."""
+import json
+import os
+import signal
+
+import pytest
+import yaml
+
+from cplm_megatron.training.checkpointing import CRASH_ENV, list_checkpoints, read_latest
+from cplm_megatron.training.signals import RESUME_EXIT_CODE
+from tests.training import pretrain_utils as pu
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("isolated_streaming")]
+ITERS = 10
+
+
+@pytest.fixture(scope="module")
+def reference(stdlib_corpus, tmp_path_factory):
+    """One uninterrupted single-process run: the losses every other run is compared with."""
+    run_dir = tmp_path_factory.mktemp("reference") / "run"
+    proc = pu.run(1, pu.tiny_overrides(stdlib_corpus, run_dir, ITERS, **{"train.eval_interval": 5,
+                                                                          "logging.wandb": "true"}))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return {"dir": run_dir, "losses": pu.losses(run_dir), "stdout": proc.stdout}
+
+
+def test_uninterrupted_run_logs_and_checkpoints(reference):
+    run_dir = reference["dir"]
+    recs = [r for r in pu.metrics(run_dir) if "loss" in r]
+    assert [r["iteration"] for r in recs] == list(range(1, ITERS + 1))
+    for key in ("iteration", "loss", "lm_loss", "lr", "grad_norm", "tokens_per_sec", "mfu", "gate_mean"):
+        assert all(key in r for r in recs), key
+    assert "| MFU" in reference["stdout"] and "ETA" in reference["stdout"]
+    assert read_latest(run_dir / "checkpoints").name == f"iter_{ITERS:07d}"
+    assert len(list_checkpoints(run_dir / "checkpoints")) == 2  # checkpoint.keep
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["iterations"] == ITERS and summary["tokens_per_sec"] > 0 and summary["config_hash"]
+    evals = [r for r in pu.metrics(run_dir) if "val_loss" in r]
+    assert [r["iteration"] for r in evals] == [5, 10] and all(r["val_ppl"] > 1 for r in evals)
+    assert list((run_dir / "wandb").glob("offline-run-*")), "no offline wandb run written"
+
+
+@pytest.mark.parametrize("layout", [{"parallel.tp": 2}, {"parallel.pp": 2}], ids=["tp2", "pp2"])
+def test_two_process_runs_learn(stdlib_corpus, tmp_path, layout, reference):
+    run_dir = tmp_path / "run"
+    proc = pu.run(2, pu.tiny_overrides(stdlib_corpus, run_dir, ITERS, **layout))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    losses = pu.losses(run_dir)
+    first, last = sum(losses[i] for i in (1, 2, 3)) / 3, sum(losses[i] for i in (8, 9, 10)) / 3
+    assert last < first - 0.5, losses
+    if "parallel.tp" in layout:  # CPU init is TP-independent; PP stages are seeded per stage (Megatron's rule)
+        for it, loss in reference["losses"].items():
+            assert losses[it] == pytest.approx(loss, rel=1e-4), it
+
+
+def test_kill_9_then_restart_resumes_exactly(stdlib_corpus, tmp_path, reference):
+    run_dir = tmp_path / "run"
+    overrides = pu.tiny_overrides(stdlib_corpus, run_dir, ITERS)
+    proc = pu.start(1, overrides, tmp_path / "first.log")
+    pu.wait_for(lambda: (run_dir / "checkpoints" / "latest").exists() and max(pu.losses(run_dir), default=0) >= 4,
+                proc=proc)
+    pu.kill_group(proc)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    killed_at = max(pu.losses(run_dir))
+    assert killed_at < ITERS
+    again = pu.run(1, overrides)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "resumed from" in again.stdout
+    # bit-exact on CPU, every iteration (the reference also validated: evaluation leaves training untouched)
+    assert pu.losses(run_dir) == reference["losses"]
+
+
+@pytest.mark.parametrize("resume_layout, nproc", [({}, 1), ({"parallel.pp": 2}, 2)], ids=["tp2-to-tp1", "tp2-to-pp2"])
+def test_resume_tp2_checkpoint_under_another_layout(stdlib_corpus, tmp_path, reference, resume_layout, nproc):
+    run_dir = tmp_path / "run"
+    first = pu.run(2, pu.tiny_overrides(stdlib_corpus, run_dir, ITERS, **{"parallel.tp": 2, "train.exit_after_iters": 4}))
+    assert first.returncode == RESUME_EXIT_CODE or "exitcode  : 75" in first.stderr, first.stderr[-3000:]
+    assert read_latest(run_dir / "checkpoints").name == "iter_0000004"
+    second = pu.run(nproc, pu.tiny_overrides(stdlib_corpus, run_dir, ITERS, **resume_layout))
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    assert "(new layout)" in second.stdout
+    losses = pu.losses(run_dir)
+    for it in range(5, ITERS + 1):
+        assert losses[it] == pytest.approx(reference["losses"][it], rel=1e-4), it
+
+
+def test_crash_during_save_keeps_latest_on_the_previous_checkpoint(stdlib_corpus, tmp_path, reference):
+    run_dir = tmp_path / "run"
+    overrides = pu.tiny_overrides(stdlib_corpus, run_dir, ITERS)
+    crashed = pu.run(1, overrides, extra_env={CRASH_ENV: "6"})
+    assert crashed.returncode == 17, crashed.stderr[-2000:]
+    assert read_latest(run_dir / "checkpoints").name == "iter_0000003"
+    partial = run_dir / "checkpoints" / "iter_0000006"
+    assert partial.is_dir() and not (partial / "cplm_state.json").exists()
+    again = pu.run(1, overrides)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resumed from" in again.stdout and "iter_0000003" in again.stdout
+    assert pu.losses(run_dir) == reference["losses"]
+    assert (run_dir / "checkpoints" / "iter_0000009" / "cplm_state.json").exists()
+
+
+def test_sigusr1_saves_and_exits_with_resume_code(stdlib_corpus, tmp_path):
+    run_dir = tmp_path / "run"
+    overrides = pu.tiny_overrides(stdlib_corpus, run_dir, 200, **{"checkpoint.interval": 0})
+    proc = pu.start(2, overrides + ["parallel.tp=2"], tmp_path / "run.log")
+    pu.wait_for(lambda: max(pu.losses(run_dir), default=0) >= 2, proc=proc)
+    for pid in pu.worker_pids(proc):
+        os.kill(pid, signal.SIGUSR1)
+    proc.wait(timeout=300)
+    pu.kill_group(proc)  # leftovers only; the run itself has exited
+    log = (tmp_path / "run.log").read_text()
+    assert "exitcode  : 75" in log or proc.returncode == RESUME_EXIT_CODE, log[-3000:]
+    stopped = read_latest(run_dir / "checkpoints")
+    assert stopped is not None and 2 <= json.loads((stopped / "cplm_state.json").read_text())["iteration"] < 200
+
+
+def test_baseline_and_cplm_differ_only_in_the_head(stdlib_corpus, tmp_path, reference):
+    run_dir = tmp_path / "baseline"
+    proc = pu.run(1, pu.tiny_overrides(stdlib_corpus, run_dir, 3, **{"copy_head.enabled": "false",
+                                                                     "train.eval_interval": 5, "logging.wandb": "true"}))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    base_cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+    cplm_cfg = yaml.safe_load((reference["dir"] / "config.yaml").read_text())
+    diff = {(s, k) for s in cplm_cfg for k in cplm_cfg[s] if cplm_cfg[s][k] != base_cfg[s][k]}
+    assert diff <= {("copy_head", "enabled"), ("run", "dir"), ("train", "iters")}, diff
+    base = pu.metrics(run_dir)[0]
+    cplm = pu.metrics(reference["dir"])[0]
+    assert base["lm_loss"] == cplm["lm_loss"]  # same backbone init, same first batch
+    assert "gate_mean" not in base and base["loss"] == base["lm_loss"]
+    from cplm_megatron.training.weights import load_plain_tensors
+
+    b = {k for k, v in load_plain_tensors(read_latest(run_dir / "checkpoints")).items()
+         if hasattr(v, "shape") and not k.startswith("optimizer")}
+    c = {k for k, v in load_plain_tensors(read_latest(reference["dir"] / "checkpoints")).items()
+         if hasattr(v, "shape") and not k.startswith("optimizer")}
+    assert c - b == {k for k in c if k.startswith("copy_head.")} and b <= c
+
+
+def test_nonfinite_losses_are_skipped_then_abort(stdlib_corpus, tmp_path):
+    run_dir = tmp_path / "run"
+    proc = pu.run(1, pu.tiny_overrides(stdlib_corpus, run_dir, 20, **{
+        "train.lr": 1e30, "train.min_lr": 1e30, "schedule.warmup_iters": 0, "optimizer.clip_grad": 0,
+        "train.max_nonfinite_steps": 3, "checkpoint.interval": 0}))
+    assert proc.returncode == 1
+    assert "step skipped" in proc.stdout and "non-finite for 3 consecutive steps" in proc.stderr
+    assert read_latest(run_dir / "checkpoints") is None  # nothing saved from the diverged state
+
+
+def test_bf16_tp2_saves_and_resumes(tmp_path):
+    """Mixed precision (bf16 params, fp32 main params/grads): save at TP=2, resume, keep learning."""
+    run_dir = tmp_path / "run"
+    common = [f"run.dir={run_dir}", "precision.dtype=bf16", "parallel.tp=2", "data.synthetic=copy",
+              "train.iters=6", "train.seq_len=128", "train.micro_batch=2", "train.global_batch=4",
+              "train.log_interval=1", "train.eval_interval=0", "copy_head.head_dim=16", "logging.wandb=false",
+              "checkpoint.interval=3"]
+    first = pu.run(2, common + ["train.exit_after_iters=3"])
+    assert "exitcode  : 75" in first.stderr, first.stderr[-3000:]
+    second = pu.run(2, common)
+    assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-3000:]
+    assert "resumed from" in second.stdout and "(same layout)" in second.stdout
+    losses = pu.losses(run_dir)
+    assert sorted(losses) == list(range(1, 7)) and losses[6] < losses[1]

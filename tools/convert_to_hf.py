@@ -1,0 +1,48 @@
+#!/usr/bin/env python
+"""Export a Megatron torch_dist training checkpoint (saved at any TP/PP) as a Hugging Face model directory.
+
+    python tools/convert_to_hf.py --checkpoint runs/tiny --output hf/tiny [--tokenizer DIR] [--dtype bf16|fp32]
+
+--checkpoint is a run directory, its checkpoints/ root (follows `latest`) or one iter_* directory.
+Llama-family checkpoints with the Copy-Paste head become CPLMForCausalLM (model code shipped in the
+directory, load with trust_remote_code=True), without it LlamaForCausalLM; gpt2-family ones become
+GPT2LMHeadModel. The tokenizer defaults to the checkpoint root's tokenizer/ directory, the one of the
+checkpoint the run started from (checkpoint.load), or the one its training data was tokenized with.
+Runs in one process on CPU; optimizer state in the checkpoint is not read.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from cplm_megatron.hf.convert import DTYPES, convert_to_hf
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line arguments."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--checkpoint", required=True, help="run dir, checkpoints/ root or iter_* dir")
+    parser.add_argument("--output", required=True, help="HF directory to write (new or empty)")
+    parser.add_argument("--tokenizer", help="HF tokenizer directory (default: found from the checkpoint)")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), help="weight dtype (default: bf16 for bf16 "
+                        "checkpoints, else fp32)")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Convert; errors about the inputs print one line and exit with 2."""
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="[convert_to_hf] %(message)s")
+    logging.getLogger("cplm_megatron").setLevel(logging.INFO)
+    try:
+        out = convert_to_hf(args.checkpoint, args.output, args.tokenizer, args.dtype)
+    except (ValueError, FileNotFoundError, FileExistsError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"[convert_to_hf] done: {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

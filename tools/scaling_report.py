@@ -1,0 +1,306 @@
+#!/usr/bin/env python
+"""Aggregate scaling-study records into a markdown report and PNG plots.
+
+  .venv/bin/python tools/scaling_report.py runs/scaling/h100/runs --output runs/scaling/h100/report
+
+A record is a training run's summary.json (written by rank 0 at the end of a run; see
+tools/scaling_study.py); every summary.json under RECORDS_DIR is read. Writes to --output:
+  report.md                the runs table, scaling efficiency and copy-head (CPLM) overhead tables
+  throughput_vs_nodes.png  tokens/s against node count, one line per model/layout/copy-head series
+  scaling_efficiency.png   per-device throughput relative to the series' smallest run (100% = linear)
+  cplm_overhead.png        extra time per token with the copy head, per model size
+A plot without data (e.g. no copy-head on/off pairs) is not written; the report says why.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from statistics import mean
+
+RECORD_NAME = "summary.json"
+
+
+class ReportError(ValueError):
+    """A records directory or record that cannot be reported on."""
+
+
+@dataclass(frozen=True)
+class Record:
+    """One run's throughput record (a summary.json)."""
+
+    path: Path
+    preset: str
+    copy_head: bool
+    nodes: int
+    tp: int
+    pp: int
+    dp: int
+    vpp: int | None
+    sp: bool
+    world_size: int
+    device: str
+    seq_len: int
+    global_batch: int
+    iterations: int
+    tokens_per_sec: float
+    tflops_per_device: float
+    mfu: float
+    step_time: float
+    peak_memory_gib: float
+    flops_per_token: float
+    config_hash: str
+
+    @property
+    def layout(self) -> str:
+        """Compact layout name: tp2pp2vpp4sp."""
+        return f"tp{self.tp}pp{self.pp}" + (f"vpp{self.vpp}" if self.vpp else "") + ("sp" if self.sp else "")
+
+    @property
+    def series(self) -> tuple[str, bool, str, int, int]:
+        """Runs that differ only in node count (and so data parallelism)."""
+        return (self.preset, self.copy_head, self.layout, self.seq_len, self.global_batch)
+
+    @property
+    def pair_key(self) -> tuple[str, int, str, int, int]:
+        """Runs that differ only in the copy head."""
+        return (self.preset, self.nodes, self.layout, self.seq_len, self.global_batch)
+
+
+def parse_record(path: Path, data: dict) -> Record:
+    """A Record from a summary.json's content; names the file and key when one is missing."""
+    try:
+        layout = data["layout"]
+        return Record(
+            path=path, preset=str(data["preset"]), copy_head=bool(data["copy_head"]), nodes=int(data["nodes"]),
+            tp=int(layout["tp"]), pp=int(layout["pp"]), dp=int(layout["dp"]),
+            vpp=int(layout["vpp"]) if layout.get("vpp") else None, sp=bool(layout.get("sp", False)),
+            world_size=int(layout["world_size"]), device=str(data.get("device", "?")),
+            seq_len=int(data["seq_len"]), global_batch=int(data["global_batch"]),
+            iterations=int(data["iterations"]), tokens_per_sec=float(data["tokens_per_sec"]),
+            tflops_per_device=float(data["tflops_per_device"]), mfu=float(data["mfu"]),
+            step_time=float(data["step_time"]), peak_memory_gib=float(data["peak_memory_gib"]),
+            flops_per_token=float(data["flops_per_token"]), config_hash=str(data["config_hash"]),
+        )
+    except KeyError as e:
+        raise ReportError(f"{path}: missing key {e} (is it a training summary.json?)") from None
+    except (TypeError, ValueError) as e:
+        raise ReportError(f"{path}: malformed value ({e})") from None
+
+
+def load_records(roots: Sequence[Path]) -> list[Record]:
+    """Every summary.json under the given directories, sorted by model, copy head, layout, nodes."""
+    records = []
+    for root in roots:
+        if not root.is_dir():
+            raise ReportError(f"records directory {root} does not exist")
+        for path in sorted(root.rglob(RECORD_NAME)):
+            try:
+                data = json.loads(path.read_text())
+            except json.JSONDecodeError as e:
+                raise ReportError(f"{path}: not valid JSON ({e})") from None
+            records.append(parse_record(path, data))
+    if not records:
+        raise ReportError(f"no {RECORD_NAME} under {', '.join(map(str, roots))}; did the runs finish? "
+                          "(each run writes it at the end; check the study's logs/)")
+    size = {}  # model size order: the smallest FLOPs/token among a preset's records
+    for r in records:
+        size[r.preset] = min(size.get(r.preset, r.flops_per_token), r.flops_per_token)
+    return sorted(records, key=lambda r: (size[r.preset], r.preset, not r.copy_head, r.layout, r.nodes))
+
+
+@dataclass(frozen=True)
+class ScalingPoint:
+    """The mean of a series' runs at one node count, with its efficiency against the series' base."""
+
+    nodes: int
+    world_size: int
+    tokens_per_sec: float
+    runs: int
+    efficiency: float  # (tokens/s per device) / (tokens/s per device of the smallest run of the series)
+
+
+def scaling_series(records: Sequence[Record]) -> dict[tuple, list[ScalingPoint]]:
+    """Series key -> points by node count; repeated runs of a configuration are averaged."""
+    grouped: dict[tuple, dict[tuple[int, int], list[float]]] = defaultdict(lambda: defaultdict(list))
+    for r in records:
+        grouped[r.series][(r.nodes, r.world_size)].append(r.tokens_per_sec)
+    out = {}
+    for key, by_size in grouped.items():
+        sizes = sorted(by_size)
+        base_world = sizes[0][1]
+        base_per_device = mean(by_size[sizes[0]]) / base_world
+        out[key] = [ScalingPoint(n, w, mean(v), len(v), (mean(v) / w) / base_per_device)
+                    for (n, w), v in ((s, by_size[s]) for s in sizes)]
+    return out
+
+
+@dataclass(frozen=True)
+class Overhead:
+    """The copy head's cost at one configuration: measured throughput and analytical FLOPs."""
+
+    preset: str
+    nodes: int
+    layout: str
+    baseline_tokens_per_sec: float
+    cplm_tokens_per_sec: float
+    baseline_flops_per_token: float
+    cplm_flops_per_token: float
+
+    @property
+    def time_overhead(self) -> float:
+        """Extra time per token with the copy head (0.1 = 10% slower)."""
+        return self.baseline_tokens_per_sec / self.cplm_tokens_per_sec - 1.0
+
+    @property
+    def flops_overhead(self) -> float:
+        """Extra model FLOPs per token with the copy head."""
+        return self.cplm_flops_per_token / self.baseline_flops_per_token - 1.0
+
+
+def cplm_overheads(records: Sequence[Record]) -> list[Overhead]:
+    """Copy head on/off pairs of otherwise equal configurations (repeated runs averaged)."""
+    runs: dict[tuple, dict[bool, list[Record]]] = defaultdict(lambda: defaultdict(list))
+    for r in records:
+        runs[r.pair_key][r.copy_head].append(r)
+    out = []
+    for (preset, nodes, layout, _seq, _gbs), by_head in runs.items():
+        if True in by_head and False in by_head:
+            on, off = by_head[True], by_head[False]
+            out.append(Overhead(preset, nodes, layout,
+                                mean(r.tokens_per_sec for r in off), mean(r.tokens_per_sec for r in on),
+                                mean(r.flops_per_token for r in off), mean(r.flops_per_token for r in on)))
+    return out
+
+
+def series_label(key: tuple) -> str:
+    preset, copy_head, layout, seq_len, gbs = key
+    return f"{preset} {'CPLM' if copy_head else 'baseline'} {layout} seq{seq_len} gbs{gbs}"
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_scaling(series: dict[tuple, list[ScalingPoint]], output: Path) -> list[str]:
+    """throughput_vs_nodes.png and scaling_efficiency.png; returns the file names written."""
+    plt = _plt()
+    written = []
+    for name, ylabel, value in (("throughput_vs_nodes.png", "tokens/s", lambda p: p.tokens_per_sec),
+                                ("scaling_efficiency.png", "scaling efficiency (%)", lambda p: 100 * p.efficiency)):
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for key, points in series.items():
+            ax.plot([p.nodes for p in points], [value(p) for p in points], marker="o", label=series_label(key))
+        if name == "scaling_efficiency.png":
+            ax.axhline(100, color="gray", linestyle="--", linewidth=1, label="linear scaling")
+        nodes = sorted({p.nodes for points in series.values() for p in points})
+        ax.set_xticks(nodes)
+        ax.set_xlabel("nodes")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(output / name, dpi=120)
+        plt.close(fig)
+        written.append(name)
+    return written
+
+
+def plot_overhead(overheads: Sequence[Overhead], output: Path) -> list[str]:
+    """cplm_overhead.png: one bar per (size, nodes, layout) pair; returns the file names written."""
+    if not overheads:
+        return []
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    labels = [f"{o.preset}\n{o.nodes}n {o.layout}" for o in overheads]
+    xs = range(len(overheads))
+    ax.bar([x - 0.2 for x in xs], [100 * o.time_overhead for o in overheads], width=0.4, label="measured time/token")
+    ax.bar([x + 0.2 for x in xs], [100 * o.flops_overhead for o in overheads], width=0.4, label="model FLOPs/token")
+    ax.set_xticks(list(xs))
+    ax.set_xticklabels(labels, fontsize=7)
+    ax.set_ylabel("copy-head overhead (%)")
+    ax.axhline(0, color="gray", linewidth=1)
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(output / "cplm_overhead.png", dpi=120)
+    plt.close(fig)
+    return ["cplm_overhead.png"]
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|",
+            *("| " + " | ".join(row) + " |" for row in rows)]
+
+
+def render_markdown(records: Sequence[Record], series: dict[tuple, list[ScalingPoint]],
+                    overheads: Sequence[Overhead], plots: Sequence[str], roots: Sequence[Path]) -> str:
+    """The report: runs, scaling efficiency, CPLM overhead, plots."""
+    efficiency = {(key, p.nodes, p.world_size): p.efficiency for key, pts in series.items() for p in pts}
+    intro = (f"{len(records)} run records from {', '.join(f'`{r}`' for r in roots)}. Scaling efficiency is the "
+             "per-device throughput relative to the smallest run of the same model, copy head, layout, "
+             "sequence length and global batch (100% = linear scaling).")
+    lines = ["# Scaling report", "", intro, "", "## Runs", ""]
+    rows = [[r.preset, "on" if r.copy_head else "off", str(r.nodes), str(r.world_size), r.layout, str(r.dp),
+             str(r.seq_len), str(r.global_batch), f"{r.tokens_per_sec:,.0f}",
+             f"{r.tokens_per_sec / r.world_size:,.0f}", f"{r.tflops_per_device:.2f}", f"{100 * r.mfu:.1f}%",
+             f"{r.step_time:.3f}", f"{r.peak_memory_gib:.2f}",
+             f"{100 * efficiency[(r.series, r.nodes, r.world_size)]:.1f}%", r.config_hash, r.device]
+            for r in records]
+    lines += _table(["model", "copy head", "nodes", "devices", "layout", "dp", "seq", "global batch", "tokens/s",
+                     "tokens/s/device", "TFLOP/s/device", "MFU", "step (s)", "peak mem (GiB)", "scaling eff.",
+                     "config", "device"], rows)
+    lines += ["", "## Scaling efficiency", ""]
+    rows = [[series_label(key), str(p.nodes), str(p.world_size), f"{p.tokens_per_sec:,.0f}", str(p.runs),
+             f"{100 * p.efficiency:.1f}%"] for key, pts in series.items() for p in pts]
+    lines += _table(["series", "nodes", "devices", "tokens/s (mean)", "runs", "efficiency"], rows)
+    lines += ["", "## Copy-head (CPLM) overhead", ""]
+    if overheads:
+        rows = [[o.preset, str(o.nodes), o.layout, f"{o.baseline_tokens_per_sec:,.0f}",
+                 f"{o.cplm_tokens_per_sec:,.0f}", f"{100 * o.time_overhead:+.1f}%", f"{100 * o.flops_overhead:+.1f}%"]
+                for o in overheads]
+        lines += _table(["model", "nodes", "layout", "tokens/s baseline", "tokens/s CPLM", "time/token overhead",
+                         "FLOPs/token overhead"], rows)
+    else:
+        lines.append("No copy-head on/off pairs of otherwise equal runs: sweep `--copy-head on off` to measure it.")
+    lines += ["", "## Plots", ""] + [f"![{Path(p).stem}]({p})" for p in plots] + [""]
+    return "\n".join(lines)
+
+
+def write_report(roots: Sequence[Path], output: Path) -> Path:
+    """Load the records under `roots`, write report.md and the plots to `output`; returns report.md."""
+    records = load_records(roots)
+    output.mkdir(parents=True, exist_ok=True)
+    series = scaling_series(records)
+    overheads = cplm_overheads(records)
+    plots = plot_scaling(series, output) + plot_overhead(overheads, output)
+    report = output / "report.md"
+    report.write_text(render_markdown(records, series, overheads, plots, roots))
+    return report
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("records", nargs="+", type=Path, help="directories searched (recursively) for summary.json")
+    p.add_argument("--output", type=Path, required=True, help="directory for report.md and the PNG plots")
+    args = p.parse_args(argv)
+    try:
+        report = write_report(args.records, args.output)
+    except ReportError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"[scaling_report] wrote {report} and plots in {args.output}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+#!/usr/bin/env python
+"""Train a byte-level BPE tokenizer on local text and save it as a Hugging Face tokenizer directory.
+
+    python tools/train_tokenizer.py --input corpus/ extra.jsonl.zst --vocab-size 4096 --output tok/
+
+Inputs: text files (.txt .md .rst .py), JSON lines with a text field, parquet with a text column;
+.gz/.zst compressed text and JSON lines too; directories are searched recursively. The EOD token
+(default <|endoftext|>, id 0) is also the BOS, EOS and padding token. The result loads with
+`transformers.AutoTokenizer.from_pretrained(DIR)`. A rerun with unchanged inputs and settings
+does nothing; an interrupted run leaves no output directory behind.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from cplm_megatron.data.documents import SPLIT_MODES, InputError
+from cplm_megatron.data.tokenizer import DEFAULT_EOD_TOKEN, TokenizerError
+from cplm_megatron.data.tokenizer_training import train_tokenizer_from_files
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Command-line arguments."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--input", nargs="+", required=True, help="files or directories of text")
+    parser.add_argument("--vocab-size", type=int, required=True, help="vocabulary size incl. the EOD token")
+    parser.add_argument("--output", required=True, help="tokenizer directory to write")
+    parser.add_argument("--eod-token", default=DEFAULT_EOD_TOKEN, help="end-of-document token (also BOS/EOS/pad)")
+    parser.add_argument("--split-by", choices=SPLIT_MODES, default="file", help="documents of plain-text files")
+    parser.add_argument("--text-field", default="text", help="JSON field / parquet column holding the text")
+    parser.add_argument("--min-frequency", type=int, default=2, help="minimum pair count for a merge")
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Train (or confirm up to date) and print a JSON summary."""
+    args = parse_args(argv)
+    try:
+        result = train_tokenizer_from_files(
+            args.input, args.vocab_size, args.output, eod_token=args.eod_token, split_by=args.split_by,
+            text_field=args.text_field, min_frequency=args.min_frequency, show_progress=not args.quiet,
+        )
+    except (InputError, TokenizerError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    status = "trained" if result.rebuilt else "up to date"
+    print(json.dumps({"status": status, "output": str(result.output), **result.info.to_dict()}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
