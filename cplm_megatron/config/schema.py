@@ -140,7 +140,11 @@ class RunConfig:
             raise ConfigError("copy_head.fp8=true needs precision.dtype=bf16")
 
     def to_dict(self) -> Dict[str, Any]:
-        return to_dict(self)
+        """Plain nested dict; the batch shape appears once, under train (the data section receives it)."""
+        out = to_dict(self)
+        for key in _BATCH_KEYS:
+            out["data"].pop(key, None)
+        return out
 
     def hash(self) -> str:
         """Short hash of the resolved config (for scaling-study records)."""

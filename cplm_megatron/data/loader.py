@@ -16,8 +16,10 @@ default process group) and draw the same number of micro-batches.
 from __future__ import annotations
 
 import hashlib
+import random
 import re
 import tempfile
+import time
 from collections.abc import Iterator, Sequence
 from functools import partial
 from math import ceil
@@ -98,6 +100,22 @@ def _node_layout(dp_size: int) -> NodeLayout:
 
 
 def _make_dataset(
+    streams: list[Stream], cfg: DataConfig, dp_rank: int, dp_size: int, layout: NodeLayout, *, train: bool
+) -> DataParallelStreamingDataset:
+    attempts = 5 if layout.local_world_size == 1 else 1
+    for attempt in range(attempts):
+        try:
+            return _new_dataset(streams, cfg, dp_rank, dp_size, layout, train=train)
+        except FileExistsError:
+            # Another job on this machine claimed the same shared-memory prefix at the same moment;
+            # a lone process can simply look again (peers of one job coordinate inside streaming).
+            if attempt == attempts - 1:
+                raise
+            time.sleep(0.2 + random.random())
+    raise AssertionError("unreachable")
+
+
+def _new_dataset(
     streams: list[Stream], cfg: DataConfig, dp_rank: int, dp_size: int, layout: NodeLayout, *, train: bool
 ) -> DataParallelStreamingDataset:
     with streaming_world_env(layout):

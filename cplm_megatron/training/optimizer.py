@@ -110,7 +110,8 @@ def build_scheduler(optimizer, opt: OptimizerConfig, sched: ScheduleConfig, trai
         style = "WSD"
     return OptimizerParamScheduler(
         optimizer,
-        init_lr=0.0 if sched.warmup_iters else lr,
+        # linear warmup from lr / warmup_iters: the first step already learns (init 0 would waste it)
+        init_lr=lr / sched.warmup_iters if sched.warmup_iters else lr,
         max_lr=lr,
         min_lr=min_lr,
         lr_warmup_steps=sched.warmup_iters,

@@ -1,0 +1,304 @@
+"""Baseline-vs-CPLM ablations: plan the training runs, launch the real trainer, evaluate checkpoints.
+
+Every pair of runs differs only in `copy_head.enabled`: same recipe, seed, data order and steps
+(and the same backbone initialization, since the Copy-Paste head is built after the backbone).
+A job is one run: `pretrain/pretrain_cplm.py` in a subprocess (torchrun with TP=2 when asked), then
+`tools/evaluate.py --all-checkpoints --include-initial` on its checkpoints. Logs go to
+`<output>/runs/<name>/{train,eval}.log`; the evaluation to `<output>/runs/<name>/eval.json`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cplm_megatron.data.manifest import read_manifest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+PRETRAIN = REPO_ROOT / "pretrain" / "pretrain_cplm.py"
+EVALUATE = REPO_ROOT / "tools" / "evaluate.py"
+RECIPE = REPO_ROOT / "configs" / "tiny.yaml"
+STAGGER_SECONDS = 5.0
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One training run of an ablation pair and how to evaluate it."""
+
+    name: str  # directory name under <output>/runs
+    group: str  # the pair: runs of a group differ only in the copy head
+    experiment: str  # "corpus" | "spamlang"
+    copy_head: bool
+    overrides: tuple[str, ...]  # --set KEY=VALUE for the trainer (besides run.dir, copy_head.enabled)
+    eval_args: tuple[str, ...]  # tools/evaluate.py arguments (tasks and their sizes)
+    labels: tuple[tuple[str, Any], ...] = ()  # facts for the report: (("vocab", 4096), ...)
+
+    @property
+    def label(self) -> dict[str, Any]:
+        return dict(self.labels)
+
+
+@dataclass
+class Settings:
+    """Sizes of the ablation; `quick()` is the CI/demo variant, `full()` the longer one."""
+
+    hidden_size: int = 64
+    spamlang_vocabs: tuple[int, ...] = (4096, 8192, 16384)
+    spamlang_ties: tuple[bool, ...] = (False, True)  # tie_embeddings variants (untied: Godey & Artzi's setting)
+    spamlang_iters: int = 60
+    spamlang_interval: int = 5  # checkpoint (and evaluation) interval
+    spamlang_seq_len: int = 128
+    corpus_iters: int = 600
+    corpus_interval: int = 100
+    eval_sequences: int = 32  # sequences per task and checkpoint (passkey: per cell)
+    experiments: tuple[str, ...] = ("corpus", "spamlang")
+
+    @classmethod
+    def quick(cls) -> Settings:
+        return cls(spamlang_ties=(False,), spamlang_iters=20, spamlang_interval=5, corpus_iters=60,
+                   corpus_interval=20, eval_sequences=16)
+
+    @classmethod
+    def full(cls) -> Settings:
+        return cls()
+
+
+def _pair(group: str, experiment: str, overrides: Sequence[str], eval_args: Sequence[str],
+          labels: dict[str, Any]) -> list[RunSpec]:
+    return [RunSpec(f"{group}-{'cplm' if cplm else 'baseline'}", group, experiment, cplm, tuple(overrides),
+                    tuple(eval_args), tuple(sorted({**labels, "copy_head": cplm}.items())))
+            for cplm in (False, True)]
+
+
+def plan(settings: Settings, data_dir: Path | None) -> list[RunSpec]:
+    """The runs of an ablation, in launch order (longest first)."""
+    s = settings
+    runs: list[RunSpec] = []
+    common = ["logging.wandb=false", f"model.hidden_size={s.hidden_size}", "checkpoint.keep=1000",
+              "train.log_interval=5"]
+    n = str(s.eval_sequences)
+    if "corpus" in s.experiments:
+        if data_dir is None:
+            raise ValueError("the corpus experiment needs the embedded corpus: pass --data DIR (make data)")
+        data_dir = Path(data_dir).resolve()
+        for split in ("train", "val"):
+            if not (data_dir / split / "manifest.json").is_file():
+                raise FileNotFoundError(f"{data_dir / split} is not a prepared dataset; build it with "
+                                        f"`make data` (tools/build_stdlib_corpus.py --output {data_dir})")
+        manifest = read_manifest(str(data_dir / "train"))  # the model takes the corpus' vocabulary and length
+        vocab, seq_len = manifest.tokenizer.vocab_size, manifest.seq_len
+        overrides = common + [
+            f"model.vocab_size={vocab}", f"data.streams=[{data_dir / 'train'}]", f"data.val_streams=[{data_dir / 'val'}]",
+            f"train.iters={s.corpus_iters}", f"train.seq_len={seq_len}", "train.micro_batch=4",
+            "train.global_batch=8", f"train.eval_interval={s.corpus_interval}", "train.eval_iters=4",
+            f"checkpoint.interval={s.corpus_interval}"]
+        eval_args = ["--tasks", "val,copy,passkey,gradient", "--limit", n, "--gradient-source", "val",
+                     "--copy-length", str(min(128, seq_len)),
+                     "--passkey-lengths", ",".join(str(length) for length in sorted({64, seq_len // 2, seq_len})),
+                     "--passkey-depths", "0,0.5,1"]
+        runs += _pair("corpus", "corpus", overrides, eval_args,
+                      {"vocab": vocab, "hidden": s.hidden_size, "tied": True, "iters": s.corpus_iters})
+    if "spamlang" in s.experiments:
+        for vocab in sorted(s.spamlang_vocabs, reverse=True):
+            for tied in s.spamlang_ties:
+                group = f"spamlang-v{vocab}-{'tied' if tied else 'untied'}"
+                overrides = common + [
+                    "data.synthetic=spamlang", f"model.vocab_size={vocab}", f"model.tie_embeddings={str(tied).lower()}",
+                    f"train.iters={s.spamlang_iters}", f"train.seq_len={s.spamlang_seq_len}", "train.micro_batch=8",
+                    "train.global_batch=8", "train.eval_interval=0", f"checkpoint.interval={s.spamlang_interval}"]
+                eval_args = ["--tasks", "spamlang,gradient", "--limit", n, "--gradient-source", "spamlang",
+                             "--spamlang-length", str(s.spamlang_seq_len)]
+                runs += _pair(group, "spamlang", overrides, eval_args,
+                              {"vocab": vocab, "hidden": s.hidden_size, "tied": tied, "iters": s.spamlang_iters})
+    return runs
+
+
+def train_command(spec: RunSpec, run_dir: Path, tp: int) -> list[str]:
+    """The trainer command line of a run (torchrun with 2 processes when tp=2)."""
+    sets = [f"run.dir={run_dir}", f"copy_head.enabled={str(spec.copy_head).lower()}", *spec.overrides]
+    if tp > 1:
+        sets.append(f"parallel.tp={tp}")
+        launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={tp}"]
+    else:
+        launcher = [sys.executable]
+    return [*launcher, str(PRETRAIN), "--config", str(RECIPE), "--set", *sets]
+
+
+def eval_command(spec: RunSpec, run_dir: Path) -> list[str]:
+    """tools/evaluate.py over every checkpoint of the run (and the untrained model)."""
+    return [sys.executable, str(EVALUATE), "--checkpoint", str(run_dir), "--all-checkpoints", "--include-initial",
+            "--no-progress", "--output", str(run_dir / "eval.json"), *spec.eval_args]
+
+
+def subprocess_env(threads: int) -> dict[str, str]:
+    """Each job's environment: `threads` intra-op threads (tiny models run fastest single-threaded)."""
+    return {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
+            "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": "offline", "PYTHONWARNINGS": "ignore"}
+
+
+@dataclass
+class JobResult:
+    """What one run's job did."""
+
+    spec: RunSpec
+    run_dir: Path
+    train_seconds: float = 0.0
+    eval_seconds: float = 0.0
+    error: str | None = None
+
+
+def _run_logged(cmd: list[str], log: Path, env: dict[str, str]) -> int:
+    with open(log, "w") as f:
+        f.write("$ " + " ".join(cmd) + "\n")
+        f.flush()
+        return subprocess.run(cmd, check=False, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT).returncode
+
+
+def run_job(spec: RunSpec, output: Path, tp: int, threads: int) -> JobResult:
+    """Train one run, then evaluate its checkpoints.
+
+    A run dir records its commands in job.json: a finished run with the same commands is reused, an
+    unfinished one resumes (the trainer continues from its latest checkpoint); a run dir made with
+    other settings is an error rather than a silent mix.
+    """
+    run_dir = output / "runs" / spec.name
+    result = JobResult(spec, run_dir)
+    commands = {"train": train_command(spec, run_dir, tp)[1:], "eval": eval_command(spec, run_dir)[1:]}
+    record = run_dir / "job.json"
+    if record.is_file():
+        if json.loads(record.read_text()) != commands:
+            result.error = (f"{run_dir} holds a run made with other settings (see {record}); remove it or choose "
+                            f"another --output")
+            return result
+        if (run_dir / "eval.json").is_file() and (run_dir / "summary.json").is_file():
+            return result
+    elif run_dir.is_dir() and any(run_dir.iterdir()):
+        result.error = f"{run_dir} exists but was not made by this tool (no job.json); remove it or choose another --output"
+        return result
+    run_dir.mkdir(parents=True, exist_ok=True)
+    record.write_text(json.dumps(commands, indent=2) + "\n")
+    env = subprocess_env(threads)
+    start = time.perf_counter()
+    code = _run_logged(train_command(spec, run_dir, tp), run_dir / "train.log", env)
+    result.train_seconds = time.perf_counter() - start
+    if code != 0:
+        result.error = f"training failed (exit {code}); see {run_dir / 'train.log'}"
+        return result
+    start = time.perf_counter()
+    code = _run_logged(eval_command(spec, run_dir), run_dir / "eval.log", env)
+    result.eval_seconds = time.perf_counter() - start
+    if code != 0:
+        result.error = f"evaluation failed (exit {code}); see {run_dir / 'eval.log'}"
+    return result
+
+
+def run_all(specs: Sequence[RunSpec], output: Path, tp: int = 1, jobs: int = 2, threads: int = 1,
+            on_done: Callable[[JobResult], None] | None = None) -> list[JobResult]:
+    """Run every job, `jobs` at a time (each job is one process, or `tp` processes)."""
+    output.mkdir(parents=True, exist_ok=True)
+    results: list[JobResult] = []
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        futures = []
+        for i, spec in enumerate(specs):
+            if 0 < i < jobs:
+                # Jobs that start together open their streaming datasets together, and streaming's choice
+                # of shared-memory names races (FileExistsError on /dev/shm/NNNNNN_locals): stagger them.
+                time.sleep(STAGGER_SECONDS)
+            futures.append(pool.submit(run_job, spec, output, tp, threads))
+        for future in futures:
+            result = future.result()
+            results.append(result)
+            if on_done is not None:
+                on_done(result)
+    failed = [r.error for r in results if r.error]
+    if failed:
+        raise RuntimeError("ablation jobs failed:\n  " + "\n  ".join(failed))
+    return results
+
+
+# ------------------------------------------------------------------------------------------ results
+
+
+@dataclass
+class RunResults:
+    """A finished run: its training log and its per-checkpoint evaluation."""
+
+    spec: RunSpec
+    metrics: list[dict[str, Any]]  # metrics.jsonl records (training and eval)
+    checkpoints: list[dict[str, Any]]  # evaluate() results, by iteration (0 = untrained)
+
+    def train_curve(self, key: str = "loss") -> tuple[list[int], list[float]]:
+        """(iterations, values) of a metrics.jsonl key."""
+        recs = [r for r in self.metrics if key in r]
+        return [r["iteration"] for r in recs], [r[key] for r in recs]
+
+    def eval_curve(self, task: str, metric: str) -> tuple[list[int], list[float]]:
+        """(iterations, values) of one evaluation metric over the checkpoints."""
+        its, vals = [], []
+        for entry in self.checkpoints:
+            if task in entry["tasks"]:
+                its.append(entry["iteration"])
+                vals.append(entry["tasks"][task]["metrics"][metric])
+        return its, vals
+
+    @property
+    def final(self) -> dict[str, Any]:
+        """The evaluation of the last checkpoint."""
+        return self.checkpoints[-1]
+
+
+def load_run(spec: RunSpec, output: Path) -> RunResults:
+    """Read a finished run's metrics.jsonl and eval.json."""
+    run_dir = output / "runs" / spec.name
+    metrics_path, eval_path = run_dir / "metrics.jsonl", run_dir / "eval.json"
+    for path in (metrics_path, eval_path):
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} is missing: run {spec.name} did not finish (see {run_dir}/*.log)")
+    metrics = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
+    checkpoints = json.loads(eval_path.read_text())["checkpoints"]
+    return RunResults(spec, metrics, sorted(checkpoints, key=lambda e: e["iteration"]))
+
+
+def first_reaching(iterations: Sequence[int], values: Sequence[float], threshold: float) -> int | None:
+    """The first evaluated iteration whose value is >= threshold (None: never)."""
+    return next((it for it, v in zip(iterations, values) if v >= threshold), None)
+
+
+def staying_from(iterations: Sequence[int], values: Sequence[float], threshold: float) -> int | None:
+    """The first evaluated iteration from which every later value is >= threshold (None: not at the end)."""
+    start = None
+    for it, v in zip(iterations, values):
+        if v < threshold:
+            start = None
+        elif start is None:
+            start = it
+    return start
+
+
+@dataclass
+class PairSummary:
+    """Baseline vs CPLM of one group, side by side."""
+
+    group: str
+    baseline: RunResults
+    cplm: RunResults
+
+
+def pair_up(runs: Sequence[RunResults]) -> list[PairSummary]:
+    """Group runs into (baseline, CPLM) pairs, in plan order."""
+    by_group: dict[str, dict[bool, RunResults]] = {}
+    for run in runs:
+        by_group.setdefault(run.spec.group, {})[run.spec.copy_head] = run
+    pairs = []
+    for group, members in by_group.items():
+        if set(members) != {False, True}:
+            raise ValueError(f"group {group} lacks its {'CPLM' if False in members else 'baseline'} run")
+        pairs.append(PairSummary(group, members[False], members[True]))
+    return pairs

@@ -1,0 +1,318 @@
+"""The ablation report: `report.md` with results tables and PNG plots (matplotlib, Agg backend).
+
+Input: finished runs (cplm_megatron.evaluation.ablation.RunResults), grouped in baseline/CPLM pairs.
+Plots: loss_curves.png, copy_accuracy.png (copy and SpamLang accuracy vs steps), passkey.png
+(operating points of the last checkpoints), gradient_retention.png. A plot without data is skipped.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+
+from cplm_megatron.evaluation.ablation import (
+    PairSummary,
+    RunResults,
+    first_reaching,
+    pair_up,
+    staying_from,
+)
+
+SPAMLANG_TARGET = 0.99
+COLORS = {False: "tab:blue", True: "tab:red"}
+NAMES = {False: "baseline", True: "CPLM"}
+
+
+def _fmt(value: float | None, digits: int = 4) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    return f"{value:.{digits}f}"
+
+
+def _prob(value: float | None) -> str:
+    """Probabilities with 3 significant digits (1/V-sized values stay visible)."""
+    return "–" if value is None else f"{value:.3g}"
+
+
+def _metric(run: RunResults, task: str, metric: str, entry: dict | None = None) -> float | None:
+    entry = entry or run.final
+    return entry["tasks"].get(task, {}).get("metrics", {}).get(metric)
+
+
+def _at(run: RunResults, iteration: int) -> dict | None:
+    return next((e for e in run.checkpoints if e["iteration"] == iteration), None)
+
+
+# -------------------------------------------------------------------------------------- SpamLang
+
+
+def spamlang_claims(pairs: Sequence[PairSummary]) -> list[dict[str, Any]]:
+    """Per SpamLang pair: steps to >= 99% accuracy for both models and the baseline's accuracy at the CPLM's step."""
+    claims = []
+    for pair in pairs:
+        if pair.cplm.spec.experiment != "spamlang":
+            continue
+        its_c, acc_c = pair.cplm.eval_curve("spamlang", "spamlang_accuracy")
+        its_b, acc_b = pair.baseline.eval_curve("spamlang", "spamlang_accuracy")
+        prob_c = pair.cplm.eval_curve("spamlang", "spamlang_target_prob")
+        prob_b = pair.baseline.eval_curve("spamlang", "spamlang_target_prob")
+        cplm_step = first_reaching(its_c, acc_c, SPAMLANG_TARGET)
+        base_step = first_reaching(its_b, acc_b, SPAMLANG_TARGET)
+        at = _at(pair.baseline, cplm_step) if cplm_step is not None else None
+        label = pair.cplm.spec.label
+        claims.append({
+            "group": pair.group, "vocab": label["vocab"], "hidden": label["hidden"], "tied": label["tied"],
+            "iters": label["iters"], "checkpoint_steps": its_c,
+            "cplm_steps_to_99": cplm_step, "baseline_steps_to_99": base_step,
+            "cplm_stays_99_from": staying_from(its_c, acc_c, SPAMLANG_TARGET),
+            "baseline_stays_99_from": staying_from(its_b, acc_b, SPAMLANG_TARGET),
+            "cplm_accuracy": dict(zip(its_c, acc_c)), "baseline_accuracy": dict(zip(its_b, acc_b)),
+            "cplm_target_prob": dict(zip(*prob_c)), "baseline_target_prob": dict(zip(*prob_b)),
+            "baseline_accuracy_at_cplm_step": _metric(pair.baseline, "spamlang", "spamlang_accuracy", at) if at else None,
+            "cplm_final_loss": _metric(pair.cplm, "spamlang", "spamlang_loss"),
+            "baseline_final_loss": _metric(pair.baseline, "spamlang", "spamlang_loss"),
+            "cplm_final_target_prob": _metric(pair.cplm, "spamlang", "spamlang_target_prob"),
+            "baseline_final_target_prob": _metric(pair.baseline, "spamlang", "spamlang_target_prob"),
+        })
+    return claims
+
+
+def _steps(step: int | None, iters: int) -> str:
+    return f"{step}" if step is not None else f"not within {iters}"
+
+
+def _stays(step: int | None, iters: int) -> str:
+    return f"{step}" if step is not None else f"below at step {iters}"
+
+
+def spamlang_section(pairs: Sequence[PairSummary]) -> list[str]:
+    claims = spamlang_claims(pairs)
+    if not claims:
+        return []
+    lines = ["## SpamLang at a vocabulary >= 64x the hidden size", "",
+             ("Each sequence repeats one random symbol (Godey & Artzi). Accuracy = argmax next-token accuracy over "
+             "every position (position 0 included: nothing to copy there), evaluated on the untrained model (step 0) "
+             "and every checkpoint. `p(target)`: mean probability of the right symbol at the last checkpoint."), "",
+             ("| vocab | V/d | LM head | steps to 99%: CPLM / baseline | stays >= 99% from step: CPLM / baseline "
+             "| baseline acc. at CPLM's step | final acc. CPLM / baseline | final loss CPLM / baseline "
+             "| p(target) CPLM / baseline |"),
+             "|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
+    for c in claims:
+        last = max(c["cplm_accuracy"])
+        lines.append(
+            f"| {c['vocab']} | {c['vocab'] // c['hidden']} | {'tied' if c['tied'] else 'untied'} "
+            f"| {_steps(c['cplm_steps_to_99'], c['iters'])} / {_steps(c['baseline_steps_to_99'], c['iters'])} "
+            f"| {_stays(c['cplm_stays_99_from'], c['iters'])} / {_stays(c['baseline_stays_99_from'], c['iters'])} "
+            f"| {_fmt(c['baseline_accuracy_at_cplm_step'])} "
+            f"| {_fmt(c['cplm_accuracy'][last])} / {_fmt(c['baseline_accuracy'].get(last))} "
+            f"| {_fmt(c['cplm_final_loss'], 3)} / {_fmt(c['baseline_final_loss'], 3)} "
+            f"| {_prob(c['cplm_final_target_prob'])} / {_prob(c['baseline_final_target_prob'])} |")
+    lines += ["", "Accuracy at every evaluated step (CPLM / baseline):", "",
+              "| vocab | LM head | " + " | ".join(f"step {s}" for s in claims[0]["checkpoint_steps"]) + " |",
+              "|---:|---|" + "---:|" * len(claims[0]["checkpoint_steps"])]
+    for c in claims:
+        cells = [f"{_fmt(c['cplm_accuracy'][s], 3)} / {_fmt(c['baseline_accuracy'].get(s), 3)}"
+                 for s in c["checkpoint_steps"]]
+        lines.append(f"| {c['vocab']} | {'tied' if c['tied'] else 'untied'} | " + " | ".join(cells) + " |")
+    lines += ["", "Mean probability of the right symbol at every evaluated step (CPLM / baseline):", "",
+              "| vocab | LM head | " + " | ".join(f"step {s}" for s in claims[0]["checkpoint_steps"]) + " |",
+              "|---:|---|" + "---:|" * len(claims[0]["checkpoint_steps"])]
+    for c in claims:
+        cells = [f"{_prob(c['cplm_target_prob'].get(s))} / {_prob(c['baseline_target_prob'].get(s))}"
+                 for s in c["checkpoint_steps"]]
+        lines.append(f"| {c['vocab']} | {'tied' if c['tied'] else 'untied'} | " + " | ".join(cells) + " |")
+    lines += ["", ("Reading: at every position t >= 1 all copy candidates propose the repeated symbol, so the copy "
+              "distribution is a point mass on it and the CPLM's argmax is right from initialization as soon as "
+              "g_t > (1 - g_t) max_v p_LM(v) (the gate starts at sigmoid(-2) = 0.12); training then raises the gate, "
+              "i.e. p(target). A tied LM head gets the symbol's logit from the input embedding itself "
+              "(e_v . e_v is the largest dot product), which is why tied baselines can be accurate while their "
+              "p(target) stays near 1/V."), ""]
+    return lines
+
+
+# -------------------------------------------------------------------------------------- corpus
+
+
+def corpus_section(pairs: Sequence[PairSummary]) -> list[str]:
+    pairs = [p for p in pairs if p.cplm.spec.experiment == "corpus"]
+    if not pairs:
+        return []
+    lines = ["## Embedded corpus (Python stdlib sources)", "",
+             ("Last checkpoint. Train loss: the trainer's last logged loss (the mixture NLL for CPLM). Val: the "
+             "validation split. Copy: random spans repeated once (accuracy on the repeat). Passkey: mean retrieval "
+             "accuracy over the operating points below. Gradient: on a validation batch."), "",
+             ("| model | train loss | val loss | val ppl | copy acc. | passkey retrieval (token acc.) "
+             "| logit grad outside LM-head span | copy-head share of dL/dh |"), "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for pair in pairs:
+        for run in (pair.baseline, pair.cplm):
+            _, losses = run.train_curve("loss")
+            lines.append(
+                f"| {NAMES[run.spec.copy_head]} | {_fmt(losses[-1] if losses else None, 3)} "
+                f"| {_fmt(_metric(run, 'val', 'val_loss'), 3)} | {_fmt(_metric(run, 'val', 'val_ppl'), 1)} "
+                f"| {_fmt(_metric(run, 'copy', 'copy_accuracy'), 3)} | {_fmt(_metric(run, 'passkey', 'passkey_accuracy'), 3)} "
+                f"({_fmt(_metric(run, 'passkey', 'passkey_token_accuracy'), 3)}) "
+                f"| {_fmt(_metric(run, 'gradient', 'logit_grad_outside_span'))} "
+                f"| {_fmt(_metric(run, 'gradient', 'copy_grad_share'), 3)} |")
+        lines.append("")
+        for run in (pair.baseline, pair.cplm):
+            details = run.final["tasks"].get("passkey", {}).get("details")
+            if details:
+                lines += [(f"Passkey operating points, {NAMES[run.spec.copy_head]}: whole-key retrieval rate "
+                          f"(key-token accuracy), {details['samples_per_cell']} samples per cell:"), "",
+                          _passkey_markdown(details), ""]
+    return lines
+
+
+def _passkey_markdown(details: dict[str, Any]) -> str:
+    depths = details["depths"]
+    cell = {(c["length"], c["depth"]): c for c in details["grid"]}
+    rows = ["| context length | " + " | ".join(f"depth {d:g}" for d in depths) + " |",
+            "|---:|" + "---:|" * len(depths)]
+    rows += [f"| {L} | " + " | ".join(f"{_fmt(cell[(L, d)]['accuracy'], 2)} ({_fmt(cell[(L, d)]['token_accuracy'], 2)})"
+                                      for d in depths) + " |" for L in details["lengths"]]
+    return "\n".join(rows)
+
+
+# -------------------------------------------------------------------------------------- plots
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _grid(n: int):
+    cols = min(3, n)
+    rows = math.ceil(n / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.4 * rows), squeeze=False)
+    for ax in axes.flat[n:]:
+        ax.set_visible(False)
+    return fig, list(axes.flat[:n])
+
+
+def plot_losses(pairs: Sequence[PairSummary], path: Path) -> Path | None:
+    """Training loss (and validation loss where logged) vs step, one panel per pair."""
+    if not pairs:
+        return None
+    fig, axes = _grid(len(pairs))
+    for ax, pair in zip(axes, pairs):
+        for run in (pair.baseline, pair.cplm):
+            its, vals = run.train_curve("loss")
+            ax.plot(its, vals, color=COLORS[run.spec.copy_head], label=f"{NAMES[run.spec.copy_head]} train")
+            its, vals = run.train_curve("val_loss")
+            if its:
+                ax.plot(its, vals, "o--", color=COLORS[run.spec.copy_head], label=f"{NAMES[run.spec.copy_head]} val")
+        ax.set(title=pair.group, xlabel="step", ylabel="loss (nats/token)")
+        ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def plot_accuracy(pairs: Sequence[PairSummary], path: Path) -> Path | None:
+    """Copy accuracy (corpus) and SpamLang accuracy vs step."""
+    panels = [(p, "copy", "copy_accuracy") for p in pairs if p.cplm.spec.experiment == "corpus"]
+    panels += [(p, "spamlang", "spamlang_accuracy") for p in pairs if p.cplm.spec.experiment == "spamlang"]
+    if not panels:
+        return None
+    fig, axes = _grid(len(panels))
+    for ax, (pair, task, metric) in zip(axes, panels):
+        for run in (pair.baseline, pair.cplm):
+            its, vals = run.eval_curve(task, metric)
+            ax.plot(its, vals, "o-", color=COLORS[run.spec.copy_head], label=NAMES[run.spec.copy_head])
+        if task == "spamlang":
+            ax.axhline(SPAMLANG_TARGET, color="gray", lw=0.8, ls=":")
+        ax.set(title=f"{pair.group}: {metric}", xlabel="step", ylabel="accuracy", ylim=(-0.03, 1.03))
+        ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def plot_passkey(pairs: Sequence[PairSummary], path: Path) -> Path | None:
+    """Passkey operating points of the last checkpoints: heatmaps of the per-token accuracy on the key
+    (colour), annotated with the whole-key retrieval rate."""
+    runs = [run for p in pairs for run in (p.baseline, p.cplm) if "passkey" in run.final["tasks"]]
+    if not runs:
+        return None
+    fig, axes = _grid(len(runs))
+    for ax, run in zip(axes, runs):
+        details = run.final["tasks"]["passkey"]["details"]
+        cells = {(c["length"], c["depth"]): c for c in details["grid"]}
+        rows = [[cells[(L, d)] for d in details["depths"]] for L in details["lengths"]]
+        image = ax.imshow([[c["token_accuracy"] for c in row] for row in rows], vmin=0, vmax=1, cmap="viridis",
+                          aspect="auto")
+        ax.set_xticks(range(len(details["depths"])), [f"{d:g}" for d in details["depths"]])
+        ax.set_yticks(range(len(details["lengths"])), [str(L) for L in details["lengths"]])
+        for i, row in enumerate(rows):
+            for j, c in enumerate(row):
+                ax.text(j, i, f"key {c['accuracy']:.2f}\ntok {c['token_accuracy']:.2f}", ha="center", va="center",
+                        color="w" if c["token_accuracy"] < 0.5 else "k", fontsize=7)
+        ax.set(title=f"{run.spec.group} {NAMES[run.spec.copy_head]}", xlabel="needle depth", ylabel="context length")
+        fig.colorbar(image, ax=ax, label="key-token accuracy")
+    return _save(fig, path)
+
+
+def plot_gradients(pairs: Sequence[PairSummary], path: Path) -> Path | None:
+    """Fraction of the logit gradient inside the LM-head span, and the copy head's share of dL/dh, vs step."""
+    runs = [run for p in pairs for run in (p.baseline, p.cplm) if "gradient" in run.final["tasks"]]
+    if not runs:
+        return None
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
+    groups = list(dict.fromkeys(run.spec.group for run in runs))
+    palette = plt.get_cmap("tab10")
+    for run in runs:
+        color = palette(groups.index(run.spec.group) % 10)
+        style = "-" if run.spec.copy_head else "--"  # dashed: baseline
+        label = f"{run.spec.group} {NAMES[run.spec.copy_head]}"
+        its, vals = run.eval_curve("gradient", "logit_grad_inside_span")
+        left.plot(its, vals, style, color=color, marker="o", ms=3, label=label)
+        if run.spec.copy_head:
+            its, vals = run.eval_curve("gradient", "copy_grad_share")
+            right.plot(its, vals, style, color=color, marker="o", ms=3, label=label)
+    left.set(title="logit gradient retained by the LM head\n||P G|| / ||G||", xlabel="step", ylabel="fraction")
+    right.set(title="copy-head share of dL/dh\n||g_copy|| / (||g_lm|| + ||g_copy||)", xlabel="step",
+              ylabel="share", ylim=(0, 1))
+    for ax in (left, right):
+        ax.legend(fontsize=6)
+    return _save(fig, path)
+
+
+# -------------------------------------------------------------------------------------- report
+
+
+def write_report(output: Path, runs: Sequence[RunResults], meta: dict[str, Any]) -> Path:
+    """Write `output/report.md` and its plots; returns the report path.
+
+    meta: {'command': str, 'settings': dict, 'seconds': float, 'runtimes': {run name: (train s, eval s)}}.
+    """
+    output.mkdir(parents=True, exist_ok=True)
+    pairs = pair_up(runs)
+    plots = {
+        "Loss curves": plot_losses(pairs, output / "loss_curves.png"),
+        "Copy and SpamLang accuracy vs steps": plot_accuracy(pairs, output / "copy_accuracy.png"),
+        "Passkey operating points (last checkpoint)": plot_passkey(pairs, output / "passkey.png"),
+        "Gradient retention": plot_gradients(pairs, output / "gradient_retention.png"),
+    }
+    lines = ["# CPLM vs baseline ablation (tiny scale, CPU)", "",
+             f"Command: `{meta.get('command', '')}`; wall time {meta.get('seconds', 0):.0f} s.", "",
+             "Each pair trains a baseline and a CPLM with identical settings (recipe, seed, data order, steps); "
+             "only `copy_head.enabled` differs. Settings: "
+             + ", ".join(f"{k}={v}" for k, v in meta.get("settings", {}).items()) + ".", ""]
+    lines += spamlang_section(pairs)
+    lines += corpus_section(pairs)
+    lines += ["## Plots", ""]
+    for title, path in plots.items():
+        lines += [f"### {title}", "", f"![{title}]({path.name})" if path else "(no data for this plot)", ""]
+    runtimes = meta.get("runtimes", {})
+    if runtimes:
+        lines += ["## Runs", "", "| run | train s | eval s |", "|---|---:|---:|"]
+        lines += [f"| {name} | {t:.0f} | {e:.0f} |" for name, (t, e) in runtimes.items()]
+        lines.append("")
+    report = output / "report.md"
+    report.write_text("\n".join(lines))
+    return report

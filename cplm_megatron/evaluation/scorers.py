@@ -1,0 +1,280 @@
+"""One scoring interface over Megatron checkpoints and Hugging Face exports.
+
+A scorer turns a batch in the loader contract (cplm_megatron.data.batch: tokens, labels, loss_mask,
+position_ids, document_ids; all [b, s]) into the model's full next-token distribution,
+``log p(v | x_<=t)`` as fp32 ``[b, s, V]`` (the Copy-Paste mixture for CPLM models, the LM softmax for
+baselines). Every task computes its numbers from these log-probs, so both backends give the same
+numbers for the same weights.
+
+Documents: Megatron evaluates a packed row with the run's document masking (attention, positions and
+copy candidates restart at each document); the HF model has no document ids, so `HFScorer` runs each
+document segment of a row as its own sequence, which is the same computation.
+
+Vocabulary: Megatron's output layer has `model.padded_vocab_size` rows and its softmax includes the
+padding rows; HF exports drop them. The backends agree exactly when model.vocab_size is a multiple
+of model.vocab_pad_multiple (128), as for the project's tokenizers; otherwise the Megatron numbers
+include the (small, untrained-towards) probability of the padding ids.
+"""
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from cplm_megatron.evaluation.checkpoints import CheckpointRef, resolve_checkpoint
+
+Batch = dict[str, torch.Tensor]
+
+
+class Scorer(Protocol):
+    """What every task needs from a model."""
+
+    backend: str  # "megatron" | "hf"
+    description: str  # what was loaded (for reports)
+    vocab_size: int  # token ids the model was trained on: [0, vocab_size)
+    max_length: int  # longest position the model supports
+    has_copy_head: bool
+    document_masking: bool  # whether packed rows are scored per document
+
+    def log_probs(self, batch: Batch) -> torch.Tensor:
+        """fp32 [b, s, V'] log-probabilities of the next token (V' >= vocab_size: padded vocabularies)."""
+        ...
+
+
+def document_segments(batch: Batch) -> list[tuple[int, int, int]]:
+    """(row, start, end) of every contiguous document segment of every row (the whole row without document_ids)."""
+    tokens = batch["tokens"]
+    b, s = tokens.shape
+    doc_ids = batch.get("document_ids")
+    if doc_ids is None:
+        return [(row, 0, s) for row in range(b)]
+    segments = []
+    for row in range(b):
+        ids = doc_ids[row]
+        starts = [0] + (torch.nonzero(ids[1:] != ids[:-1]).flatten() + 1).tolist()
+        ends = starts[1:] + [s]
+        segments.extend((row, start, end) for start, end in zip(starts, ends))
+    return segments
+
+
+# ---------------------------------------------------------------------------------------------- Megatron
+
+
+@contextlib.contextmanager
+def single_process_megatron() -> Iterator[None]:
+    """A one-process gloo group with Megatron parallel state (tp = pp = 1) for loading checkpoints.
+
+    Torn down on exit only if it was created here, so a caller that already set it up keeps it.
+    """
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    created = not ps.model_parallel_is_initialized()
+    created_group = not dist.is_initialized()
+    if created:
+        from cplm_megatron.model.config import ModelConfig
+        from cplm_megatron.parallel.distributed import (
+            DistEnv,
+            ParallelConfig,
+            free_port,
+            init_distributed,
+        )
+
+        env = DistEnv(0, 1, 0, 1, "127.0.0.1", free_port(), "single")
+        init_distributed(ParallelConfig(), ModelConfig(), env=env)
+    try:
+        yield
+    finally:
+        if created:
+            ps.destroy_model_parallel()
+        if created_group and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _require_single_process_state() -> None:
+    from megatron.core import parallel_state as ps
+
+    if not ps.model_parallel_is_initialized():
+        raise RuntimeError("MegatronScorer.load needs Megatron parallel state: wrap the call in "
+                           "`with single_process_megatron():` (cplm_megatron.evaluation.scorers)")
+    if ps.get_tensor_model_parallel_world_size() != 1 or ps.get_pipeline_model_parallel_world_size() != 1:
+        raise RuntimeError("MegatronScorer evaluates in one process: the existing parallel state has tp/pp > 1")
+
+
+def saved_run_config(checkpoint: Path):
+    """The resolved RunConfig stored in a checkpoint's common state."""
+    from megatron.core import dist_checkpointing
+
+    from cplm_megatron.config.schema import build_run_config
+
+    common = dist_checkpointing.load_common_state_dict(str(checkpoint))
+    if "config" not in common:
+        raise ValueError(f"checkpoint {checkpoint} carries no run config in its common state (key 'config'); "
+                         f"it was not written by cplm_megatron's trainer")
+    tree = dict(common["config"])
+    # The resolved config repeats train.{seq_len, micro_batch, global_batch} under data.*, which
+    # build_run_config refuses as user input; they are derived again from train.* here.
+    tree["data"] = {k: v for k, v in tree.get("data", {}).items() if k not in _DERIVED_DATA_KEYS}
+    return build_run_config(tree)
+
+
+_DERIVED_DATA_KEYS = ("seq_len", "micro_batch", "global_batch")
+
+
+def _build(cfg):
+    """A tp = pp = 1 CPLMGPTModel for a run config (no FP8 at evaluation)."""
+    from cplm_megatron.model.builder import PrecisionConfig, build_model
+    from cplm_megatron.parallel.distributed import ParallelConfig
+
+    (model,) = build_model(cfg.model, cfg.copy_head, ParallelConfig(), PrecisionConfig(dtype=cfg.precision.dtype))
+    return model
+
+
+@dataclass
+class MegatronScorer:
+    """A CPLMGPTModel (tp = pp = 1) loaded from a training checkpoint."""
+
+    model: Any  # CPLMGPTModel
+    config: Any  # RunConfig the checkpoint was trained with
+    checkpoint: CheckpointRef
+    backend: str = "megatron"
+
+    @classmethod
+    def load(cls, path: str | Path) -> MegatronScorer:
+        """Load weights from a run dir, checkpoint root or iter_* dir (needs `single_process_megatron()`)."""
+        from cplm_megatron.training.weights import load_weights
+
+        _require_single_process_state()
+        ref = resolve_checkpoint(path)
+        cfg = saved_run_config(ref.path)
+        model = _build(cfg)
+        load_weights([model], ref.path)
+        return cls(model.eval(), cfg, ref)
+
+    @classmethod
+    def initial(cls, path: str | Path) -> MegatronScorer:
+        """The untrained model of a run (iteration 0): its config, its seed, no weights loaded.
+
+        The trainer builds its model right after seeding with run.seed, as here, so this is the
+        model training started from (needs `single_process_megatron()`).
+        """
+        from cplm_megatron.parallel.distributed import set_seed
+
+        _require_single_process_state()
+        ref = resolve_checkpoint(path)
+        cfg = saved_run_config(ref.path)
+        set_seed(cfg.run.seed)
+        return cls(_build(cfg).eval(), cfg, CheckpointRef(ref.path.parent, 0))
+
+    @property
+    def description(self) -> str:
+        if self.checkpoint.iteration == 0:
+            return f"megatron:{self.checkpoint.path} (untrained, iteration 0)"
+        return f"megatron:{self.checkpoint.path} (iteration {self.checkpoint.iteration})"
+
+    @property
+    def iteration(self) -> int:
+        return self.checkpoint.iteration
+
+    @property
+    def vocab_size(self) -> int:
+        return self.config.model.vocab_size
+
+    @property
+    def max_length(self) -> int:
+        return self.config.model.max_position_embeddings
+
+    @property
+    def has_copy_head(self) -> bool:
+        return self.model.copy_head is not None
+
+    @property
+    def document_masking(self) -> bool:
+        return bool(self.config.data.document_masking)
+
+    def model_inputs(self, batch: Batch) -> dict[str, Any]:
+        """The model call arguments the trainer would build for this batch."""
+        from cplm_megatron.training.step import model_inputs
+
+        return model_inputs(batch, next(self.model.parameters()).device, self.document_masking)
+
+    @torch.no_grad()
+    def log_probs(self, batch: Batch) -> torch.Tensor:
+        return self.model(**self.model_inputs(batch), output="log_probs_gathered").float()
+
+
+# ---------------------------------------------------------------------------------------------- HF
+
+
+@dataclass
+class HFScorer:
+    """A Hugging Face causal LM directory: a CPLM export (trust_remote_code) or a plain baseline export."""
+
+    model: Any  # transformers PreTrainedModel
+    directory: Path
+    backend: str = "hf"
+    document_masking: bool = True
+
+    @classmethod
+    def load(cls, path: str | Path, dtype: torch.dtype = torch.float32) -> HFScorer:
+        """Load an exported model directory offline."""
+        from transformers import AutoModelForCausalLM
+
+        path = Path(path)
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"--hf {path}: no config.json; pass a directory written by tools/convert_to_hf.py")
+        model = AutoModelForCausalLM.from_pretrained(str(path), trust_remote_code=True, local_files_only=True,
+                                                     dtype=dtype)
+        return cls(model.eval(), path)
+
+    @property
+    def description(self) -> str:
+        return f"hf:{self.directory}"
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.model.config.vocab_size)
+
+    @property
+    def max_length(self) -> int:
+        return int(self.model.config.max_position_embeddings)
+
+    @property
+    def has_copy_head(self) -> bool:
+        return getattr(self.model, "copy_head", None) is not None
+
+    @property
+    def outputs_log_probs(self) -> bool:
+        """CPLM exports return mixture log-probs as `logits`; plain exports return raw logits."""
+        return self.model.config.model_type == "cplm"
+
+    @torch.no_grad()
+    def log_probs(self, batch: Batch) -> torch.Tensor:
+        tokens = batch["tokens"]
+        segments = document_segments(batch)
+        if all(start == 0 and end == tokens.shape[1] for _, start, end in segments):
+            return self._segment_log_probs(tokens)
+        out: torch.Tensor | None = None
+        for row, start, end in segments:
+            lp = self._segment_log_probs(tokens[row:row + 1, start:end])[0]
+            if out is None:
+                out = torch.empty(*tokens.shape, lp.shape[-1], dtype=torch.float32)
+            out[row, start:end] = lp
+        return out
+
+    def _segment_log_probs(self, input_ids: torch.Tensor) -> torch.Tensor:
+        logits = self.model(input_ids=input_ids.to(self.model.device)).logits.float().cpu()
+        return logits if self.outputs_log_probs else torch.log_softmax(logits, dim=-1)
+
+
+def load_scorer(checkpoint: str | Path | None = None, hf: str | Path | None = None) -> Scorer:
+    """A MegatronScorer (`checkpoint`, inside `single_process_megatron()`) or an HFScorer (`hf`)."""
+    if (checkpoint is None) == (hf is None):
+        raise ValueError("give exactly one of a Megatron checkpoint and an HF directory")
+    if checkpoint is not None:
+        return MegatronScorer.load(checkpoint)
+    return HFScorer.load(hf)

@@ -1,0 +1,179 @@
+"""`gradient`: the LM-head gradient bottleneck and the Copy-Paste head's share of the backbone gradient.
+
+On one batch, with L = the training loss (mean over loss-masked tokens of the per-token loss: the
+mixture NLL for CPLM, the LM cross entropy for a baseline) and h = the final (normed) hidden states:
+
+* G = dL/dz, the gradient w.r.t. the LM-head logits z = h W^T (rows: positions, [N, V]). Only its
+  component inside the column space of W ([V, d], d << V) reaches h, since dL/dh = G W and
+  W^T (I - P) = 0 for P the projection onto span(W). Reported (Godey & Artzi):
+  `logit_grad_outside_span` = ||(I - P) G||_F / ||G||_F, with P = Q Q^T from the QR of W
+  (and `logit_grad_inside_span` = ||P G||_F / ||G||_F, the retained fraction).
+* h feeds two heads. Split the backbone's gradient dL/dh = g_lm + g_copy by path: g_lm flows through
+  the LM head (G W), g_copy through the Copy-Paste head (queries, keys, gate). Reported: their
+  Frobenius norms over the batch and `copy_grad_share` = ||g_copy|| / (||g_lm|| + ||g_copy||)
+  (0 for a baseline).
+
+Each path is measured by autograd on two detached copies of h fed to the model's own head modules.
+"""
+from __future__ import annotations
+
+import importlib
+import itertools
+from dataclasses import dataclass
+
+import torch
+
+from cplm_megatron.data.synthetic import copy_sample, spamlang_sample
+from cplm_megatron.evaluation.options import EvalOptions
+from cplm_megatron.evaluation.scorers import (
+    Batch,
+    HFScorer,
+    MegatronScorer,
+    Scorer,
+    document_segments,
+)
+from cplm_megatron.evaluation.tasks.base import TaskResult
+from cplm_megatron.evaluation.tasks.copy import check_length
+
+
+@dataclass
+class HeadGradients:
+    """Gradients of the training loss on one batch, split by head."""
+
+    loss: float
+    logit_grad: torch.Tensor  # [N, V] dL/dz of the LM head, one row per position
+    lm_weight: torch.Tensor  # [V, d] the LM-head (output) matrix
+    hidden_grad_lm: torch.Tensor  # [N, d] dL/dh through the LM head
+    hidden_grad_copy: torch.Tensor | None  # [N, d] dL/dh through the Copy-Paste head (None: no head)
+
+
+def outside_span_fraction(logit_grad: torch.Tensor, weight: torch.Tensor) -> float:
+    """||(I - P) G||_F / ||G||_F for P the orthogonal projection onto the column space of weight [V, d]."""
+    q, _ = torch.linalg.qr(weight.double())  # [V, d] orthonormal basis of span(W)
+    g = logit_grad.double()
+    outside = g - (g @ q) @ q.T
+    total = torch.linalg.norm(g)
+    return float(torch.linalg.norm(outside) / total) if total > 0 else float("nan")
+
+
+def megatron_head_gradients(scorer: MegatronScorer, batch: Batch) -> HeadGradients:
+    """Head gradients of a Megatron CPLMGPTModel (tp = 1): backbone once without grad, heads with autograd."""
+    model = scorer.model
+    inputs = scorer.model_inputs(batch)
+    captured: list[torch.Tensor] = []
+    handle = model.decoder.register_forward_hook(lambda _module, _args, output: captured.append(output))
+    try:
+        with torch.no_grad():
+            model(inputs["input_ids"], inputs["position_ids"], inputs["attention_mask"])
+    finally:
+        handle.remove()
+    hidden = captured[0].detach()  # [s, b, d], after the final norm
+    h_lm = hidden.clone().requires_grad_(True)
+    h_copy = hidden.clone().requires_grad_(True)
+    weight = model.shared_embedding_or_output_weight() if model.share_embeddings_and_output_weights else None
+    logits, _ = model.output_layer(h_lm, weight=weight)  # [s, b, V]
+    labels, mask = inputs["labels"], inputs["loss_mask"]
+    per_token = model.compute_language_model_loss(labels, logits)  # [b, s]
+    if model.copy_head is not None:
+        per_token = model.copy_head(h_copy.transpose(0, 1), per_token, labels, mask, inputs["document_ids"]).loss
+    loss = (per_token * mask).sum() / mask.sum()
+    wrt = [logits, h_lm] + ([h_copy] if model.copy_head is not None else [])
+    grads = torch.autograd.grad(loss, wrt)
+    w = weight if weight is not None else model.output_layer.weight
+    d = hidden.shape[-1]
+    return HeadGradients(
+        float(loss),
+        grads[0].transpose(0, 1).reshape(-1, grads[0].shape[-1]).detach(),
+        w.detach(),
+        grads[1].transpose(0, 1).reshape(-1, d),
+        grads[2].transpose(0, 1).reshape(-1, d) if len(grads) == 3 else None,
+    )
+
+
+def hf_head_gradients(scorer: HFScorer, batch: Batch) -> HeadGradients:
+    """Head gradients of an HF export, one document segment at a time (same loss normalization)."""
+    model = scorer.model
+    modeling = importlib.import_module(type(model).__module__)  # the export's own modeling_cplm
+    copy_head = getattr(model, "copy_head", None)
+    total_tokens = batch["loss_mask"].sum()
+    logit_rows, lm_rows, copy_rows, loss = [], [], [], 0.0
+    for row, start, end in document_segments(batch):
+        ids = batch["tokens"][row:row + 1, start:end]
+        labels = batch["labels"][row, start:end]
+        mask = batch["loss_mask"][row, start:end].float()
+        with torch.no_grad():
+            hidden = model.model(input_ids=ids).last_hidden_state  # [1, n, d], final-normed
+        h_lm = hidden.detach().clone().requires_grad_(True)
+        h_copy = hidden.detach().clone().requires_grad_(True)
+        logits = model.lm_head(h_lm)
+        if copy_head is not None:
+            n = ids.shape[1]
+            log_p_copy, has_candidate = modeling.copy_log_probs(
+                copy_head.queries(h_copy), copy_head.keys(h_copy), modeling.candidate_labels(ids),
+                modeling.candidate_mask(torch.ones_like(ids, dtype=torch.bool), torch.arange(n)),
+                model.config.vocab_size)
+            log_probs = modeling.mixture_log_probs(logits, copy_head.gate_logits(h_copy), log_p_copy, has_candidate)
+        else:
+            log_probs = torch.log_softmax(logits.float(), dim=-1)
+        nll = -log_probs[0].gather(-1, labels[:, None]).squeeze(-1)
+        segment_loss = (nll * mask).sum() / total_tokens
+        wrt = [logits, h_lm] + ([h_copy] if copy_head is not None else [])
+        grads = torch.autograd.grad(segment_loss, wrt)
+        loss += float(segment_loss)
+        logit_rows.append(grads[0][0].float())
+        lm_rows.append(grads[1][0])
+        if copy_head is not None:
+            copy_rows.append(grads[2][0])
+    return HeadGradients(loss, torch.cat(logit_rows), model.lm_head.weight.detach(), torch.cat(lm_rows),
+                         torch.cat(copy_rows) if copy_head is not None else None)
+
+
+def head_gradients(scorer: Scorer, batch: Batch) -> HeadGradients:
+    """Dispatch on the backend."""
+    if isinstance(scorer, MegatronScorer):
+        return megatron_head_gradients(scorer, batch)
+    if isinstance(scorer, HFScorer):
+        return hf_head_gradients(scorer, batch)
+    raise TypeError(f"task gradient: unsupported scorer {type(scorer).__name__}")
+
+
+def gradient_batch(scorer: Scorer, options: EvalOptions) -> Batch:
+    """The batch of `options.gradient_source`: synthetic copy / SpamLang sequences or validation samples."""
+    from cplm_megatron.data.synthetic import make_batch
+
+    n = options.sequences("gradient")
+    if options.gradient_source == "val":
+        from cplm_megatron.evaluation.tasks.val import open_val_loader, val_paths
+
+        loader = open_val_loader(val_paths(scorer, options), n, scorer.document_masking, scorer.vocab_size)
+        return next(itertools.islice(iter(loader), 1))
+    if options.gradient_source == "spamlang":
+        check_length(options.spamlang_length, scorer, "spamlang_length")
+        samples = [spamlang_sample(i, options.spamlang_length, scorer.vocab_size, options.eval_seed) for i in range(n)]
+    else:
+        check_length(options.copy_length, scorer, "copy_length")
+        samples = [copy_sample(i, options.copy_length, scorer.vocab_size, options.eval_seed)[0] for i in range(n)]
+    return make_batch(samples)
+
+
+def gradient_figures(grads: HeadGradients) -> dict:
+    """The reported numbers of one batch's head gradients."""
+    lm_norm = float(torch.linalg.norm(grads.hidden_grad_lm.double()))
+    copy_norm = float(torch.linalg.norm(grads.hidden_grad_copy.double())) if grads.hidden_grad_copy is not None else 0.0
+    outside = outside_span_fraction(grads.logit_grad, grads.lm_weight)
+    return {
+        "logit_grad_outside_span": outside,
+        "logit_grad_inside_span": (1.0 - outside**2) ** 0.5,
+        "hidden_grad_norm_lm": lm_norm,
+        "hidden_grad_norm_copy": copy_norm,
+        "copy_grad_share": copy_norm / (lm_norm + copy_norm) if lm_norm + copy_norm > 0 else float("nan"),
+        "gradient_batch_loss": grads.loss,
+    }
+
+
+def run(scorer: Scorer, options: EvalOptions) -> TaskResult:
+    batch = gradient_batch(scorer, options)
+    grads = head_gradients(scorer, batch)
+    b, s = batch["tokens"].shape
+    return TaskResult("gradient", gradient_figures(grads), {"source": options.gradient_source, "sequences": b,
+                                                             "length": s, "lm_head_shape": list(grads.lm_weight.shape)})

@@ -1,0 +1,87 @@
+"""The gradient task: the projection figure against a least-squares reference, and the per-head split
+of dL/dh against the full model's own backward pass."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cplm_megatron.data.synthetic import copy_sample, make_batch
+from cplm_megatron.evaluation.tasks.gradient import (
+    gradient_figures,
+    hf_head_gradients,
+    megatron_head_gradients,
+    outside_span_fraction,
+)
+from tests.evaluation.runs import VOCAB
+
+
+def test_outside_span_fraction_against_least_squares():
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(50, 5, generator=g, dtype=torch.float64)
+    inside = torch.randn(7, 5, generator=g, dtype=torch.float64) @ w.T  # rows in span(W)
+    assert outside_span_fraction(inside, w) == pytest.approx(0.0, abs=1e-12)
+    x = torch.randn(7, 50, generator=g, dtype=torch.float64)
+    coef = torch.linalg.lstsq(w, x.T).solution  # least-squares projection onto span(W), independent of QR
+    residual = x.T - w @ coef
+    assert outside_span_fraction(residual.T, w) == pytest.approx(1.0, abs=1e-12)
+    expected = float(torch.linalg.norm(residual) / torch.linalg.norm(x))
+    assert outside_span_fraction(x, w) == pytest.approx(expected, rel=1e-12)
+
+
+def copy_batch() -> dict:
+    return make_batch([copy_sample(i, 64, VOCAB, seed=5)[0] for i in range(3)])
+
+
+def full_model_hidden_grad(scorer, batch) -> tuple[float, torch.Tensor]:
+    """(loss, dL/dh [b*s, d]) from one backward pass through the whole model (reference)."""
+    model = scorer.model
+    captured = []
+
+    def keep(_module, _args, output):
+        output.retain_grad()
+        captured.append(output)
+
+    handle = model.decoder.register_forward_hook(keep)
+    try:
+        inputs = scorer.model_inputs(batch)
+        per_token = model(**inputs, output="loss")
+        mask = inputs["loss_mask"]
+        loss = (per_token * mask).sum() / mask.sum()
+        loss.backward()
+    finally:
+        handle.remove()
+        model.zero_grad(set_to_none=True)
+    grad = captured[0].grad  # [s, b, d]
+    return float(loss), grad.transpose(0, 1).reshape(-1, grad.shape[-1])
+
+
+@pytest.mark.parametrize("name", ["baseline", "cplm"])
+def test_head_split_sums_to_the_models_hidden_gradient(megatron, name):
+    scorer = megatron[name]
+    batch = copy_batch()
+    grads = megatron_head_gradients(scorer, batch)
+    loss, reference = full_model_hidden_grad(scorer, batch)
+    assert grads.loss == pytest.approx(loss, rel=1e-6)
+    total = grads.hidden_grad_lm + (grads.hidden_grad_copy if grads.hidden_grad_copy is not None else 0)
+    torch.testing.assert_close(total, reference, rtol=1e-5, atol=1e-9)
+    # the LM path is exactly G W (the backward of logits = h W^T)
+    torch.testing.assert_close(grads.hidden_grad_lm, grads.logit_grad @ grads.lm_weight, rtol=1e-5, atol=1e-10)
+    assert grads.logit_grad.shape == (3 * 64, VOCAB) and grads.lm_weight.shape == (VOCAB, 64)
+    figures = gradient_figures(grads)
+    assert 0.9 < figures["logit_grad_outside_span"] < 1.0  # d=64 of V=512 dimensions
+    assert figures["logit_grad_inside_span"] == pytest.approx((1 - figures["logit_grad_outside_span"] ** 2) ** 0.5)
+    if name == "baseline":
+        assert grads.hidden_grad_copy is None and figures["copy_grad_share"] == 0.0
+    else:
+        assert 0.0 < figures["copy_grad_share"] < 1.0
+
+
+@pytest.mark.parametrize("name", ["baseline", "cplm"])
+def test_hf_gradients_match_megatron(megatron, hf, name):
+    batch = copy_batch()
+    got, want = hf_head_gradients(hf[name], batch), megatron_head_gradients(megatron[name], batch)
+    assert got.loss == pytest.approx(want.loss, rel=1e-5)
+    torch.testing.assert_close(got.logit_grad, want.logit_grad, rtol=1e-3, atol=1e-8)
+    torch.testing.assert_close(got.hidden_grad_lm, want.hidden_grad_lm, rtol=1e-3, atol=1e-8)
+    if name == "cplm":
+        torch.testing.assert_close(got.hidden_grad_copy, want.hidden_grad_copy, rtol=1e-3, atol=1e-8)

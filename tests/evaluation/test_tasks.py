@@ -1,0 +1,112 @@
+"""The synthetic tasks against a rule-based scorer with exactly known answers, and `val` on a real model."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from cplm_megatron.data.synthetic import copy_sample, passkey_sample
+from cplm_megatron.evaluation.options import EvalOptions
+from cplm_megatron.evaluation.runner import evaluate, format_table, parse_tasks
+from cplm_megatron.evaluation.tasks import copy, passkey, spamlang, val
+from tests.evaluation.induction import InductionScorer
+
+VOCAB = 20_000
+PASSKEY_VOCAB = 50_000  # no key token recurs in these samples' filler (checked in the test)
+CONF = 0.9
+
+
+def options(**kw) -> EvalOptions:
+    return EvalOptions(batch_size=4, limit=8, show_progress=False, **kw)
+
+
+def test_copy_scores_the_repeat_after_its_first_token():
+    opts = options(copy_length=64)
+    spans = [copy_sample(i, 64, VOCAB, opts.eval_seed)[0][:32] for i in range(8)]
+    assert all(len(set(s.tolist())) == 32 for s in spans)  # distinct span tokens: induction is exact
+    result = copy.run(InductionScorer(VOCAB, confidence=CONF), opts)
+    assert result.metrics["copy_accuracy"] == 1.0
+    assert result.metrics["copy_sequence_accuracy"] == 1.0
+    assert result.metrics["copy_loss"] == pytest.approx(-math.log(CONF), abs=1e-6)
+    assert result.details["scored_tokens"] == 8 * (64 - 32)  # positions 32..63 predict the repeat's tokens 2..33
+
+
+def test_spamlang_counts_position_zero():
+    result = spamlang.run(InductionScorer(VOCAB, confidence=CONF), options(spamlang_length=16))
+    m = result.metrics
+    assert m["spamlang_accuracy"] == pytest.approx(15 / 16)  # position 0 is uniform (argmax = token 0, wrong)
+    assert m["spamlang_accuracy_after_first"] == 1.0
+    assert m["spamlang_loss"] == pytest.approx((math.log(VOCAB) - 15 * math.log(CONF)) / 16, abs=1e-5)
+    assert m["spamlang_target_prob"] == pytest.approx((1 / VOCAB + 15 * CONF) / 16, abs=1e-6)
+
+
+def test_passkey_grid_finds_every_key_token_but_the_first():
+    opts = options(passkey_lengths=(32, 64), passkey_depths=(0.0, 0.5, 1.0))
+    for cell, (length, depth) in enumerate([(L, d) for L in (32, 64) for d in (0.0, 0.5, 1.0)]):
+        for i in range(8):  # precondition: key tokens are unique in the sample apart from needle/query
+            s = passkey_sample(cell * 8 + i, length + 1, depth, PASSKEY_VOCAB, opts.eval_seed, 4)
+            key = s.tokens[-4:].tolist()
+            assert all(int((s.tokens == k).sum()) == 2 for k in key)
+    result = passkey.run(InductionScorer(PASSKEY_VOCAB, confidence=CONF), opts)
+    grid = result.details["grid"]
+    assert [(c["length"], c["depth"]) for c in grid] == [(L, d) for L in (32, 64) for d in (0.0, 0.5, 1.0)]
+    assert all(c["accuracy"] == 0.0 and c["token_accuracy"] == 0.75 for c in grid)
+    assert result.metrics == {"passkey_accuracy": 0.0, "passkey_token_accuracy": 0.75}
+
+
+def test_passkey_skips_lengths_beyond_the_model_and_says_so():
+    result = passkey.run(InductionScorer(VOCAB, max_length=40), options(passkey_lengths=(32, 64), passkey_depths=(0.5,)))
+    assert result.details["lengths"] == [32] and result.details["skipped_lengths"] == [64]
+    with pytest.raises(ValueError, match="every passkey length"):
+        passkey.run(InductionScorer(VOCAB, max_length=16), options(passkey_lengths=(32,)))
+
+
+def test_lengths_longer_than_the_model_are_rejected():
+    with pytest.raises(ValueError, match="copy_length=128 exceeds the model's max_position_embeddings=64"):
+        copy.run(InductionScorer(VOCAB, max_length=64), options(copy_length=128))
+
+
+def test_runner_table_and_task_names():
+    results = evaluate(InductionScorer(VOCAB), ["spamlang", "passkey"], options(passkey_lengths=(32,), spamlang_length=16))
+    table = format_table(results)
+    assert "spamlang_accuracy" in table and "passkey accuracy" in table and "len 32" in table
+    assert parse_tasks("all") == ["val", "copy", "passkey", "spamlang", "gradient"]
+    with pytest.raises(ValueError, match="unknown task"):
+        parse_tasks("copy,bogus")
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"batch_size": 0}, "batch_size"), ({"passkey_depths": (1.5,)}, "depths"),
+    ({"gradient_source": "text"}, "gradient_source"),
+])
+def test_options_are_validated(bad, message):
+    with pytest.raises(ValueError, match=message):
+        EvalOptions(**bad).validate()
+
+
+def test_val_equals_the_models_masked_loss(megatron, packed_val: Path, isolated_streaming):
+    """val on packed, document-masked samples = the model's own per-token loss over the same batches."""
+    scorer = megatron["cplm"]
+    opts = options(data=str(packed_val))
+    result = val.run(scorer, opts)
+    loader = val.open_val_loader([str(packed_val)], 4, True, scorer.vocab_size)
+    total, count, documents = 0.0, 0.0, 0
+    for i, batch in enumerate(loader):
+        if i == 2:
+            break
+        documents = max(documents, int(batch["document_ids"].max()) + 1)
+        with torch.no_grad():
+            loss = scorer.model(**scorer.model_inputs(batch), output="loss")
+        total += float((loss * batch["loss_mask"]).sum())
+        count += float(batch["loss_mask"].sum())
+    assert documents > 1  # rows hold several documents: the document masking matters
+    assert result.details["tokens"] == count
+    assert result.metrics["val_loss"] == pytest.approx(total / count, rel=1e-5)
+    assert result.metrics["val_ppl"] == pytest.approx(math.exp(total / count), rel=1e-4)
+
+
+def test_val_without_data_names_the_fix():
+    with pytest.raises(ValueError, match="pass --data DIR"):
+        val.val_paths(InductionScorer(VOCAB), options())

@@ -1,0 +1,92 @@
+"""tools/ablate.py: the plan pairs identical runs, and the SpamLang claim measured end to end."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cplm_megatron.evaluation.ablation import (
+    Settings,
+    eval_command,
+    plan,
+    run_job,
+    train_command,
+)
+from tests.data_fixtures import load_tool
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def test_pairs_differ_only_in_the_copy_head(tmp_path: Path):
+    specs = plan(Settings(experiments=("spamlang",)), None)
+    groups = {}
+    for spec in specs:
+        groups.setdefault(spec.group, []).append(spec)
+    assert len(groups) == 6  # 3 vocabularies x tied/untied
+    for baseline, cplm in groups.values():
+        assert (baseline.copy_head, cplm.copy_head) == (False, True)
+        assert baseline.overrides == cplm.overrides and baseline.eval_args == cplm.eval_args
+        assert "data.synthetic=spamlang" in cplm.overrides and "model.hidden_size=64" in cplm.overrides
+        vocab = next(int(o.split("=")[1]) for o in cplm.overrides if o.startswith("model.vocab_size="))
+        assert vocab >= 64 * 64
+    with pytest.raises(ValueError, match="--data DIR"):
+        plan(Settings(experiments=("corpus",)), None)
+    with pytest.raises(FileNotFoundError, match="make data"):
+        plan(Settings(experiments=("corpus",)), tmp_path)
+
+
+def test_finished_runs_are_reused_and_other_settings_refused(tmp_path: Path):
+    spec = plan(Settings(experiments=("spamlang",), spamlang_vocabs=(4096,), spamlang_ties=(False,)), None)[0]
+    run_dir = tmp_path / "runs" / spec.name
+    run_dir.mkdir(parents=True)
+    for name in ("eval.json", "summary.json"):
+        (run_dir / name).write_text("{}")
+    same = {"train": train_command(spec, run_dir, 1)[1:], "eval": eval_command(spec, run_dir)[1:]}
+    (run_dir / "job.json").write_text(json.dumps(same))
+    reused = run_job(spec, tmp_path, tp=1, threads=1)  # nothing launched: it would fail on the fake files
+    assert reused.error is None and reused.train_seconds == 0
+    (run_dir / "job.json").write_text(json.dumps({**same, "train": same["train"] + ["train.iters=1"]}))
+    refused = run_job(spec, tmp_path, tp=1, threads=1)
+    assert "made with other settings" in refused.error
+
+
+@pytest.mark.slow
+def test_spamlang_claim_cplm_reaches_99_percent(tmp_path: Path):
+    """SpamLang, vocabulary 4096 = 64 x hidden 64, untied LM head: the CPLM reaches >= 99% accuracy within a few
+    dozen steps. The baseline's accuracy at the same step and its steps to 99% are measured and reported
+    (whatever they are; the test asserts they are there, not their value)."""
+    out = tmp_path / "ablation"
+    code = load_tool("ablate").main(["--output", str(out), "--quick", "--experiments", "spamlang",
+                                     "--vocab-sizes", "4096", "--spamlang-ties", "untied", "--spamlang-iters", "20",
+                                     "--spamlang-interval", "5", "--eval-sequences", "8"])
+    assert code == 0
+    results = json.loads((out / "results.json").read_text())
+    (claim,) = results["spamlang"]
+    assert claim["vocab"] == 4096 and claim["hidden"] == 64 and claim["tied"] is False
+    assert claim["checkpoint_steps"] == [0, 5, 10, 15, 20]
+    assert claim["cplm_steps_to_99"] is not None and claim["cplm_steps_to_99"] <= 20
+    assert claim["cplm_accuracy"]["20"] >= 0.99
+    assert set(claim["baseline_accuracy"]) == {"0", "5", "10", "15", "20"}
+    assert claim["baseline_accuracy_at_cplm_step"] is not None
+    assert "baseline_steps_to_99" in claim  # a step, or null = not within 20 steps
+    report = (out / "report.md").read_text()
+    assert "## SpamLang at a vocabulary >= 64x the hidden size" in report and "| 4096 | 64 | untied |" in report
+    assert claim["cplm_stays_99_from"] is not None
+    for name in ("loss_curves.png", "copy_accuracy.png", "gradient_retention.png"):
+        assert (out / name).read_bytes()[:8] == PNG
+
+
+@pytest.mark.slow
+def test_corpus_ablation_builds_the_full_report(tmp_path: Path, stdlib_corpus):
+    out = tmp_path / "ablation"
+    code = load_tool("ablate").main(["--output", str(out), "--quick", "--experiments", "corpus",
+                                     "--data", str(stdlib_corpus.root), "--corpus-iters", "4", "--corpus-interval", "2",
+                                     "--eval-sequences", "2"])
+    assert code == 0
+    report = (out / "report.md").read_text()
+    assert "## Embedded corpus" in report and "Passkey operating points, CPLM" in report
+    assert (out / "passkey.png").read_bytes()[:8] == PNG
+    evals = json.loads((out / "runs" / "corpus-cplm" / "eval.json").read_text())["checkpoints"]
+    assert [e["iteration"] for e in evals] == [0, 2, 4]
+    assert set(evals[-1]["tasks"]) == {"val", "copy", "passkey", "gradient"}

@@ -1,0 +1,65 @@
+"""tools/evaluate.py end to end on a trained tiny checkpoint pair and an HF export."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.data_fixtures import load_tool
+from tests.evaluation.fixtures import hf_exports, runs  # noqa: F401  (shared session fixtures)
+
+SMALL = ["--limit", "4", "--batch-size", "4", "--copy-length", "64", "--spamlang-length", "32",
+         "--passkey-lengths", "32,64", "--passkey-depths", "0,1", "--no-progress"]
+
+
+def test_checkpoint_evaluation_writes_json_and_prints_a_table(runs, tmp_path: Path, capsys):  # noqa: F811
+    out = tmp_path / "eval.json"
+    code = load_tool("evaluate").main(["--checkpoint", str(runs["cplm"]), "--tasks", "copy,passkey,spamlang,gradient",
+                                       "--output", str(out), *SMALL])
+    assert code == 0
+    results = json.loads(out.read_text())
+    assert results["backend"] == "megatron" and results["iteration"] == 2 and results["copy_head"] is True
+    assert list(results["tasks"]) == ["copy", "passkey", "spamlang", "gradient"]
+    assert len(results["tasks"]["passkey"]["details"]["grid"]) == 4
+    assert 0 <= results["tasks"]["copy"]["metrics"]["copy_accuracy"] <= 1
+    printed = capsys.readouterr().out
+    assert "copy_accuracy" in printed and "copy_grad_share" in printed and "passkey accuracy" in printed
+
+
+def test_all_checkpoints_with_the_initial_model(runs, tmp_path: Path):  # noqa: F811
+    out = tmp_path / "curve.json"
+    code = load_tool("evaluate").main(["--checkpoint", str(runs["baseline"]), "--all-checkpoints", "--include-initial",
+                                       "--tasks", "spamlang", "--output", str(out), *SMALL])
+    assert code == 0
+    curve = json.loads(out.read_text())["checkpoints"]
+    assert [c["iteration"] for c in curve] == [0, 1, 2]
+    assert all("spamlang_accuracy" in c["tasks"]["spamlang"]["metrics"] for c in curve)
+
+
+def test_hf_export_evaluation(hf_exports, tmp_path: Path):  # noqa: F811
+    out = tmp_path / "hf.json"
+    code = load_tool("evaluate").main(["--hf", str(hf_exports["cplm"]), "--tasks", "copy,gradient", "--output", str(out),
+                                       *SMALL])
+    assert code == 0
+    results = json.loads(out.read_text())
+    assert results["backend"] == "hf" and results["copy_head"] is True
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--tasks", "copy,nope"], "unknown task"),
+    (["--tasks", "lm-eval"], "lm-eval runs on HF exports"),
+    (["--tasks", "val"], None),  # the run trained on synthetic data: no validation streams
+])
+def test_errors_exit_2_with_the_fix(runs, tmp_path: Path, capsys, args, message):  # noqa: F811
+    code = load_tool("evaluate").main(["--checkpoint", str(runs["cplm"]), "--output", str(tmp_path / "x.json"),
+                                       *SMALL, *args])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert (message or "pass --data DIR") in err
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_missing_checkpoint_exits_2(tmp_path: Path, capsys):
+    assert load_tool("evaluate").main(["--checkpoint", str(tmp_path / "none"), "--output", str(tmp_path / "x.json")]) == 2
+    assert "does not exist" in capsys.readouterr().err

@@ -1,0 +1,113 @@
+#!/usr/bin/env python
+"""Baseline vs CPLM ablation at tiny scale: train pairs with identical settings, evaluate, report.
+
+  .venv/bin/python tools/ablate.py --output runs/ablation --quick          # CI / demo: a few minutes
+  .venv/bin/python tools/ablate.py --output runs/ablation                  # full: longer runs, more variants
+
+Experiments (each a baseline/CPLM pair that differs only in `copy_head.enabled`):
+  corpus    the embedded corpus (--data, `make data`): hidden 64, vocab 4096; val loss, copy, passkey, gradient
+  spamlang  SpamLang at vocab 4096/8192/16384 (>= 64x hidden 64), untied LM head (and tied in the full run):
+            accuracy vs steps, steps to 99%, gradient figures
+Writes OUTPUT/report.md (tables) and PNG plots, OUTPUT/results.json (the SpamLang claims and every
+run's evaluation), and OUTPUT/runs/<run>/ (trainer output, logs, eval.json). Finished runs are reused
+when the command is repeated. --tp 2 trains each run with torchrun on 2 processes (TP=2).
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import shlex
+import sys
+from pathlib import Path
+
+from cplm_megatron.evaluation.ablation import JobResult, Settings
+from cplm_megatron.evaluation.study import run_ablation
+
+
+def _ints(text: str):
+    try:
+        return tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from err
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--output", required=True, help="output directory (report.md, plots, runs/)")
+    p.add_argument("--quick", action="store_true", help="the short variant (CI, make demo)")
+    p.add_argument("--data", default="data/stdlib", help="the embedded corpus (make data); default data/stdlib")
+    p.add_argument("--experiments", default="corpus,spamlang", help="comma-separated: corpus,spamlang")
+    p.add_argument("--vocab-sizes", type=_ints, help="SpamLang vocabularies (default 4096,8192,16384)")
+    p.add_argument("--spamlang-iters", type=int, help="SpamLang training steps")
+    p.add_argument("--spamlang-interval", type=int, help="SpamLang checkpoint/evaluation interval")
+    p.add_argument("--spamlang-ties", choices=("untied", "tied", "both"),
+                   help="LM head of the SpamLang runs (default: untied with --quick, both otherwise)")
+    p.add_argument("--corpus-iters", type=int, help="corpus training steps")
+    p.add_argument("--corpus-interval", type=int, help="corpus checkpoint/evaluation interval")
+    p.add_argument("--eval-sequences", type=int, help="sequences per evaluation task and checkpoint")
+    p.add_argument("--tp", type=int, default=1, choices=(1, 2), help="tensor parallel size of each training run")
+    p.add_argument("--jobs", type=int, help="runs at a time (default: 2 with --tp 1, 1 with --tp 2)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per process (default 1)")
+    return p.parse_args(argv)
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    """Settings.quick()/full() with the command-line overrides."""
+    s = Settings.quick() if args.quick else Settings.full()
+    experiments = tuple(e.strip() for e in args.experiments.split(",") if e.strip())
+    unknown = [e for e in experiments if e not in ("corpus", "spamlang")]
+    if unknown or not experiments:
+        raise ValueError(f"--experiments: unknown {unknown or args.experiments!r}; choose from corpus,spamlang")
+    ties = {"untied": (False,), "tied": (True,), "both": (False, True), None: s.spamlang_ties}[args.spamlang_ties]
+    changes = {"experiments": experiments, "spamlang_ties": ties, "spamlang_vocabs": args.vocab_sizes,
+                   "spamlang_iters": args.spamlang_iters, "spamlang_interval": args.spamlang_interval,
+                   "corpus_iters": args.corpus_iters, "corpus_interval": args.corpus_interval,
+                   "eval_sequences": args.eval_sequences}
+    s = dataclasses.replace(s, **{k: v for k, v in changes.items() if v is not None})
+    for name in ("spamlang_iters", "spamlang_interval", "corpus_iters", "corpus_interval", "eval_sequences"):
+        if getattr(s, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(s, name)}")
+    small = [v for v in s.spamlang_vocabs if v < 64 * s.hidden_size]
+    if small:
+        print(f"note: SpamLang vocabularies {small} are below 64x the hidden size {s.hidden_size}", file=sys.stderr)
+    return s
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        settings = settings_from_args(args)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    jobs = args.jobs or (2 if args.tp == 1 else 1)
+    finished: list[JobResult] = []
+
+    def progress(result: JobResult) -> None:
+        finished.append(result)
+        status = "FAILED" if result.error else "done"
+        print(f"[ablate] {result.spec.name}: {status} (train {result.train_seconds:.0f} s, eval "
+              f"{result.eval_seconds:.0f} s)", flush=True)
+
+    print(f"[ablate] output {Path(args.output).resolve()}, {jobs} run(s) at a time", flush=True)
+    try:
+        outcome = run_ablation(Path(args.output), settings, Path(args.data), tp=args.tp, jobs=jobs,
+                               threads=args.threads, command="tools/ablate.py " + shlex.join(argv), on_done=progress)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except RuntimeError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    for c in outcome.spamlang:
+        base = c["baseline_steps_to_99"]
+        base_text = f"at step {base}" if base is not None else f"not within {c['iters']} steps"
+        print(f"[ablate] SpamLang V={c['vocab']} ({'tied' if c['tied'] else 'untied'} LM head): CPLM >= 99% at step "
+              f"{c['cplm_steps_to_99']}, baseline {base_text}")
+    print(f"[ablate] report: {outcome.report} ({outcome.seconds:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
