@@ -15,6 +15,7 @@ import argparse
 import sys
 from typing import List, Optional
 
+from cplm_megatron.cli import quiet_known_warnings
 from cplm_megatron.config.loader import ConfigError
 from cplm_megatron.config.schema import load_run_config, overrides_from_args
 
@@ -32,6 +33,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    quiet_known_warnings()
     args = parse_args(argv)
     config_path = args.config[-1] if args.config else None
     try:

@@ -16,6 +16,8 @@ import logging
 import os
 import sys
 
+from cplm_megatron.cli import quiet_known_warnings
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line arguments."""
@@ -35,6 +37,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     """Convert; errors about the inputs print one line and exit with 2."""
+    quiet_known_warnings()
     args = parse_args(argv)
     os.environ["CUDA_VISIBLE_DEVICES"] = ""  # before CUDA initializes: the model it builds stays on CPU
     from cplm_megatron.hf.convert import convert_from_hf

@@ -16,6 +16,7 @@ import argparse
 import logging
 import sys
 
+from cplm_megatron.cli import quiet_known_warnings
 from cplm_megatron.hf.convert import DTYPES, convert_to_hf
 
 
@@ -32,6 +33,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     """Convert; errors about the inputs print one line and exit with 2."""
+    quiet_known_warnings()
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="[convert_to_hf] %(message)s")
     logging.getLogger("cplm_megatron").setLevel(logging.INFO)

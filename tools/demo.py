@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 from typing import List, Optional
 
+from cplm_megatron.cli import quiet_known_warnings
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -37,23 +39,42 @@ def run(cmd: List[str], what: str) -> None:
         raise SystemExit(f"demo: {what} failed with exit code {proc.returncode}")
 
 
-def generate_sample(hf_dir: Path, prompt: str, max_new_tokens: int = 48) -> str:
-    """Greedy continuation of `prompt` with the exported model (KV cache incl. copy keys)."""
+def generate_sample(hf_dir: Path, prompt: str, max_new_tokens: int = 64) -> str:
+    """Sampled continuation (seeded: temperature 0.8, top-k 40) from the export; the KV cache holds the copy keys."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(hf_dir, trust_remote_code=True)
-    model = AutoModelForCausalLM.from_pretrained(hf_dir, trust_remote_code=True, torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(hf_dir, trust_remote_code=True, dtype=torch.float32)
     ids = tok(prompt, return_tensors="pt")
-    out = model.generate(**ids, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tok.eos_token_id)
+    torch.manual_seed(0)
+    out = model.generate(**ids, max_new_tokens=max_new_tokens, do_sample=True, temperature=0.8, top_k=40,
+                         pad_token_id=tok.eos_token_id)
     return tok.decode(out[0], skip_special_tokens=True)
 
 
+def spamlang_lines(claims: List[dict]) -> List[str]:
+    """One line per SpamLang pair: the CPLM's steps to 99% beside the baseline's accuracy."""
+    lines = []
+    for c in claims:
+        base = c["baseline_steps_to_99"]
+        lines.append(
+            f"SpamLang vocab {c['vocab']} (hidden {c['hidden']}, {'tied' if c['tied'] else 'untied'}): CPLM >= 99% "
+            f"at step {c['cplm_steps_to_99']}, p(target) {c['cplm_final_target_prob']:.2f} after {c['iters']} steps; "
+            f"baseline accuracy {c['baseline_accuracy_at_cplm_step']:.2f} at that step, "
+            + (f">= 99% at step {base}" if base is not None else f"not >= 99% within {c['iters']} steps")
+            + f", p(target) {c['baseline_final_target_prob']:.1e}")
+    return lines
+
+
 def main(argv: Optional[List[str]] = None) -> int:
+    quiet_known_warnings()
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--data", default="data/stdlib", help="the embedded corpus (make data)")
     p.add_argument("--output", default="runs/demo")
     p.add_argument("--tp", type=int, default=2, choices=(1, 2), help="tensor parallel size of the training runs")
+    p.add_argument("--corpus-iters", type=int, default=200, help="training steps of the corpus pair")
+    p.add_argument("--smoke", action="store_true", help="a few steps per run: checks every step of the demo (CI)")
     args = p.parse_args(argv)
     out = (REPO / args.output).resolve()
     data = (REPO / args.data).resolve()
@@ -64,7 +85,11 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     banner(f"1-2. baseline vs CPLM with TP={args.tp}: corpus + SpamLang, evaluation, report")
     ablation = out / "ablation"
-    run([py, "tools/ablate.py", "--output", str(ablation), "--quick", "--tp", str(args.tp), "--data", str(data)],
+    sizes = (["--corpus-iters", "6", "--corpus-interval", "3", "--spamlang-iters", "4", "--spamlang-interval", "2",
+              "--vocab-sizes", "4096", "--eval-sequences", "4"] if args.smoke else
+             ["--corpus-iters", str(args.corpus_iters), "--corpus-interval", str(args.corpus_iters // 2),
+              "--vocab-sizes", "4096,16384"])
+    run([py, "tools/ablate.py", "--output", str(ablation), "--quick", "--tp", str(args.tp), "--data", str(data), *sizes],
         "the ablation")
 
     banner("3. export the CPLM to Hugging Face format")
@@ -86,14 +111,14 @@ def main(argv: Optional[List[str]] = None) -> int:
         "hf_model": str(hf_dir),
         "prompt": prompt,
         "sample": sample,
-        "spamlang": results.get("spamlang_claims"),
+        "spamlang": spamlang_lines(results.get("spamlang", [])),
         "minutes": round((time.time() - start) / 60, 1),
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     print(f"report:   {summary['report']}")
     print(f"HF model: {summary['hf_model']}  (AutoModelForCausalLM.from_pretrained(..., trust_remote_code=True))")
-    for claim in summary["spamlang"] or []:
-        print(f"SpamLang {claim}")
+    for line in summary["spamlang"]:
+        print(line)
     print(f"done in {summary['minutes']} min; summary: {out / 'summary.json'}")
     return 0
 

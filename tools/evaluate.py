@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from cplm_megatron.cli import quiet_known_warnings
 from cplm_megatron.evaluation.options import DEFAULT_LIMITS, EvalOptions
 from cplm_megatron.evaluation.runner import (
     evaluate,
@@ -79,6 +80,7 @@ def options_from_args(args: argparse.Namespace) -> EvalOptions:
 
 
 def main(argv: list[str] | None = None) -> int:
+    quiet_known_warnings()
     args = parse_args(argv)
     try:
         tasks = parse_tasks(args.tasks)

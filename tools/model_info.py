@@ -13,6 +13,7 @@ import json
 import sys
 from typing import Dict, List, Optional
 
+from cplm_megatron.cli import quiet_known_warnings
 from cplm_megatron.model.accounting import (
     CopyHeadShape,
     backbone_params,
@@ -113,6 +114,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    quiet_known_warnings()
     args = parse_args(argv)
     from cplm_megatron.config.loader import ConfigError
     from cplm_megatron.parallel.distributed import ParallelConfig, validate_layout

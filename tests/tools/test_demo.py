@@ -1,0 +1,26 @@
+"""`make demo`'s steps, shortened (--smoke): TP=2 training of both models, evaluation, report, HF export,
+generation from the export, summary. The full demo's timing is reported in the README."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("isolated_streaming")]
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_demo_smoke_runs_every_step(stdlib_corpus, tmp_path):
+    out = tmp_path / "demo"
+    proc = subprocess.run([sys.executable, "tools/demo.py", "--smoke", "--data", str(stdlib_corpus.root),
+                           "--output", str(out)], cwd=REPO, capture_output=True, text=True, timeout=1200)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert Path(summary["report"]).is_file() and (Path(summary["hf_model"]) / "config.json").is_file()
+    assert summary["sample"].startswith(summary["prompt"]) and len(summary["sample"]) > len(summary["prompt"])
+    assert summary["spamlang"] and "SpamLang vocab 4096" in summary["spamlang"][0]
+    report = Path(summary["report"]).read_text()
+    assert "corpus-cplm" in report and "tp=2" in report
+    hf_config = json.loads((Path(summary["hf_model"]) / "config.json").read_text())
+    assert hf_config["model_type"] == "cplm" and "auto_map" in hf_config
