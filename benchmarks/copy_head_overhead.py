@@ -2,8 +2,8 @@
 """Copy-Paste head overhead: forward+backward step time and peak memory, baseline vs CPLM.
 
 Both models are built from the same seed in the same process and timed interleaved (A, B, A, B, ...)
-on the same batch, so the ratio is measured side by side. Peak memory: CUDA max allocated on GPU; on
-CPU the growth of the process's peak RSS during the step, each variant in a fresh process.
+on the same batch, so the ratio is measured side by side. Peak memory of one step beyond the weights and
+batch: CUDA max allocated on GPU, torch's MemTracker (every tensor storage followed) on CPU.
 
   python benchmarks/copy_head_overhead.py [--json OUT.json] [--quick]
 """
@@ -83,44 +83,32 @@ def time_pair(model_name: str, seq: int, reps: int, dtype: str) -> Dict[str, flo
             _sync()
             times[name].append(time.perf_counter() - t0)
     out = {f"{k}_step_s": statistics.median(v) for k, v in times.items()}
-    if __import__("torch").cuda.is_available():
-        import torch
-
-        for name, model in (("baseline", base), ("cplm", cplm)):
-            torch.cuda.reset_peak_memory_stats()
-            before = torch.cuda.memory_allocated()
-            _step(model, batch)
-            out[f"{name}_peak_mem_mib"] = (torch.cuda.max_memory_allocated() - before) / 2**20
+    out["cuda"] = __import__("torch").cuda.is_available()
+    for name, model in (("baseline", base), ("cplm", cplm)):
+        out[f"{name}_peak_mem_mib"] = step_peak_mib(model, batch)
     return out
 
 
-def peak_rss_step(model_name: str, seq: int, copy: bool) -> float:
-    """CPU: peak RSS (sampled every ~1 ms) during the first step above the RSS before it, in MiB.
+def step_peak_mib(model, batch) -> float:
+    """Peak memory of one step above what is allocated before it (weights, batch), in MiB: CUDA's allocator
+    statistics on GPU; on CPU torch's MemTracker, which follows every tensor storage (RSS would hide reuse)."""
+    import torch
 
-    No warm-up: after one step the allocator keeps freed pages and later steps barely move RSS."""
-    import gc
-    import threading
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        _step(model, batch)
+        return (torch.cuda.max_memory_allocated() - before) / 2**20
+    from torch.distributed._tools.mem_tracker import MemTracker
 
-    import psutil
-
-    model, batch = _build(model_name, copy, seq)
-    gc.collect()
-    proc = psutil.Process()
-    before = proc.memory_info().rss
-    peak = [before]
-    done = threading.Event()
-
-    def sample() -> None:
-        while not done.is_set():
-            peak[0] = max(peak[0], proc.memory_info().rss)
-            time.sleep(0.001)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-    _step(model, batch)
-    done.set()
-    sampler.join()
-    return (peak[0] - before) / 2**20
+    model.zero_grad(set_to_none=True)
+    tracker = MemTracker()
+    tracker.track_external(model, *batch.values())
+    cpu = torch.device("cpu")
+    before = tracker.get_tracker_snapshot("current")[cpu]["Total"]
+    with tracker:
+        _step(model, batch)
+    return (tracker.get_tracker_snapshot("peak")[cpu]["Total"] - before) / 2**20
 
 
 def _subprocess(args: List[str]) -> Dict:
@@ -134,12 +122,8 @@ def _subprocess(args: List[str]) -> Dict:
 def measure(model_name: str, seq: int, reps: int, dtype: str) -> Dict:
     row = {"model": model_name, "seq_len": seq, "micro_batch": 1, "dtype": dtype}
     row.update(_subprocess(["--worker-time", model_name, str(seq), str(reps), dtype]))
-    if "baseline_peak_mem_mib" not in row:  # CPU: each variant's peak in a fresh process
-        for name, copy in (("baseline", "0"), ("cplm", "1")):
-            row[f"{name}_peak_mem_mib"] = _subprocess(["--worker-mem", model_name, str(seq), copy])["mib"]
-        row["memory_measure"] = "peak RSS above the pre-step RSS, sampled every ~1 ms (CPU)"
-    else:
-        row["memory_measure"] = "CUDA max allocated above the step's start"
+    row["memory_measure"] = ("CUDA max allocated" if row.pop("cuda") else "torch MemTracker peak (CPU)") + \
+        " during one step above the step's start (weights and batch excluded)"
     row["time_ratio"] = row["cplm_step_s"] / row["baseline_step_s"]
     row["memory_ratio"] = row["cplm_peak_mem_mib"] / max(row["baseline_peak_mem_mib"], 1e-9)
     return row
@@ -154,15 +138,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--seqs", type=int, nargs="+", default=[512, 2048])
     p.add_argument("--models", nargs="+", choices=list(MODELS), default=CPU_MODELS)
     p.add_argument("--worker-time", nargs=4, help=argparse.SUPPRESS)
-    p.add_argument("--worker-mem", nargs=3, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker_time:
         name, seq, reps, dtype = args.worker_time
         print(json.dumps(time_pair(name, int(seq), int(reps), dtype)))
-        return 0
-    if args.worker_mem:
-        name, seq, copy = args.worker_mem
-        print(json.dumps({"mib": peak_rss_step(name, int(seq), copy == "1")}))
         return 0
     grid = [("tiny", 512)] if args.quick else [(m, s) for m in args.models for s in args.seqs]
     reps = 2 if args.quick else args.reps

@@ -6,7 +6,7 @@ during the call minus what was allocated before it, i.e. beyond the inputs) for 
 Comparison row: torch SDPA with the flash backend, causal, q/k/v of the same [b, H_c, T, d_c]
 shape (all H_c heads; attention additionally does the P @ V product).
 
-On CPU it times the torch implementations at small T in fp32 and runs the fused kernels in the
+On CPU it times the torch implementations at T <= 4k in fp32 (memory: torch's MemTracker) and runs the fused kernels in the
 Triton interpreter at tiny T (labelled: correctness path, not a speed measurement).
 
     python benchmarks/copy_kernel.py [--json OUT.json] [--quick] [--sweep-tiles]
@@ -162,10 +162,19 @@ def time_ms(run: Callable[[], None], budget_s: float, max_reps: int) -> float:
     return begin.elapsed_time(end) / reps
 
 
-def extra_memory_bytes(run: Callable[[], None]) -> int | None:
-    """Peak bytes allocated during ``run`` beyond what was allocated before it (CUDA only)."""
+def extra_memory_bytes(run: Callable[[], None], inputs: list[torch.Tensor]) -> int | None:
+    """Peak bytes allocated during ``run`` beyond its inputs: CUDA's allocator statistics on GPU; on CPU,
+    torch's MemTracker (a dispatch mode that follows every tensor's storage) with the inputs pre-registered."""
     if not HAS_CUDA:
-        return None
+        from torch.distributed._tools.mem_tracker import MemTracker
+
+        tracker = MemTracker()
+        tracker.track_external(*inputs)
+        cpu = torch.device("cpu")
+        before = tracker.get_tracker_snapshot("current").get(cpu, {}).get("Total", 0)
+        with tracker:
+            run()
+        return tracker.get_tracker_snapshot("peak")[cpu]["Total"] - before
     _sync()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_allocated()
@@ -185,7 +194,8 @@ def measure(row: Row, budget_s: float, max_reps: int, make_run: Callable[..., Ca
     """Fill ``row`` with the memory and time of ``make_run(*args, **kwargs)()``; OOM and errors are recorded."""
     try:
         run = make_run(*args, **kwargs)
-        row.extra_mem_bytes = extra_memory_bytes(run)
+        inputs = [t for a in args if isinstance(a, Inputs) for t in (a.q, a.k, a.labels, a.g_all, a.g_match)]
+        row.extra_mem_bytes = extra_memory_bytes(run, inputs)
         row.time_ms = time_ms(run, budget_s, max_reps)
     except torch.OutOfMemoryError:
         row.status = "skipped: OOM"
@@ -215,7 +225,7 @@ class Plan:
 def make_plan(quick: bool) -> Plan:
     if HAS_CUDA:
         return Plan(GPU_SEQ_LENS[:2] if quick else GPU_SEQ_LENS, (64,) if quick else (64, 128), (), 0.2, 50)
-    return Plan((256,) if quick else (256, 1024), (64,) if quick else (64, 128), (64,) if quick else (64, 128),
+    return Plan((256,) if quick else (256, 1024, 4096), (64,) if quick else (64, 128), (64,) if quick else (64, 128),
                 0.2, 5)
 
 
@@ -325,7 +335,7 @@ def _find(rows: list[Row], **key) -> Row | None:
 
 
 def ratios(rows: list[Row]) -> dict[str, object]:
-    """fused/SDPA (fwd+bwd), bf16/FP8 forward speed-up, fused extra memory as % of naive at 32k."""
+    """fused/SDPA (fwd+bwd), bf16/FP8 forward speed-up, fused extra memory as % of naive at 32k, chunked/naive."""
     out: dict[str, object] = {}
     for row in rows:
         if row.impl != "fused" or row.dtype != "bf16" or row.status != "ok":
@@ -348,6 +358,15 @@ def ratios(rows: list[Row]) -> dict[str, object]:
                 base, how = naive_scores_bytes(row.T), "naive did not run: one fp32 [b,H,T,T] tensor (lower bound)"
             out[f"fused_extra_mem_pct_of_naive[T={row.T},d={row.d}]"] = {
                 "pct": round(100.0 * row.extra_mem_bytes / base, 4), "naive_bytes": base, "basis": how}
+    for row in rows:  # the torch paths side by side (the CPU run's comparison; on GPU too)
+        if row.impl != "chunked" or row.status != "ok":
+            continue
+        naive_row = _find(rows, impl="naive", dtype=row.dtype, T=row.T, d=row.d, mode=row.mode)
+        if naive_row:
+            key = f"{row.mode},T={row.T},d={row.d}"
+            out[f"chunked_over_naive_time[{key}]"] = round(row.time_ms / naive_row.time_ms, 3)
+            if row.extra_mem_bytes is not None and naive_row.extra_mem_bytes:
+                out[f"chunked_over_naive_extra_mem[{key}]"] = round(row.extra_mem_bytes / naive_row.extra_mem_bytes, 4)
     return out
 
 
@@ -398,11 +417,12 @@ def main(argv: list[str] | None = None) -> int:
         return row
 
     rows = gpu_rows(plan, log) if HAS_CUDA else cpu_rows(plan, log)
-    summary = ratios(rows) if HAS_CUDA else {}
+    summary = ratios(rows)
+    print("\n# ratios" + (" (targets: fused/SDPA <= 1.2, FP8 fwd speed-up >= 1.3, extra memory <= 1% of naive)"
+                           if HAS_CUDA else " (CPU: the torch paths; the fused kernel's speed is measured on GPUs)"))
+    for key, value in summary.items():
+        print(f"{key}: {value}")
     if HAS_CUDA:
-        print("\n# ratios (targets: fused/SDPA <= 1.2, FP8 fwd speed-up >= 1.3, extra memory <= 1% of naive)")
-        for key, value in summary.items():
-            print(f"{key}: {value}")
         summary["naive_scores_bytes_theoretical"] = {T: naive_scores_bytes(T) for T in plan.seq_lens}
     sweep = sweep_tiles(plan.head_dims) if (args.sweep_tiles and HAS_CUDA) else []
     elapsed = time.perf_counter() - started

@@ -47,6 +47,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--eval-sequences", type=int, help="sequences per evaluation task and checkpoint")
     p.add_argument("--tp", type=int, default=1, choices=(1, 2), help="tensor parallel size of each training run")
     p.add_argument("--jobs", type=int, help="runs at a time (default: 2 with --tp 1, 1 with --tp 2)")
+    p.add_argument("--seed", type=int, help="run.seed and data.seed of every run (default 1234): repeat an "
+                   "ablation with other seeds to see its run-to-run spread")
+    p.add_argument("--set", dest="overrides", nargs="+", default=[], metavar="KEY=VALUE",
+                   help="trainer overrides for every run, applied last (e.g. copy_head.lm_loss_weight=1)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per process (default 1)")
     return p.parse_args(argv)
 
@@ -59,10 +63,16 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     if unknown or not experiments:
         raise ValueError(f"--experiments: unknown {unknown or args.experiments!r}; choose from corpus,spamlang")
     ties = {"untied": (False,), "tied": (True,), "both": (False, True), None: s.spamlang_ties}[args.spamlang_ties]
+    for override in args.overrides:
+        key = override.split("=", 1)[0]
+        if "=" not in override or key in ("copy_head.enabled", "run.dir"):
+            raise ValueError(f"--set {override!r}: give KEY=VALUE trainer overrides other than copy_head.enabled and "
+                             f"run.dir (the ablation sets those per run)")
     changes = {"experiments": experiments, "spamlang_ties": ties, "spamlang_vocabs": args.vocab_sizes,
-                   "spamlang_iters": args.spamlang_iters, "spamlang_interval": args.spamlang_interval,
-                   "corpus_iters": args.corpus_iters, "corpus_interval": args.corpus_interval,
-                   "eval_sequences": args.eval_sequences}
+               "spamlang_iters": args.spamlang_iters, "spamlang_interval": args.spamlang_interval,
+               "corpus_iters": args.corpus_iters, "corpus_interval": args.corpus_interval,
+               "eval_sequences": args.eval_sequences, "seed": args.seed,
+               "extra_overrides": tuple(args.overrides) or None}
     s = dataclasses.replace(s, **{k: v for k, v in changes.items() if v is not None})
     for name in ("spamlang_iters", "spamlang_interval", "corpus_iters", "corpus_interval", "eval_sequences"):
         if getattr(s, name) < 1:

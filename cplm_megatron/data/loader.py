@@ -148,6 +148,20 @@ def _short_pass_error(what: str, got: int, expected: int) -> RuntimeError:
     )
 
 
+def _next_batch(batches: Iterator[dict[str, torch.Tensor]], what: str, index: int) -> dict[str, torch.Tensor] | None:
+    """The next micro-batch, or None at the end of the pass; streaming's own read errors (raised from its
+    download thread or its shard readers, in several forms) become one error naming where they happened."""
+    try:
+        return next(batches, None)
+    except DatasetError:
+        raise
+    except (RuntimeError, OSError, ValueError) as e:  # streaming raises all three (checksum: ValueError)
+        raise RuntimeError(
+            f"{what}: streaming failed to read micro-batch {index} (a corrupt or missing shard, or an "
+            f"unreachable remote; streaming logs the cause from its download thread): {e}"
+        ) from e
+
+
 class _Loader:
     """What the train and validation loaders share: the dataset, its DataLoader, batch geometry."""
 
@@ -204,7 +218,7 @@ class TrainBatchIterator(_Loader):
             if self._pass is None:
                 self._pass = iter(self._dataloader)
                 self._started = True
-            batch = next(self._pass, None)
+            batch = _next_batch(self._pass, f"training epoch {self.epoch}", self._pass_batches)
             if batch is not None:
                 self._pass_batches += 1
                 return batch
@@ -272,7 +286,8 @@ class ValBatchLoader(_Loader):
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
         count = 0
-        for batch in self._dataloader:
+        batches = iter(self._dataloader)
+        while (batch := _next_batch(batches, "the validation pass", count)) is not None:
             count += 1
             yield batch
         if count != len(self):

@@ -59,6 +59,8 @@ class Settings:
     corpus_interval: int = 100
     eval_sequences: int = 32  # sequences per task and checkpoint (passkey: per cell)
     experiments: tuple[str, ...] = ("corpus", "spamlang")
+    seed: int = 1234  # run.seed and data.seed of every run (the recipes' default)
+    extra_overrides: tuple[str, ...] = ()  # trainer --set KEY=VALUE for every run (e.g. copy_head.lm_loss_weight=1)
 
     @classmethod
     def quick(cls) -> Settings:
@@ -71,8 +73,8 @@ class Settings:
 
 
 def _pair(group: str, experiment: str, overrides: Sequence[str], eval_args: Sequence[str],
-          labels: dict[str, Any]) -> list[RunSpec]:
-    return [RunSpec(f"{group}-{'cplm' if cplm else 'baseline'}", group, experiment, cplm, tuple(overrides),
+          labels: dict[str, Any], extra: Sequence[str] = ()) -> list[RunSpec]:
+    return [RunSpec(f"{group}-{'cplm' if cplm else 'baseline'}", group, experiment, cplm, (*overrides, *extra),
                     tuple(eval_args), tuple(sorted({**labels, "copy_head": cplm}.items())))
             for cplm in (False, True)]
 
@@ -82,7 +84,7 @@ def plan(settings: Settings, data_dir: Path | None) -> list[RunSpec]:
     s = settings
     runs: list[RunSpec] = []
     common = ["logging.wandb=false", f"model.hidden_size={s.hidden_size}", "checkpoint.keep=1000",
-              "train.log_interval=5"]
+              "train.log_interval=5", f"run.seed={s.seed}", f"data.seed={s.seed}"]
     n = str(s.eval_sequences)
     if "corpus" in s.experiments:
         if data_dir is None:
@@ -104,7 +106,8 @@ def plan(settings: Settings, data_dir: Path | None) -> list[RunSpec]:
                      "--passkey-lengths", ",".join(str(length) for length in sorted({64, seq_len // 2, seq_len})),
                      "--passkey-depths", "0,0.5,1"]
         runs += _pair("corpus", "corpus", overrides, eval_args,
-                      {"vocab": vocab, "hidden": s.hidden_size, "tied": True, "iters": s.corpus_iters})
+                      {"vocab": vocab, "hidden": s.hidden_size, "tied": True, "iters": s.corpus_iters},
+                      s.extra_overrides)
     if "spamlang" in s.experiments:
         for vocab in sorted(s.spamlang_vocabs, reverse=True):
             for tied in s.spamlang_ties:
@@ -116,7 +119,8 @@ def plan(settings: Settings, data_dir: Path | None) -> list[RunSpec]:
                 eval_args = ["--tasks", "spamlang,gradient", "--limit", n, "--gradient-source", "spamlang",
                              "--spamlang-length", str(s.spamlang_seq_len)]
                 runs += _pair(group, "spamlang", overrides, eval_args,
-                              {"vocab": vocab, "hidden": s.hidden_size, "tied": tied, "iters": s.spamlang_iters})
+                              {"vocab": vocab, "hidden": s.hidden_size, "tied": tied, "iters": s.spamlang_iters},
+                              s.extra_overrides)
     return runs
 
 

@@ -157,6 +157,8 @@ class Checkpointer:
         if self.async_save:
             request.add_finalize_fn(finalize)
             self._queue.schedule_async_request(request)
+            if dist.get_rank() == 0:
+                self.log(f"[checkpoint] writing {target} in the background")
         else:
             finalize()
         return target
@@ -176,8 +178,8 @@ class Checkpointer:
         for old in complete[: max(0, len(complete) - self.keep)]:
             if old.name != keep_name:
                 shutil.rmtree(old, ignore_errors=True)
-        for partial in self.root.glob("iter_*"):
-            if partial.name != keep_name and not (partial / STATE_JSON).is_file():
+        for partial in self.root.glob("iter_*"):  # newer partials may be async saves still being written
+            if partial.name < keep_name and not (partial / STATE_JSON).is_file():
                 shutil.rmtree(partial, ignore_errors=True)
 
     def poll(self) -> None:

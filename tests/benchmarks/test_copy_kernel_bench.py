@@ -26,3 +26,10 @@ def test_quick_cpu_run_writes_all_rows(tmp_path):
     assert {r["dtype"] for r in interpreted} == {"fp32", "fp8"}
     assert all("NOT a speed measurement" in r["note"] for r in interpreted)
     assert "fused (interpreter)" in result.stdout
+    # memory on CPU comes from torch's MemTracker: the naive path holds at least one fp32 [1, 4, T, T] score
+    # tensor, the fused kernel (here interpreted) none
+    scores = 4 * 256 * 256 * 4
+    naive_fwd = next(r for r in rows if r["impl"] == "naive" and r["mode"] == "fwd")
+    fused_fwd = next(r for r in interpreted if r["dtype"] == "fp32" and r["mode"] == "fwd")
+    assert naive_fwd["extra_mem_bytes"] >= scores
+    assert 0 <= fused_fwd["extra_mem_bytes"] < 64 * 64 * 4  # T=64: less than a single [T, T] fp32 tile

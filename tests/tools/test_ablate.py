@@ -30,6 +30,14 @@ def test_pairs_differ_only_in_the_copy_head(tmp_path: Path):
         assert "data.synthetic=spamlang" in cplm.overrides and "model.hidden_size=64" in cplm.overrides
         vocab = next(int(o.split("=")[1]) for o in cplm.overrides if o.startswith("model.vocab_size="))
         assert vocab >= 64 * 64
+    for seed in (1234, 7):  # both halves of a pair get the seed
+        pair = plan(Settings(experiments=("spamlang",), seed=seed), None)[:2]
+        assert all({f"run.seed={seed}", f"data.seed={seed}"} <= set(spec.overrides) for spec in pair)
+    extra = plan(Settings(experiments=("spamlang",), extra_overrides=("copy_head.lm_loss_weight=1",)), None)
+    assert all(spec.overrides[-1] == "copy_head.lm_loss_weight=1" for spec in extra)  # last: it wins
+    ablate = load_tool("ablate")
+    with pytest.raises(ValueError, match="other than copy_head.enabled"):
+        ablate.settings_from_args(ablate.parse_args(["--output", "x", "--set", "copy_head.enabled=false"]))
     with pytest.raises(ValueError, match="--data DIR"):
         plan(Settings(experiments=("corpus",)), None)
     with pytest.raises(FileNotFoundError, match="make data"):

@@ -86,6 +86,26 @@ def test_resume_tp2_checkpoint_under_another_layout(stdlib_corpus, tmp_path, ref
         assert losses[it] == pytest.approx(reference["losses"][it], rel=1e-4), it
 
 
+def test_async_saves_at_tp2_are_complete_and_resumable(stdlib_corpus, tmp_path, reference):
+    """checkpoint.async_save: saves at 3 and 6 finish in the background while training goes on, the exit
+    save at 7 is finalized before the process exits, and a TP=1 run resumes from it."""
+    run_dir = tmp_path / "run"
+    first = pu.run(2, pu.tiny_overrides(stdlib_corpus, run_dir, ITERS, **{
+        "parallel.tp": 2, "checkpoint.async_save": "true", "train.exit_after_iters": 7}))
+    assert first.returncode == RESUME_EXIT_CODE or "exitcode  : 75" in first.stderr, first.stderr[-3000:]
+    assert "writing" in first.stdout and "in the background" in first.stdout
+    ckpts = run_dir / "checkpoints"
+    assert [c.name for c in list_checkpoints(ckpts)] == ["iter_0000006", "iter_0000007"]  # keep=2
+    assert read_latest(ckpts).name == "iter_0000007"
+    assert all((c / "cplm_state.json").exists() for c in list_checkpoints(ckpts))
+    second = pu.run(1, pu.tiny_overrides(stdlib_corpus, run_dir, ITERS))
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    assert "iter_0000007" in second.stdout
+    losses = pu.losses(run_dir)
+    for it in range(1, ITERS + 1):
+        assert losses[it] == pytest.approx(reference["losses"][it], rel=1e-4), it
+
+
 def test_crash_during_save_keeps_latest_on_the_previous_checkpoint(stdlib_corpus, tmp_path, reference):
     run_dir = tmp_path / "run"
     overrides = pu.tiny_overrides(stdlib_corpus, run_dir, ITERS)
