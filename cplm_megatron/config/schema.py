@@ -18,6 +18,7 @@ from cplm_megatron.config.loader import (
     ConfigError,
     apply_overrides,
     build_dataclass,
+    parse_override,
     read_yaml,
     to_dict,
 )
@@ -169,10 +170,22 @@ def build_run_config(tree: Dict[str, Any]) -> RunConfig:
     return build_dataclass(RunConfig, tree)
 
 
+# Keys that are alternatives to each other: overriding one replaces the recipe's other.
+_ALTERNATIVE_KEYS = {("train", "iters"): ("train", "tokens"), ("train", "tokens"): ("train", "iters")}
+
+
 def load_run_config(path: Optional[str], overrides: Sequence[str] = ()) -> RunConfig:
-    """Read a YAML recipe (or start empty), apply dotted overrides, build and validate."""
+    """Read a YAML recipe (or start empty), apply dotted overrides, build and validate. An override of
+    train.iters replaces a recipe's train.tokens (and the other way round), so `--set train.iters=1000`
+    works on a recipe that trains by tokens."""
     tree = read_yaml(path) if path else {}
+    overridden = {tuple(parts): value for parts, value in map(parse_override, overrides)}
     apply_overrides(tree, overrides)
+    for key, other in _ALTERNATIVE_KEYS.items():
+        if overridden.get(key) is not None and other not in overridden:
+            section = tree.get(other[0])
+            if isinstance(section, dict):
+                section[other[1]] = None
     return build_run_config(tree)
 
 

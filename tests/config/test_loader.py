@@ -35,12 +35,21 @@ def test_unknown_key_names_key_and_suggests():
     ("model.preset=nope", r"unknown model\.preset 'nope'"),
     ("parallel.sp=true", r"parallel\.sp=true needs parallel\.tp >= 2"),
     ("data.seq_len=128", r"data\.seq_len is set by train\.seq_len"),
-    ("train.tokens=1000", r"exactly one of train\.iters and train\.tokens"),
     ("train.global_batch=6", r"train\.global_batch=6 is not a multiple of train\.micro_batch=4"),
 ])
 def test_bad_values_are_errors_naming_the_key(override, message):
     with pytest.raises(ConfigError, match=message):
         load_run_config(str(REPO / "configs/tiny.yaml"), [override])
+
+
+def test_iters_and_tokens_overrides_replace_each_other():
+    by_tokens = str(REPO / "configs/smollm2_1p7b.yaml")  # the recipe trains by train.tokens
+    cfg = load_run_config(by_tokens, ["train.iters=1000"])  # `sbatch slurm/pretrain_1p7b.sh --set train.iters=1000`
+    assert (cfg.train.iters, cfg.train.tokens) == (1000, None)
+    cfg = load_run_config(str(REPO / "configs/tiny.yaml"), ["train.tokens=100000"])  # tiny trains by iters
+    assert (cfg.train.iters, cfg.train.tokens) == (None, 100000)
+    with pytest.raises(ConfigError, match=r"exactly one of train\.iters and train\.tokens"):
+        load_run_config(by_tokens, ["train.iters=1000", "train.tokens=5000"])  # both given: still an error
 
 
 def test_parse_override_requires_equals():
