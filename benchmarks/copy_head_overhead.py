@@ -83,7 +83,6 @@ def time_pair(model_name: str, seq: int, reps: int, dtype: str) -> Dict[str, flo
             _sync()
             times[name].append(time.perf_counter() - t0)
     out = {f"{k}_step_s": statistics.median(v) for k, v in times.items()}
-    out["cuda"] = __import__("torch").cuda.is_available()
     for name, model in (("baseline", base), ("cplm", cplm)):
         out[f"{name}_peak_mem_mib"] = step_peak_mib(model, batch)
     return out
@@ -122,7 +121,9 @@ def _subprocess(args: List[str]) -> Dict:
 def measure(model_name: str, seq: int, reps: int, dtype: str) -> Dict:
     row = {"model": model_name, "seq_len": seq, "micro_batch": 1, "dtype": dtype}
     row.update(_subprocess(["--worker-time", model_name, str(seq), str(reps), dtype]))
-    row["memory_measure"] = ("CUDA max allocated" if row.pop("cuda") else "torch MemTracker peak (CPU)") + \
+    import torch
+
+    row["memory_measure"] = ("CUDA max allocated" if torch.cuda.is_available() else "torch MemTracker peak (CPU)") + \
         " during one step above the step's start (weights and batch excluded)"
     row["time_ratio"] = row["cplm_step_s"] / row["baseline_step_s"]
     row["memory_ratio"] = row["cplm_peak_mem_mib"] / max(row["baseline_peak_mem_mib"], 1e-9)

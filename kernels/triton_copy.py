@@ -61,6 +61,33 @@ def _load_row_scales(ptr, rows, valid, rows_per_scale, stride_block):
 
 
 @triton.jit
+def _column_or_row(v, AS_COLUMN: tl.constexpr):
+    """A per-row vector broadcast along the score tile's rows ([n, 1]) or columns ([1, n])."""
+    if AS_COLUMN:
+        out = v[:, None]
+    else:
+        out = v[None, :]
+    return out
+
+
+@triton.jit
+def _load_rows(X, LAB, DOC, SCALE, rows, valid, stride_t, stride_d, stride_lab_t, stride_doc_t, scale_rows,
+               stride_scale_blk, HEAD_DIM: tl.constexpr, HAS_DOC: tl.constexpr, IS_FP8: tl.constexpr,
+               AS_COLUMN: tl.constexpr):
+    """Rows of q or k with what the masks and scores need of them: labels and document ids shaped for the
+    score tile (document id 0 without documents) and FP8 row scales (1.0 without FP8)."""
+    x = _load_tile(X, rows, valid, stride_t, stride_d, HEAD_DIM)
+    lab = _column_or_row(tl.load(LAB + rows * stride_lab_t, mask=valid, other=-1), AS_COLUMN)
+    doc = 0
+    if HAS_DOC:
+        doc = _column_or_row(tl.load(DOC + rows * stride_doc_t, mask=valid, other=-1), AS_COLUMN)
+    scale = 1.0
+    if IS_FP8:
+        scale = _load_row_scales(SCALE, rows, valid, scale_rows, stride_scale_blk)
+    return x, lab, doc, scale
+
+
+@triton.jit
 def _scores_log2(a, b_t, a_scale, b_scale, qk_scale_log2, IS_FP8: tl.constexpr, MODE: tl.constexpr,
                  PRECISION: tl.constexpr):
     """log2-domain scores ``(a @ b_t) * scale * log2(e)``, FP8 row/column scales applied to the accumulator."""
@@ -190,17 +217,13 @@ def copy_lse_fwd_kernel(
     DOC_b = DOC + b * stride_doc_b
     KS_bh = K_SCALE + b * stride_ks_b + h * stride_ks_h
 
-    q = _load_tile(Q + b * stride_qb + h * stride_qh, offs_m, m_valid, stride_qt, stride_qd, HEAD_DIM)
-    lab_q = tl.load(LAB_b + offs_m * stride_lab_t, mask=m_valid, other=-1)[:, None]
-    doc_q = 0
+    q, lab_q, doc_q, sq = _load_rows(Q + b * stride_qb + h * stride_qh, LAB_b, DOC_b,
+                                     Q_SCALE + b * stride_qs_b + h * stride_qs_h, offs_m, m_valid, stride_qt,
+                                     stride_qd, stride_lab_t, stride_doc_t, q_scale_rows, stride_qs_blk,
+                                     HEAD_DIM, HAS_DOC, IS_FP8, True)
     key_start = 0
     if HAS_DOC:
-        doc_q = tl.load(DOC_b + offs_m * stride_doc_t, mask=m_valid, other=-1)[:, None]
         key_start = tl.load(KEY_START + b * stride_start_b + tile)
-    sq = 1.0
-    if IS_FP8:
-        sq = _load_row_scales(Q_SCALE + b * stride_qs_b + h * stride_qs_h, offs_m, m_valid, q_scale_rows,
-                              stride_qs_blk)
 
     m_all = tl.full([BLOCK_M], NEG_INF, tl.float32)
     l_all = tl.zeros([BLOCK_M], tl.float32)
@@ -210,14 +233,9 @@ def copy_lse_fwd_kernel(
     for start_n in range(key_start, key_end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_valid = offs_n < T
-        k = _load_tile(K_bh, offs_n, n_valid, stride_kt, stride_kd, HEAD_DIM)
-        lab_k = tl.load(LAB_b + offs_n * stride_lab_t, mask=n_valid, other=-1)[None, :]
-        doc_k = 0
-        if HAS_DOC:
-            doc_k = tl.load(DOC_b + offs_n * stride_doc_t, mask=n_valid, other=-1)[None, :]
-        sk = 1.0
-        if IS_FP8:
-            sk = _load_row_scales(KS_bh, offs_n, n_valid, k_scale_rows, stride_ks_blk)
+        k, lab_k, doc_k, sk = _load_rows(K_bh, LAB_b, DOC_b, KS_bh, offs_n, n_valid, stride_kt, stride_kd,
+                                         stride_lab_t, stride_doc_t, k_scale_rows, stride_ks_blk,
+                                         HEAD_DIM, HAS_DOC, IS_FP8, False)
         s = _scores_log2(q, tl.trans(k), sq, sk, qk_scale_log2, IS_FP8, SCORE_MODE, PRECISION)
         cand, match = _pair_masks(offs_m[:, None], offs_n[None, :], lab_q, lab_k, doc_q, doc_k, HAS_DOC)
         m_all, l_all, m_match, l_match = _online_lse_update(s, cand, match, m_all, l_all, m_match, l_match,
@@ -258,17 +276,13 @@ def copy_lse_bwd_dq_kernel(
     DOC_b = DOC + b * stride_doc_b
     KS_bh = K_SCALE + b * stride_ks_b + h * stride_ks_h
 
-    q = _load_tile(Q + b * stride_qb + h * stride_qh, offs_m, m_valid, stride_qt, stride_qd, HEAD_DIM)
-    lab_q = tl.load(LAB_b + offs_m * stride_lab_t, mask=m_valid, other=-1)[:, None]
-    doc_q = 0
+    q, lab_q, doc_q, sq = _load_rows(Q + b * stride_qb + h * stride_qh, LAB_b, DOC_b,
+                                     Q_SCALE + b * stride_qs_b + h * stride_qs_h, offs_m, m_valid, stride_qt,
+                                     stride_qd, stride_lab_t, stride_doc_t, q_scale_rows, stride_qs_blk,
+                                     HEAD_DIM, HAS_DOC, IS_FP8, True)
     key_start = 0
     if HAS_DOC:
-        doc_q = tl.load(DOC_b + offs_m * stride_doc_t, mask=m_valid, other=-1)[:, None]
         key_start = tl.load(KEY_START + b * stride_start_b + tile)
-    sq = 1.0
-    if IS_FP8:
-        sq = _load_row_scales(Q_SCALE + b * stride_qs_b + h * stride_qs_h, offs_m, m_valid, q_scale_rows,
-                              stride_qs_blk)
     la2, lm2, ga, gm, coef, gap_ok = _load_row_stats(
         LSE_ALL, LSE_MATCH, G_ALL + b * stride_ga_b + h * stride_ga_h, G_MATCH + b * stride_gm_b + h * stride_gm_h,
         pid_bh * T + offs_m, offs_m, m_valid, stride_ga_t, stride_gm_t, grad_scale)
@@ -283,14 +297,9 @@ def copy_lse_bwd_dq_kernel(
     for start_n in range(key_start, key_end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         n_valid = offs_n < T
-        k = _load_tile(K_bh, offs_n, n_valid, stride_kt, stride_kd, HEAD_DIM)
-        lab_k = tl.load(LAB_b + offs_n * stride_lab_t, mask=n_valid, other=-1)[None, :]
-        doc_k = 0
-        if HAS_DOC:
-            doc_k = tl.load(DOC_b + offs_n * stride_doc_t, mask=n_valid, other=-1)[None, :]
-        sk = 1.0
-        if IS_FP8:
-            sk = _load_row_scales(KS_bh, offs_n, n_valid, k_scale_rows, stride_ks_blk)
+        k, lab_k, doc_k, sk = _load_rows(K_bh, LAB_b, DOC_b, KS_bh, offs_n, n_valid, stride_kt, stride_kd,
+                                         stride_lab_t, stride_doc_t, k_scale_rows, stride_ks_blk,
+                                         HEAD_DIM, HAS_DOC, IS_FP8, False)
         s = _scores_log2(q, tl.trans(k), sq, sk, qk_scale_log2, IS_FP8, SCORE_MODE, PRECISION)
         cand, match = _pair_masks(offs_m[:, None], offs_n[None, :], lab_q, lab_k, doc_q, doc_k, HAS_DOC)
         ds = _score_grads(s, cand, match, la2, lm2, ga, gm, coef, gap_ok, SHARED_EXP)
@@ -335,31 +344,22 @@ def copy_lse_bwd_dk_kernel(
     GA_bh = G_ALL + b * stride_ga_b + h * stride_ga_h
     GM_bh = G_MATCH + b * stride_gm_b + h * stride_gm_h
 
-    k = _load_tile(K + b * stride_kb + h * stride_kh, offs_n, n_valid, stride_kt, stride_kd, HEAD_DIM)
-    lab_k = tl.load(LAB_b + offs_n * stride_lab_t, mask=n_valid, other=-1)[:, None]
-    doc_k = 0
+    k, lab_k, doc_k, sk = _load_rows(K + b * stride_kb + h * stride_kh, LAB_b, DOC_b,
+                                     K_SCALE + b * stride_ks_b + h * stride_ks_h, offs_n, n_valid, stride_kt,
+                                     stride_kd, stride_lab_t, stride_doc_t, k_scale_rows, stride_ks_blk,
+                                     HEAD_DIM, HAS_DOC, IS_FP8, True)
     query_end = T
     if HAS_DOC:
-        doc_k = tl.load(DOC_b + offs_n * stride_doc_t, mask=n_valid, other=-1)[:, None]
         query_end = tl.minimum(tl.load(QUERY_END + b * stride_end_b + tile), T)
-    sk = 1.0
-    if IS_FP8:
-        sk = _load_row_scales(K_SCALE + b * stride_ks_b + h * stride_ks_h, offs_n, n_valid, k_scale_rows,
-                              stride_ks_blk)
 
     dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
     query_start = (start_n // BLOCK_M) * BLOCK_M  # queries t > j >= start_n
     for start_m in range(query_start, query_end, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
         m_valid = offs_m < T
-        q = _load_tile(Q_bh, offs_m, m_valid, stride_qt, stride_qd, HEAD_DIM)
-        lab_q = tl.load(LAB_b + offs_m * stride_lab_t, mask=m_valid, other=-1)[None, :]
-        doc_q = 0
-        if HAS_DOC:
-            doc_q = tl.load(DOC_b + offs_m * stride_doc_t, mask=m_valid, other=-1)[None, :]
-        sq = 1.0
-        if IS_FP8:
-            sq = _load_row_scales(QS_bh, offs_m, m_valid, q_scale_rows, stride_qs_blk)
+        q, lab_q, doc_q, sq = _load_rows(Q_bh, LAB_b, DOC_b, QS_bh, offs_m, m_valid, stride_qt, stride_qd,
+                                         stride_lab_t, stride_doc_t, q_scale_rows, stride_qs_blk,
+                                         HEAD_DIM, HAS_DOC, IS_FP8, False)
         la2, lm2, ga, gm, coef, gap_ok = _load_row_stats(LSE_ALL, LSE_MATCH, GA_bh, GM_bh, pid_bh * T + offs_m,
                                                          offs_m, m_valid, stride_ga_t, stride_gm_t, grad_scale)
 

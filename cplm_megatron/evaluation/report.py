@@ -7,7 +7,7 @@ Plots: loss_curves.png, copy_accuracy.png (copy and SpamLang accuracy vs steps),
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +91,17 @@ def _stays(step: int | None, iters: int) -> str:
     return f"{step}" if step is not None else f"below at step {iters}"
 
 
+def _per_step_table(claims: list[dict], title: str, key: str, fmt: Callable[[float | None], str]) -> list[str]:
+    """A table of `cplm_<key>` / `baseline_<key>` at every evaluated step, one row per SpamLang run."""
+    steps = claims[0]["checkpoint_steps"]
+    lines = ["", title, "", "| vocab | LM head | " + " | ".join(f"step {s}" for s in steps) + " |",
+             "|---:|---|" + "---:|" * len(steps)]
+    for c in claims:
+        cells = [f"{fmt(c[f'cplm_{key}'].get(s))} / {fmt(c[f'baseline_{key}'].get(s))}" for s in c["checkpoint_steps"]]
+        lines.append(f"| {c['vocab']} | {'tied' if c['tied'] else 'untied'} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def spamlang_section(pairs: Sequence[PairSummary]) -> list[str]:
     claims = spamlang_claims(pairs)
     if not claims:
@@ -113,20 +124,10 @@ def spamlang_section(pairs: Sequence[PairSummary]) -> list[str]:
             f"| {_fmt(c['cplm_accuracy'][last])} / {_fmt(c['baseline_accuracy'].get(last))} "
             f"| {_fmt(c['cplm_final_loss'], 3)} / {_fmt(c['baseline_final_loss'], 3)} "
             f"| {_prob(c['cplm_final_target_prob'])} / {_prob(c['baseline_final_target_prob'])} |")
-    lines += ["", "Accuracy at every evaluated step (CPLM / baseline):", "",
-              "| vocab | LM head | " + " | ".join(f"step {s}" for s in claims[0]["checkpoint_steps"]) + " |",
-              "|---:|---|" + "---:|" * len(claims[0]["checkpoint_steps"])]
-    for c in claims:
-        cells = [f"{_fmt(c['cplm_accuracy'][s], 3)} / {_fmt(c['baseline_accuracy'].get(s), 3)}"
-                 for s in c["checkpoint_steps"]]
-        lines.append(f"| {c['vocab']} | {'tied' if c['tied'] else 'untied'} | " + " | ".join(cells) + " |")
-    lines += ["", "Mean probability of the right symbol at every evaluated step (CPLM / baseline):", "",
-              "| vocab | LM head | " + " | ".join(f"step {s}" for s in claims[0]["checkpoint_steps"]) + " |",
-              "|---:|---|" + "---:|" * len(claims[0]["checkpoint_steps"])]
-    for c in claims:
-        cells = [f"{_prob(c['cplm_target_prob'].get(s))} / {_prob(c['baseline_target_prob'].get(s))}"
-                 for s in c["checkpoint_steps"]]
-        lines.append(f"| {c['vocab']} | {'tied' if c['tied'] else 'untied'} | " + " | ".join(cells) + " |")
+    lines += _per_step_table(claims, "Accuracy at every evaluated step (CPLM / baseline):", "accuracy",
+                             lambda value: _fmt(value, 3))
+    lines += _per_step_table(claims, "Mean probability of the right symbol at every evaluated step (CPLM / baseline):",
+                             "target_prob", _prob)
     lines += ["", ("Reading: at every position t >= 1 all copy candidates propose the repeated symbol, so the copy "
               "distribution is a point mass on it and the CPLM's argmax is right from initialization as soon as "
               "g_t > (1 - g_t) max_v p_LM(v) (the gate starts at sigmoid(-2) = 0.12); training then raises the gate, "

@@ -10,7 +10,10 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
+import pytest
+
 from cplm_megatron.parallel.distributed import free_port
+from cplm_megatron.training.signals import RESUME_EXIT_CODE
 
 REPO = Path(__file__).resolve().parents[2]
 ENTRY = REPO / "pretrain" / "pretrain_cplm.py"
@@ -90,6 +93,18 @@ def metrics(run_dir: Path) -> List[Dict]:
 
 def losses(run_dir: Path) -> Dict[int, float]:
     return {r["iteration"]: r["loss"] for r in metrics(run_dir) if "loss" in r}
+
+
+def stopped_for_resume(returncode: int, output: str) -> bool:
+    """The run exited with the "resume me" code (torchrun reports its workers' codes as `exitcode  : 75`)."""
+    return returncode == RESUME_EXIT_CODE or f"exitcode  : {RESUME_EXIT_CODE}" in output
+
+
+def assert_losses_match(run_dir: Path, reference: Dict[int, float], iterations) -> None:
+    """The run's losses at `iterations` equal the reference's within 1e-4 (other layouts sum in other orders)."""
+    got = losses(run_dir)
+    for it in iterations:
+        assert got[it] == pytest.approx(reference[it], rel=1e-4), it
 
 
 def wait_for(predicate, timeout: float = 300, poll: float = 0.05, proc: Optional[subprocess.Popen] = None) -> None:
