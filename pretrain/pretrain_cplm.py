@@ -16,7 +16,7 @@ import sys
 from typing import List, Optional
 
 from cplm_megatron.cli import quiet_known_warnings
-from cplm_megatron.config.loader import ConfigError
+from cplm_megatron.errors import ConfigError
 from cplm_megatron.config.schema import load_run_config, overrides_from_args
 
 EXIT_BAD_CONFIG = 2

@@ -116,7 +116,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 def main(argv: Optional[List[str]] = None) -> int:
     quiet_known_warnings()
     args = parse_args(argv)
-    from cplm_megatron.config.loader import ConfigError
+    from cplm_megatron.errors import ConfigError
     from cplm_megatron.parallel.distributed import ParallelConfig, validate_layout
 
     try:

@@ -15,11 +15,9 @@ from typing import Any, Dict, Iterable, List, Mapping, Type, TypeVar, Union
 
 import yaml
 
+from cplm_megatron.errors import ConfigError
+
 T = TypeVar("T")
-
-
-class ConfigError(ValueError):
-    """A bad config key or value; the message names the dotted key and the fix."""
 
 
 def read_yaml(path: Union[str, Path]) -> Dict[str, Any]:

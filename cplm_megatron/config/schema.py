@@ -15,7 +15,6 @@ from typing import Any, Dict, List, Literal, Optional, Sequence
 import yaml
 
 from cplm_megatron.config.loader import (
-    ConfigError,
     apply_overrides,
     build_dataclass,
     parse_override,
@@ -23,6 +22,7 @@ from cplm_megatron.config.loader import (
     to_dict,
 )
 from cplm_megatron.data.config import DataConfig
+from cplm_megatron.errors import ConfigError
 from cplm_megatron.model.builder import PrecisionConfig, RecomputeConfig
 from cplm_megatron.model.config import ModelConfig, resolve_model_section
 from cplm_megatron.model.copy_head import CopyHeadConfig

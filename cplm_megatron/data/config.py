@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from cplm_megatron.config.loader import ConfigError
+from cplm_megatron.errors import ConfigError
 
 
 @dataclass

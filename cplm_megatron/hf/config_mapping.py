@@ -14,7 +14,7 @@ from typing import Any
 
 from transformers import GPT2Config, LlamaConfig, PretrainedConfig
 
-from cplm_megatron.config.loader import ConfigError
+from cplm_megatron.errors import ConfigError
 from cplm_megatron.hf.configuration_cplm import CPLMConfig
 from cplm_megatron.model.config import ModelConfig, load_preset
 from cplm_megatron.model.copy_head import CopyHeadConfig

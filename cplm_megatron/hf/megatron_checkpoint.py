@@ -21,7 +21,8 @@ from typing import Any
 
 import torch
 
-from cplm_megatron.config.loader import ConfigError, build_dataclass
+from cplm_megatron.config.loader import build_dataclass
+from cplm_megatron.errors import ConfigError
 from cplm_megatron.hf.config_mapping import ConversionError
 from cplm_megatron.model.config import ModelConfig
 from cplm_megatron.model.copy_head import CopyHeadConfig

@@ -12,7 +12,7 @@ from typing import List, Literal, Optional
 import torch
 import torch.nn.functional as F
 
-from cplm_megatron.config.loader import ConfigError
+from cplm_megatron.errors import ConfigError
 from cplm_megatron.model.config import ModelConfig
 from cplm_megatron.model.copy_head import CopyHeadConfig
 from cplm_megatron.parallel.distributed import ParallelConfig

@@ -5,7 +5,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Literal, Optional
 
-from cplm_megatron.config.loader import ConfigError, deep_merge, read_yaml
+from cplm_megatron.config.loader import deep_merge, read_yaml
+from cplm_megatron.errors import ConfigError
 
 PRESET_DIR = Path(__file__).resolve().parents[2] / "configs" / "models"
 

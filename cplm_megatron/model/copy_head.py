@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import cplm_kernels
-from cplm_megatron.config.loader import ConfigError
+from cplm_megatron.errors import ConfigError
 
 NEG_INF = float("-inf")
 

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from cplm_megatron.config.loader import ConfigError
+from cplm_megatron.errors import ConfigError
 from cplm_megatron.model.config import ModelConfig
 
 

@@ -6,7 +6,7 @@ from typing import List, Literal, Optional
 
 import torch
 
-from cplm_megatron.config.loader import ConfigError
+from cplm_megatron.errors import ConfigError
 
 
 @dataclass

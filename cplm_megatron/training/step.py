@@ -206,7 +206,7 @@ def setup_model_config(chunks: List[torch.nn.Module], optimizer) -> None:
 
 def count_microbatches(global_batch: int, micro_batch: int, dp: int) -> int:
     """global = micro * dp * n; error naming the values when it does not divide."""
-    from cplm_megatron.config.loader import ConfigError
+    from cplm_megatron.errors import ConfigError
 
     if global_batch % (micro_batch * dp):
         raise ConfigError(

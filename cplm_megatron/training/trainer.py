@@ -34,7 +34,7 @@ def copy_shape(cfg: RunConfig) -> Optional[CopyHeadShape]:
 
 def build_data(cfg: RunConfig, dp_rank: int, dp_size: int):
     """(training micro-batch iterator, validation loader or None) for this DP rank."""
-    from cplm_megatron.config.loader import ConfigError
+    from cplm_megatron.errors import ConfigError
 
     vocab = cfg.model.padded_vocab_size
     if cfg.data.synthetic:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from cplm_megatron.config.loader import ConfigError
+from cplm_megatron.errors import ConfigError
 from cplm_megatron.data.config import DataConfig
 from cplm_megatron.data.loader import build_train_loader, build_val_loader
 from cplm_megatron.data.manifest import DatasetError

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cplm_megatron.config.loader import ConfigError
+from cplm_megatron.errors import ConfigError
 from cplm_megatron.model.accounting import CopyHeadShape, backbone_params, copy_head_params
 from cplm_megatron.model.config import available_presets, load_preset
 

@@ -1,7 +1,7 @@
 """Launcher environments -> process coordinates; layout validation errors."""
 import pytest
 
-from cplm_megatron.config.loader import ConfigError
+from cplm_megatron.errors import ConfigError
 from cplm_megatron.model.config import load_preset
 from cplm_megatron.parallel.distributed import (
     ParallelConfig,
