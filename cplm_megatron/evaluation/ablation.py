@@ -39,6 +39,7 @@ class RunSpec:
     overrides: tuple[str, ...]  # --set KEY=VALUE for the trainer (besides run.dir, copy_head.enabled)
     eval_args: tuple[str, ...]  # tools/evaluate.py arguments (tasks and their sizes)
     labels: tuple[tuple[str, Any], ...] = ()  # facts for the report: (("vocab", 4096), ...)
+    every_checkpoint: bool = True  # evaluate every checkpoint and the untrained model (False: the last one)
 
     @property
     def label(self) -> dict[str, Any]:
@@ -136,8 +137,9 @@ def train_command(spec: RunSpec, run_dir: Path, tp: int) -> list[str]:
 
 
 def eval_command(spec: RunSpec, run_dir: Path) -> list[str]:
-    """tools/evaluate.py over every checkpoint of the run (and the untrained model)."""
-    return [sys.executable, str(EVALUATE), "--checkpoint", str(run_dir), "--all-checkpoints", "--include-initial",
+    """tools/evaluate.py over every checkpoint of the run and the untrained model (or over the last checkpoint)."""
+    which = ["--all-checkpoints", "--include-initial"] if spec.every_checkpoint else []
+    return [sys.executable, str(EVALUATE), "--checkpoint", str(run_dir), *which,
             "--no-progress", "--output", str(run_dir / "eval.json"), *spec.eval_args]
 
 
@@ -266,7 +268,8 @@ def load_run(spec: RunSpec, output: Path) -> RunResults:
         if not path.is_file():
             raise FileNotFoundError(f"{path} is missing: run {spec.name} did not finish (see {run_dir}/*.log)")
     metrics = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
-    checkpoints = json.loads(eval_path.read_text())["checkpoints"]
+    evaluated = json.loads(eval_path.read_text())
+    checkpoints = evaluated.get("checkpoints", [evaluated])  # --all-checkpoints, or the last checkpoint alone
     return RunResults(spec, metrics, sorted(checkpoints, key=lambda e: e["iteration"]))
 
 

@@ -34,6 +34,10 @@ class CopyHeadConfig:
     gate_bias_init: float = -2.0
     mixing: Literal["gate", "constant"] = "gate"  # constant: g = sigmoid(b_g), no dependence on h
     lm_loss_weight: float = 0.0  # auxiliary LM-only cross entropy
+    # true: the mixture loss treats log p_LM as a constant, so the LM head (and the backbone through it)
+    # learns from its own cross entropy (lm_loss_weight) exactly as a baseline does; the mixture trains
+    # the gate and the copy head. Addresses the LM head starving where the copy head explains the token.
+    decouple_lm: bool = False
     copy_loss_weight: float = 0.0  # auxiliary copy-only NLL on positions with a matching candidate
     impl: Literal["auto", "naive", "chunked", "fused"] = "auto"
     block_size: int = 128  # query block of the chunked implementation
@@ -46,6 +50,9 @@ class CopyHeadConfig:
             raise ConfigError(f"copy_head.block_size must be >= 1, got {self.block_size}")
         if self.lm_loss_weight < 0 or self.copy_loss_weight < 0:
             raise ConfigError("copy_head.lm_loss_weight and copy_head.copy_loss_weight must be >= 0")
+        if self.decouple_lm and self.lm_loss_weight <= 0:
+            raise ConfigError("copy_head.decouple_lm=true trains the LM head only through its own cross entropy: "
+                              "set copy_head.lm_loss_weight > 0 (e.g. 1)")
         if self.fp8 and self.impl not in ("fused", "auto"):
             raise ConfigError(f"copy_head.fp8=true needs copy_head.impl=fused (got {self.impl!r})")
 
@@ -193,7 +200,8 @@ class CopyPasteHead(nn.Module):
         log_1mg = torch.where(has_cand, F.logsigmoid(-z), 0.0)
         lm_ce = _fp32(lm_ce)
         copy_term = torch.where(has_match, log_g + torch.where(has_match, log_p_copy, 0.0), NEG_INF)
-        mix_nll = -torch.logaddexp(log_1mg - lm_ce, copy_term)
+        lm_in_mixture = lm_ce.detach() if self.cfg.decouple_lm else lm_ce
+        mix_nll = -torch.logaddexp(log_1mg - lm_in_mixture, copy_term)
 
         loss = mix_nll
         if self.cfg.lm_loss_weight:

@@ -89,3 +89,28 @@ def test_constant_mixing_ignores_hidden_states():
     out = head(hidden, lm_ce, labels, mask, doc, impl="chunked")
     gates = out.gate[out.has_candidate]
     torch.testing.assert_close(gates, torch.full_like(gates, torch.sigmoid(torch.tensor(-2.0)).item()))
+
+
+def test_decouple_lm_gives_the_lm_head_exactly_the_cross_entropy_gradient():
+    """decouple_lm: d(loss)/d(lm_ce) is the LM loss weight alone (the baseline's gradient, scaled), the mixture
+    value is unchanged, and the copy head and gate still learn from the mixture."""
+    hidden, lm_ce, labels, mask, doc = _case(seed=2)
+    grads = {}
+    for decouple in (False, True):
+        head = _head(lm_loss_weight=0.7, decouple_lm=decouple)
+        ce = lm_ce.clone().requires_grad_(True)
+        out = head(hidden, ce, labels, mask, doc, impl="chunked")
+        (out.loss * mask).sum().backward()
+        grads[decouple] = (out.mix_nll.detach(), ce.grad, head.q_proj.weight.grad, head.gate.weight.grad)
+    (mix_coupled, ce_grad_coupled, *_), (mix, ce_grad, q_grad, gate_grad) = grads[False], grads[True]
+    torch.testing.assert_close(mix, mix_coupled, rtol=0, atol=0)  # same forward value
+    torch.testing.assert_close(ce_grad, 0.7 * mask)  # exactly w * dCE/dlogits downstream: no mixture term
+    assert not torch.allclose(ce_grad_coupled, ce_grad)  # the coupled mixture does feed back into the LM head
+    assert q_grad.abs().sum() > 0 and gate_grad.abs().sum() > 0
+
+
+def test_decouple_lm_needs_an_lm_loss_weight():
+    from cplm_megatron.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="lm_loss_weight > 0"):
+        CopyHeadConfig(decouple_lm=True).validate()

@@ -1,0 +1,178 @@
+"""The recipe study: training-objective arms x seeds x model scales on the embedded corpus.
+
+Each run trains one arm (the baseline, or a CPLM training objective) at one scale with one seed;
+runs of the same seed and scale share the backbone initialization and the data order, so every CPLM
+arm is compared with "its" baseline (paired differences). Runs are the ablation's jobs
+(`cplm_megatron.evaluation.ablation.run_job`): the real trainer, then `tools/evaluate.py` on the last
+checkpoint; finished runs are reused, unfinished ones resume. The trainer's periodic validation (the
+same batches at every evaluation) gives the val-loss curves, the LM head's own val loss and the
+training efficiency; `tools/evaluate.py` gives copy accuracy, passkey retrieval and the gradient figures.
+
+Aggregation, the decision rule and summary.json: `cplm_megatron.evaluation.multiseed_summary`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cplm_megatron.evaluation.ablation import RunSpec
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One training objective: the baseline (no copy head) or a CPLM with copy-head settings."""
+
+    name: str
+    copy_head: bool
+    overrides: tuple[str, ...]
+    description: str
+
+
+# The CPLM arms set every objective key, so a recipe default cannot leak into an arm.
+ARMS: dict[str, Arm] = {a.name: a for a in (
+    Arm("baseline", False, (), "the backbone alone (copy_head.enabled=false)"),
+    Arm("mixture", True, ("copy_head.lm_loss_weight=0", "copy_head.decouple_lm=false"),
+        "pure mixture NLL (the first wave's recipe default)"),
+    Arm("aux0.5", True, ("copy_head.lm_loss_weight=0.5", "copy_head.decouple_lm=false"),
+        "mixture NLL + 0.5 x the LM head's own cross entropy"),
+    Arm("aux1", True, ("copy_head.lm_loss_weight=1", "copy_head.decouple_lm=false"),
+        "mixture NLL + 1 x the LM head's own cross entropy"),
+    Arm("decoupled", True, ("copy_head.lm_loss_weight=1", "copy_head.decouple_lm=true"),
+        "the LM head learns from its own cross entropy only (the mixture treats log p_LM as a constant); the "
+        "mixture NLL trains the gate and the copy head"),
+)}
+
+
+@dataclass(frozen=True)
+class Scale:
+    """A model size of the study: the tiny preset at another width/depth, and its corpus vocabulary."""
+
+    name: str
+    hidden: int
+    layers: int
+    vocab: int
+    iters: int
+    eval_interval: int  # trainer validation interval (the val curve's resolution)
+
+    @property
+    def corpus(self) -> str:
+        """The corpus directory name under the data root (the default corpus has vocabulary 4096)."""
+        return "stdlib" if self.vocab == 4096 else f"stdlib_v{self.vocab}"
+
+
+# The tiny preset (ffn 384, 4 heads / 2 KV groups) at hidden 64 x 4 layers: 0.34M non-embedding parameters;
+# at hidden 128 x 8 layers: 1.57M (4.6x). Vocabularies are 64x the hidden size.
+SCALES: dict[str, Scale] = {s.name: s for s in (
+    Scale("tiny", hidden=64, layers=4, vocab=4096, iters=1600, eval_interval=100),
+    Scale("4x", hidden=128, layers=8, vocab=8192, iters=1200, eval_interval=100),
+)}
+SEQ_LEN, MICRO_BATCH, GLOBAL_BATCH = 256, 4, 8
+MAX_POSITIONS = 1024  # RoPE: passkey retrieval is measured up to 4x the training length
+
+
+@dataclass
+class StudySettings:
+    """What the study runs; `smoke()` is the CI-sized variant."""
+
+    arms: tuple[str, ...] = tuple(ARMS)
+    seeds: tuple[int, ...] = (1, 2, 3)
+    scales: tuple[str, ...] = tuple(SCALES)
+    iters: dict[str, int] = field(default_factory=dict)  # per-scale override of Scale.iters
+    eval_interval: int | None = None  # override of Scale.eval_interval
+    eval_iters: int = 32  # trainer validation micro-batches (x micro batch 4 = 128 sequences of 256 tokens)
+    eval_sequences: int = 32  # tools/evaluate.py sequences per task (passkey: per cell)
+    passkey_lengths: tuple[int, ...] = (64, 256, 512, 1024)
+    passkey_depths: tuple[float, ...] = (0.0, 0.5, 1.0)
+    warmup_iters: int = 50
+
+    @classmethod
+    def smoke(cls) -> StudySettings:
+        """Every arm at the tiny scale, 2 seeds, a few steps: exercises the whole pipeline in CI."""
+        return cls(seeds=(1, 2), scales=("tiny",), iters={"tiny": 8}, eval_interval=4, eval_iters=2,
+                   eval_sequences=4, passkey_lengths=(64, 128), passkey_depths=(0.5,), warmup_iters=2)
+
+    def scale(self, name: str) -> Scale:
+        base = SCALES[name]
+        return Scale(base.name, base.hidden, base.layers, base.vocab, self.iters.get(name, base.iters),
+                     self.eval_interval or base.eval_interval)
+
+    def validate(self) -> None:
+        """ValueError naming the bad setting."""
+        unknown = [a for a in self.arms if a not in ARMS] + [s for s in self.scales if s not in SCALES]
+        if unknown:
+            raise ValueError(f"unknown arm(s)/scale(s) {unknown}; arms: {', '.join(ARMS)}; scales: {', '.join(SCALES)}")
+        if "baseline" not in self.arms or len(self.arms) < 2:
+            raise ValueError("the study compares CPLM arms with the baseline: --arms must hold baseline and >= 1 other")
+        if len(set(self.seeds)) < 2:
+            raise ValueError(f"a spread needs >= 2 distinct seeds, got {list(self.seeds)}")
+        for name in self.scales:
+            scale = self.scale(name)
+            if scale.iters < 1 or scale.eval_interval < 1 or scale.iters % scale.eval_interval:
+                raise ValueError(f"scale {name}: iters={scale.iters} must be a positive multiple of the eval interval "
+                                 f"{scale.eval_interval} (the last step must be evaluated)")
+
+
+def run_name(scale: str, arm: str, seed: int) -> str:
+    return f"{scale}-{arm}-s{seed}"
+
+
+def corpus_dirs(settings: StudySettings, data_root: Path) -> dict[str, Path]:
+    """Corpus directory per scale (vocabulary 4096: `<root>/stdlib`, else `<root>/stdlib_v<V>`)."""
+    return {name: Path(data_root) / settings.scale(name).corpus for name in settings.scales}
+
+
+def ensure_corpora(settings: StudySettings, data_root: Path, log=print) -> dict[str, Path]:
+    """Build the corpora the scales need (idempotent: a built corpus is confirmed, not rebuilt)."""
+    from cplm_megatron.data.stdlib_corpus import build_stdlib_corpus
+
+    dirs = corpus_dirs(settings, data_root)
+    for name, path in dirs.items():
+        if not (path / "train" / "manifest.json").is_file() or not (path / "val" / "manifest.json").is_file():
+            log(f"[study] building the embedded corpus with vocabulary {settings.scale(name).vocab} in {path}")
+        build_stdlib_corpus(path, vocab_size=settings.scale(name).vocab, seq_len=SEQ_LEN, show_progress=False)
+    return dirs
+
+
+def plan_study(settings: StudySettings, corpora: dict[str, Path]) -> list[RunSpec]:
+    """Every run of the study, scale by scale and seed by seed (a seed's arms finish together)."""
+    settings.validate()
+    from cplm_megatron.data.manifest import read_manifest
+
+    runs: list[RunSpec] = []
+    for scale_name in settings.scales:
+        scale = settings.scale(scale_name)
+        data = Path(corpora[scale_name]).resolve()
+        manifest = read_manifest(str(data / "train"))
+        if (manifest.tokenizer.vocab_size, manifest.seq_len) != (scale.vocab, SEQ_LEN):
+            raise ValueError(f"{data} has vocabulary {manifest.tokenizer.vocab_size} and seq_len {manifest.seq_len}; "
+                             f"scale {scale_name} needs {scale.vocab} and {SEQ_LEN}")
+        checkpoint_interval = max(scale.eval_interval, (scale.iters // 4) // scale.eval_interval * scale.eval_interval)
+        common = (
+            "logging.wandb=false", f"model.hidden_size={scale.hidden}", f"model.num_layers={scale.layers}",
+            f"model.vocab_size={scale.vocab}", f"model.max_position_embeddings={MAX_POSITIONS}",
+            f"data.streams=[{data / 'train'}]", f"data.val_streams=[{data / 'val'}]",
+            f"train.iters={scale.iters}", f"train.seq_len={SEQ_LEN}", f"train.micro_batch={MICRO_BATCH}",
+            f"train.global_batch={GLOBAL_BATCH}", f"train.eval_interval={scale.eval_interval}",
+            f"train.eval_iters={settings.eval_iters}", f"train.log_interval={scale.eval_interval}",
+            f"schedule.warmup_iters={settings.warmup_iters}",
+            f"checkpoint.interval={checkpoint_interval}", "checkpoint.keep=1",
+        )
+        eval_args = (
+            "--tasks", "copy,passkey,gradient", "--limit", str(settings.eval_sequences), "--gradient-source", "val",
+            "--data", str(data / "val"), "--copy-length", "128",
+            "--passkey-lengths", ",".join(map(str, settings.passkey_lengths)),
+            "--passkey-depths", ",".join(f"{d:g}" for d in settings.passkey_depths),
+        )
+        for seed in settings.seeds:
+            for arm_name in settings.arms:
+                arm = ARMS[arm_name]
+                labels: dict[str, Any] = {"arm": arm_name, "scale": scale_name, "seed": seed, "hidden": scale.hidden,
+                                          "layers": scale.layers, "vocab": scale.vocab, "iters": scale.iters,
+                                          "copy_head": arm.copy_head}
+                runs.append(RunSpec(
+                    run_name(scale_name, arm_name, seed), f"{scale_name}-s{seed}", "study", arm.copy_head,
+                    (*common, f"run.seed={seed}", f"data.seed={seed}", *arm.overrides), eval_args,
+                    tuple(sorted(labels.items())), every_checkpoint=False,
+                ))
+    return runs
