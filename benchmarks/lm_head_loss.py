@@ -177,7 +177,7 @@ def rel_err(a: torch.Tensor, ref: torch.Tensor) -> float:
 
 
 def bench_size(hidden: int, seq: int, vocab: int, dtype: torch.dtype, impls: List[str], reps: int,
-               chunks: Optional[CEChunks], note: str = "") -> List[Row]:
+               chunks: Optional[CEChunks], note: str = "", clock: Callable[[], float] = time.perf_counter) -> List[Row]:
     """Memory, errors vs Megatron and interleaved times of ``impls`` (the first is the reference)."""
     case = make_case(hidden, seq, vocab, dtype)
     dname = str(dtype).replace("torch.", "")
@@ -203,11 +203,11 @@ def bench_size(hidden: int, seq: int, vocab: int, dtype: torch.dtype, impls: Lis
     for rep in range(reps + 1):  # the first round warms up (and compiles kernels)
         for impl in live:
             _sync()
-            start = time.perf_counter()
+            start = clock()
             runs[impl]()
             _sync()
             if rep:
-                times[impl].append(time.perf_counter() - start)
+                times[impl].append(clock() - start)
     for impl in live:
         rows[impl].time_s = statistics.median(times[impl])
     del case, runs
@@ -260,6 +260,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--chunks", help="tile shape TOKENSxVOCAB (default: cplm_kernels.linear_ce.default_chunks)")
     p.add_argument("--sizes", nargs="+", help="HIDDENxSEQ pairs instead of the default grid")
+    p.add_argument("--clock", choices=["wall", "process"], default="wall",
+                   help="process: CPU seconds of this process (steadier on a shared CPU with OMP_NUM_THREADS=1)")
     args = p.parse_args(argv)
     try:
         chunks = parse_chunks(args.chunks)
@@ -279,8 +281,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     reps = 2 if args.quick else args.reps
     impls = ["megatron", "chunked"] + (["fused"] if HAS_CUDA else [])
     rows: List[Row] = []
+    clock = time.process_time if args.clock == "process" else time.perf_counter
     for hidden, seq in sizes:
-        for row in bench_size(hidden, seq, vocab, dtype, impls, reps, chunks):
+        for row in bench_size(hidden, seq, vocab, dtype, impls, reps, chunks, clock=clock):
             rows.append(row)
             print(format_row(row), flush=True)
     if not HAS_CUDA and cplm_kernels.fused_available():
@@ -298,7 +301,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             "environment": {"python": platform.python_version(), "torch": torch.__version__,
                             "device": torch.cuda.get_device_name() if HAS_CUDA else "cpu",
                             "threads": torch.get_num_threads(), "time": time.strftime("%Y-%m-%d %H:%M:%S"),
-                            "chunks": asdict(chunks) if chunks else "default"},
+                            "chunks": asdict(chunks) if chunks else "default", "clock": args.clock},
             "rows": [asdict(r) for r in rows],
             "ratios": summary,
         }

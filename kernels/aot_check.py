@@ -1,4 +1,4 @@
-"""Compile the fused kernels for a GPU without one (Triton ahead-of-time: TTIR -> PTX -> cubin).
+"""Compile the fused kernels (copy scores, cross-entropy tiles) for a GPU without one (Triton AOT).
 
 Catches GPU-only compile errors (dot shapes, fp8 operand rules, layouts, shared memory) on CPU
 machines with the ptxas bundled in the triton wheel, and prints registers / spill stack per thread.
@@ -124,6 +124,21 @@ def representative_calls(head_dim: int, dtype: torch.dtype, with_docs: bool, arc
     yield "grad_k", grad_call(launch, "k", lse, lse, lse, lse, out)
 
 
+def representative_ce_calls(dtype: torch.dtype) -> Iterator[tuple[str, KernelCall]]:
+    """The linear cross entropy's two tile kernels on a [1024, 16384] logits tile of ``dtype``."""
+    from cplm_kernels.linear_ce import grad_call, stats_call
+
+    tile = torch.zeros(1024, 16384, dtype=dtype)
+    target_col = torch.zeros(1024, dtype=torch.int64)
+    row = torch.zeros(1024)
+    yield "ce_stats", stats_call(tile, target_col, row, row, row, interpreted=False)
+    yield "ce_grad", grad_call(tile, target_col, row, interpreted=False)
+
+
+def ce_variants(quick: bool) -> list[torch.dtype]:
+    return [torch.bfloat16, torch.float32] if quick else [torch.bfloat16, torch.float16, torch.float32]
+
+
 def variants(quick: bool) -> list[tuple[int, torch.dtype, bool]]:
     if quick:
         return [(64, torch.bfloat16, True), (128, FP8_DTYPE, False), (32, torch.float32, True)]
@@ -134,7 +149,8 @@ def variants(quick: bool) -> list[tuple[int, torch.dtype, bool]]:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", type=int, default=90, help="compute capability as an int (90 = H100/H200)")
-    parser.add_argument("--quick", action="store_true", help="three representative variants only")
+    parser.add_argument("--quick", action="store_true",
+                        help="three copy-kernel variants and two cross-entropy dtypes only")
     args = parser.parse_args(argv)
     from cplm_kernels import triton_copy
     from cplm_kernels.interpreter import kernels_are_interpreted
@@ -142,19 +158,23 @@ def main(argv=None) -> int:
     if kernels_are_interpreted(triton_copy.copy_lse_fwd_kernel):
         print("aot_check needs TRITON_INTERPRET unset (kernels were built for the interpreter)", file=sys.stderr)
         return 2
+    calls = [(f"{name:7s} d={head_dim:3d} {str(dtype).replace('torch.', ''):14s} docs={with_docs}", call)
+             for head_dim, dtype, with_docs in variants(args.quick)
+             for name, call in representative_calls(head_dim, dtype, with_docs, args.arch)]
+    calls += [(f"{name:8s} {str(dtype).replace('torch.', ''):14s}", call)
+              for dtype in ce_variants(args.quick) for name, call in representative_ce_calls(dtype)]
     failures = 0
-    for head_dim, dtype, with_docs in variants(args.quick):
-        for name, call in representative_calls(head_dim, dtype, with_docs, args.arch):
-            label = f"sm_{args.arch} {name:7s} d={head_dim:3d} {str(dtype).replace('torch.', ''):14s} docs={with_docs}"
-            start = time.perf_counter()
-            try:
-                compiled = compile_call(call, args.arch)
-            except Exception as err:  # noqa: BLE001 -- report every variant, then fail
-                failures += 1
-                print(f"FAIL {label}: {type(err).__name__}: {err}", flush=True)
-                continue
-            print(f"ok   {label}  shared={compiled.metadata.shared:6d} B  {register_usage(compiled.asm['cubin'])}  "
-                  f"({time.perf_counter() - start:.1f} s)", flush=True)
+    for what, call in calls:
+        label = f"sm_{args.arch} {what}"
+        start = time.perf_counter()
+        try:
+            compiled = compile_call(call, args.arch)
+        except Exception as err:  # noqa: BLE001 -- report every variant, then fail
+            failures += 1
+            print(f"FAIL {label}: {type(err).__name__}: {err}", flush=True)
+            continue
+        print(f"ok   {label}  shared={compiled.metadata.shared:6d} B  {register_usage(compiled.asm['cubin'])}  "
+              f"({time.perf_counter() - start:.1f} s)", flush=True)
     print("PASS" if failures == 0 else f"FAIL ({failures} variants)")
     return 1 if failures else 0
 

@@ -1,25 +1,34 @@
 #!/usr/bin/env python
-"""Parameter counts, FLOPs per token and a per-GPU memory estimate for a model preset and layout.
+"""Parameter counts, FLOPs per token and a per-GPU memory estimate for a model preset and layout;
+which layouts fit a GPU's memory.
 
 The model is built for real as a Megatron-Core GPTModel on the meta device (no memory is allocated,
-even for 13B) and its parameter count is checked against the analytic formula.
+even for 13B) and its parameter count is checked against the analytic formula. The memory estimate
+counts the LM head's loss per `--lm-head-loss` (Megatron's logits, or one tile) and the optimizer
+states left on the GPU with `--offload-fraction`; `--gpu-memory 80GB` says whether the layout fits,
+and `--plan` lists the layouts of `--gpus` GPUs that fit, least costly first.
 
   python tools/model_info.py --preset smollm2-1.7b --tp 2 --pp 1 --dp 8 --seq-len 2048 --micro-batch 4
+  python tools/model_info.py --preset llama-13b --gpu-memory 80GB --plan --gpus 8 --seq-len 4096
 """
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from typing import Dict, List, Optional
 
 from cplm_megatron.cli import quiet_known_warnings
 from cplm_megatron.model.accounting import (
+    GIB,
     CopyHeadShape,
     backbone_params,
     copy_head_params,
+    lm_head_loss_bytes,
     memory_estimate,
     model_summary,
+    plan_layouts,
 )
 from cplm_megatron.model.config import ModelConfig, available_presets, load_preset
 
@@ -47,6 +56,17 @@ def _fmt(n: float) -> str:
     return f"{n:,.0f}"
 
 
+_UNITS = {"": 1e9, "gb": 1e9, "g": 1e9, "gib": 2**30, "mb": 1e6, "mib": 2**20, "tb": 1e12, "tib": 2**40}
+
+
+def parse_memory(text: str) -> float:
+    """'80GB' (decimal, 10^9 bytes: conservative, an "80GB" H100 holds 85.5e9), '80GiB', '141GB' -> GiB."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
+    if not match or match.group(2).lower() not in _UNITS:
+        raise argparse.ArgumentTypeError(f"--gpu-memory {text!r}: expected a size like 80GB, 80GiB or 141GB")
+    return float(match.group(1)) * _UNITS[match.group(2).lower()] / GIB
+
+
 def report(args: argparse.Namespace) -> Dict[str, object]:
     """Everything model_info prints, as a dict."""
     model = load_preset(args.preset)
@@ -57,11 +77,28 @@ def report(args: argparse.Namespace) -> Dict[str, object]:
         raise SystemExit(f"parameter count mismatch: built {built} vs analytic {summary}")
     summary["built_on_meta_device"] = built
     summary["layout"] = dict(tp=args.tp, pp=args.pp, dp=args.dp, sp=args.sp, seq_len=args.seq_len,
-                             micro_batch=args.micro_batch, recompute=args.recompute, dtype=args.dtype)
-    summary["memory_per_gpu"] = memory_estimate(
+                             micro_batch=args.micro_batch, recompute=args.recompute, dtype=args.dtype,
+                             lm_head_loss=args.lm_head_loss, offload_fraction=args.offload_fraction)
+    param_bytes = 4 if args.dtype == "fp32" else 2
+    summary["memory_per_gpu"] = mem = memory_estimate(
         model, copy, tp=args.tp, pp=args.pp, dp=args.dp, seq_len=args.seq_len, micro_batch=args.micro_batch,
-        sp=args.sp, param_bytes=4 if args.dtype == "fp32" else 2, recompute=args.recompute,
+        sp=args.sp, param_bytes=param_bytes, recompute=args.recompute, lm_head_loss=args.lm_head_loss,
+        offload_fraction=args.offload_fraction,
     )
+    tokens = args.seq_len * args.micro_batch
+    summary["lm_head_loss_per_micro_batch_gib"] = {
+        impl: {k: v / GIB for k, v in lm_head_loss_bytes(model, tokens, args.tp, impl, param_bytes).items()}
+        for impl in ("megatron", "chunked", "fused")
+    }
+    if args.gpu_memory is not None:
+        usable = args.gpu_memory * (1 - args.reserve)
+        total = mem["total_distributed_optimizer_gib"]
+        summary["fit"] = {"gpu_memory_gib": args.gpu_memory, "usable_gib": usable, "total_gib": total,
+                          "fits": total <= usable}
+        if args.plan:
+            rows = plan_layouts(model, copy, args.gpus, args.seq_len, args.micro_batch, usable, param_bytes)
+            summary["plan"] = {"gpus": args.gpus, "usable_gib": usable, "fitting": [r for r in rows if r["fits"]],
+                               "considered": len(rows)}
     return summary
 
 
@@ -83,15 +120,40 @@ def print_table(s: Dict[str, object]) -> None:
         ("params per GPU (largest stage)", _fmt(mem["params_per_gpu"])),
         ("weights / grads (GiB)", f"{mem['weights_gib']:.2f} / {mem['grads_gib']:.2f}"),
         ("optimizer states (GiB)", f"{mem['optimizer_gib']:.2f} (distributed optimizer: "
-         f"{mem['optimizer_distributed_gib']:.2f})"),
-        ("activations (GiB)", f"{mem['activations_gib']:.2f}"),
+         f"{mem['optimizer_distributed_gib']:.2f}"
+         + (f", {mem['optimizer_host_gib']:.2f} offloaded to host memory)" if lay["offload_fraction"] else ")")),
+        ("activations (GiB)", f"{mem['activations_gib']:.2f} (stage: {mem['busiest_stage']})"),
+        ("LM-head loss, 1 micro-batch (GiB)", "  ".join(
+            f"{impl} {v['peak']:.3f}" + (" <-" if impl == lay["lm_head_loss"] else "")
+            for impl, v in s["lm_head_loss_per_micro_batch_gib"].items())),
         ("total per GPU (GiB)", f"{mem['total_gib']:.2f} (distributed optimizer: "
          f"{mem['total_distributed_optimizer_gib']:.2f})"),
         ("assumptions", mem["assumptions"]),
     ]
+    if "fit" in s:
+        fit = s["fit"]
+        rows.append((f"fits {fit['gpu_memory_gib']:.1f} GiB GPUs", f"{'yes' if fit['fits'] else 'NO'}: "
+                     f"{fit['total_gib']:.2f} of {fit['usable_gib']:.2f} GiB usable (distributed optimizer)"))
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         print(f"{key:<{width}}  {value}")
+    if "plan" in s:
+        print_plan(s["plan"])
+
+
+def print_plan(plan: Dict[str, object], limit: int = 8) -> None:
+    """The fitting layouts, least costly first (no offload first, then fewest extra FLOPs)."""
+    fitting = plan["fitting"]
+    print(f"\nlayouts of {plan['gpus']} GPUs that fit in {plan['usable_gib']:.1f} GiB: {len(fitting)} of "
+          f"{plan['considered']} (distributed optimizer; SP with TP)")
+    if not fitting:
+        print("  none: more GPUs (pipeline stages), a shorter sequence or a smaller micro-batch")
+        return
+    print(f"  {'tp':>2} {'pp':>2} {'dp':>2}  {'recompute':<9}  {'lm_head_loss':<12}  {'offload':>7}  "
+          f"{'GiB/GPU':>7}  {'+FLOPs':>6}")
+    for r in fitting[:limit]:
+        print(f"  {r['tp']:>2} {r['pp']:>2} {r['dp']:>2}  {r['recompute']:<9}  {r['lm_head_loss']:<12}  "
+              f"{r['offload_fraction']:>7.1f}  {r['total_gib']:>7.2f}  {r['extra_flops_pct']:>5.1f}%")
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
@@ -105,6 +167,15 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--seq-len", type=int, default=2048)
     p.add_argument("--micro-batch", type=int, default=1)
     p.add_argument("--recompute", choices=["none", "selective", "full"], default="none")
+    p.add_argument("--lm-head-loss", choices=["megatron", "chunked", "fused"], default="megatron",
+                   help="model.lm_head_loss: Megatron's logits, or the loss over tiles (no logits tensor)")
+    p.add_argument("--offload-fraction", type=float, default=0.0,
+                   help="optimizer.offload_fraction: share of the distributed optimizer's states on the CPU")
+    p.add_argument("--gpu-memory", type=parse_memory, help="GPU memory, e.g. 80GB (decimal) or 80GiB: does it fit?")
+    p.add_argument("--reserve", type=float, default=0.1,
+                   help="fraction of --gpu-memory kept free for the CUDA context, NCCL and fragmentation")
+    p.add_argument("--plan", action="store_true", help="with --gpu-memory: list the layouts of --gpus GPUs that fit")
+    p.add_argument("--gpus", type=int, default=8, help="GPUs for --plan (default: one 8-GPU node)")
     p.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16")
     p.add_argument("--no-copy-head", action="store_true", help="report the plain backbone")
     p.add_argument("--copy-heads", type=int, default=4)
@@ -120,6 +191,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     from cplm_megatron.parallel.distributed import ParallelConfig, validate_layout
 
     try:
+        if args.plan and args.gpu_memory is None:
+            raise ConfigError("--plan needs --gpu-memory (e.g. --gpu-memory 80GB)")
+        if not 0.0 <= args.offload_fraction <= 1.0 or not 0.0 <= args.reserve < 1.0:
+            raise ConfigError("--offload-fraction must be in [0, 1] and --reserve in [0, 1)")
         validate_layout(args.tp * args.pp * args.dp, ParallelConfig(tp=args.tp, pp=args.pp, sp=args.sp),
                         load_preset(args.preset))
         summary = report(args)

@@ -122,6 +122,47 @@ def activation_bytes_per_layer_token(m: ModelConfig, tp: int, sp: bool, recomput
     return per
 
 
+# Tile of the chunked/fused LM-head loss on GPUs (cplm_kernels.linear_ce.default_chunks for CUDA).
+GPU_CE_TILE = (1024, 16384)
+
+
+def lm_head_loss_bytes(m: ModelConfig, tokens: int, tp: int, lm_head_loss: str = "megatron",
+                       param_bytes: int = 2, tile: tuple = GPU_CE_TILE) -> Dict[str, float]:
+    """Memory of the LM head's loss for one micro-batch of ``tokens`` on one GPU of the last stage:
+    ``held`` from its forward until its backward, ``peak`` while it runs (inputs and the returned
+    gradients excluded).
+
+    megatron: logits ``[tokens, V/tp]`` in the compute dtype and their fp32 copy (kept as the softmax,
+    overwritten in place by the gradient, cast back for the GEMMs in 16-bit training): held 4 B, peak
+    ``4 + param_bytes`` B per logit (4 B in fp32), plus 9 B per token held. chunked/fused: one tile of
+    logits at a time (chunked upcasts a 16-bit tile to fp32, fused reads it in place), the tile's
+    hidden rows scaled by the upstream gradient, in 16-bit training fp32 accumulators for the
+    hidden-state gradient and a tile's weight rows, and a few per-token vectors; the forward keeps
+    12 B per token (log-sum-exp and target)."""
+    logits = tokens * m.padded_vocab_size / tp
+    if lm_head_loss == "megatron":  # + a target mask (bool) and masked targets (int64) per token
+        return {"held": 4 * logits + 9 * tokens, "peak": (4 + (param_bytes if param_bytes < 4 else 0)) * logits}
+    rows, cols = min(tokens, tile[0]), min(m.padded_vocab_size / tp, tile[1])
+    per_tile = param_bytes + (4 if lm_head_loss == "chunked" and param_bytes < 4 else 0)
+    accumulators = 4 * m.hidden_size * (tokens + cols) if param_bytes < 4 else 0
+    scaled_rows = param_bytes * rows * m.hidden_size  # a tile's hidden rows times the upstream gradient
+    return {"held": 12 * tokens, "peak": per_tile * rows * cols + scaled_rows + accumulators + 40 * tokens}
+
+
+def optimizer_bytes_per_param(param_bytes: int, dp: int, distributed: bool, offload_fraction: float = 0.0
+                              ) -> Dict[str, float]:
+    """Adam state per parameter on the GPU and in host memory: fp32 moments (8 B), fp32 master weights
+    (4 B) when parameters are 16-bit; sharded over ``dp`` with the distributed optimizer. CPU offload
+    (megatron-core's HybridDeviceOptimizer on its precision-aware path) moves ``offload_fraction``
+    of the shard -- master weights and moments -- to the host, plus a pinned fp32 gradient copy."""
+    states = 8 + (4 if param_bytes < 4 else 0)
+    shard = states / dp if distributed else states
+    if offload_fraction and not distributed:
+        raise ValueError("optimizer offload needs the distributed optimizer")
+    host = offload_fraction * (shard + 4 / dp + (4 / dp if param_bytes == 4 else 0))
+    return {"gpu": shard * (1 - offload_fraction), "host": host}
+
+
 def memory_estimate(
     m: ModelConfig,
     c: Optional[CopyHeadShape] = None,
@@ -133,39 +174,118 @@ def memory_estimate(
     sp: bool = False,
     param_bytes: int = 2,
     recompute: str = "none",
+    lm_head_loss: str = "megatron",
+    offload_fraction: float = 0.0,
 ) -> Dict[str, object]:
-    """Per-GPU memory (GiB) on the most loaded pipeline stage, with and without the distributed optimizer."""
+    """Per-GPU memory (GiB) on the most loaded pipeline stage, with and without the distributed optimizer.
+
+    Stages are accounted separately under 1F1B: stage ``i`` holds ``pp - i`` micro-batches of layer
+    activations in flight; the last stage adds the LM head's loss and the copy head for one micro-batch.
+    ``offload_fraction`` applies to the distributed optimizer's figures."""
     stage = _stage_params(m, c, tp, pp)
-    params = max(stage.values())
-    weights = params * param_bytes
-    grads = params * 4  # fp32 main-grad buffer
-    master = params * 4 if param_bytes < 4 else 0
-    adam = params * 8
-    opt_plain = master + adam
-    opt_dist = opt_plain / dp
     tokens = seq_len * micro_batch
-    in_flight = pp  # 1F1B: the first stage holds up to pp micro-batches
     layers_per_stage = m.num_layers / pp
-    act_layers = activation_bytes_per_layer_token(m, tp, sp, recompute) * tokens * layers_per_stage * in_flight
-    logits = tokens * m.padded_vocab_size / tp * 4 * 2  # fp32 logits + their grad on the last stage
+    per_micro_batch = activation_bytes_per_layer_token(m, tp, sp, recompute) * tokens * layers_per_stage
+    head = lm_head_loss_bytes(m, tokens, tp, lm_head_loss, param_bytes)
     copy = 0.0
     if c is not None:
         copy = tokens * (2 * 2 * c.heads * c.head_dim + 4 * 2 * c.heads)  # q, k (bf16) + 2 fp32 stats
-    activations = act_layers + logits + copy
+    loss_side = head["peak"] + copy
+    activations = {"first": per_micro_batch * pp, "last": per_micro_batch + loss_side}
+    opt_plain = optimizer_bytes_per_param(param_bytes, dp, distributed=False)
+    opt_dist = optimizer_bytes_per_param(param_bytes, dp, distributed=True, offload_fraction=offload_fraction)
+    weights_grads = 2 + 4 if param_bytes < 4 else 4 + 4  # weights + fp32 main-grad buffer
+
+    def total(stage_name: str, opt: Dict[str, float]) -> float:
+        return stage[stage_name] * (weights_grads + opt["gpu"]) + activations[stage_name]
+
+    busiest = max(stage, key=lambda name: total(name, opt_dist))
+    params = stage[busiest]
     return {
         "params_per_gpu": int(params),
-        "weights_gib": weights / GIB,
-        "grads_gib": grads / GIB,
-        "optimizer_gib": opt_plain / GIB,
-        "optimizer_distributed_gib": opt_dist / GIB,
-        "activations_gib": activations / GIB,
-        "total_gib": (weights + grads + opt_plain + activations) / GIB,
-        "total_distributed_optimizer_gib": (weights + grads + opt_dist + activations) / GIB,
+        "weights_gib": params * param_bytes / GIB,
+        "grads_gib": params * 4 / GIB,
+        "optimizer_gib": params * opt_plain["gpu"] / GIB,
+        "optimizer_distributed_gib": params * opt_dist["gpu"] / GIB,
+        "optimizer_host_gib": params * opt_dist["host"] / GIB,
+        "activations_gib": activations[busiest] / GIB,
+        "lm_head_loss_gib": head["peak"] / GIB,
+        "lm_head_loss_held_gib": head["held"] / GIB,
+        "busiest_stage": busiest if pp > 1 else "only",
+        "total_gib": max(total(n, opt_plain) for n in stage) / GIB,
+        "total_distributed_optimizer_gib": total(busiest, opt_dist) / GIB,
         "assumptions": (
             f"{'bf16' if param_bytes == 2 else 'fp32'} params, fp32 grads/Adam, flash attention, "
-            f"1F1B with {in_flight} micro-batch(es) in flight, recompute={recompute}, sp={sp}"
+            f"1F1B (first stage {pp} micro-batch(es) in flight), recompute={recompute}, sp={sp}, "
+            f"lm_head_loss={lm_head_loss}, offload_fraction={offload_fraction}"
         ),
     }
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One way to run a model on ``tp * pp * dp`` GPUs, with its memory-saving options."""
+
+    tp: int
+    pp: int
+    dp: int
+    recompute: str = "none"
+    lm_head_loss: str = "megatron"
+    offload_fraction: float = 0.0
+
+    @property
+    def sp(self) -> bool:
+        return self.tp > 1  # sequence parallelism whenever tensor parallel (Megatron-LM's advice)
+
+
+RECOMPUTE_OPTIONS = ("none", "selective", "full")
+LM_HEAD_LOSS_OPTIONS = ("megatron", "fused")  # chunked costs the same memory on GPUs and is slower
+OFFLOAD_OPTIONS = (0.0, 0.5, 1.0)
+
+
+def layout_valid(m: ModelConfig, tp: int, pp: int) -> bool:
+    """The layout checks of parallel.distributed.validate_layout that depend on the shapes only."""
+    return (m.num_attention_heads % tp == 0 and m.kv_heads % tp == 0 and m.num_layers % pp == 0
+            and m.padded_vocab_size % tp == 0)
+
+
+def extra_flops_fraction(m: ModelConfig, seq_len: int, c: Optional[CopyHeadShape], layout: Layout) -> float:
+    """Training FLOPs added by recomputation (layers, and the LM head's logits recomputed by the
+    chunked/fused loss) relative to the plain step."""
+    base = train_flops_per_token(m, seq_len, c)
+    extra = train_flops_per_token(m, seq_len, c, layout.recompute) - base
+    if layout.lm_head_loss != "megatron":
+        extra += forward_flops_per_token(m, seq_len, c)["lm_head"]
+    return extra / base
+
+
+def plan_layouts(m: ModelConfig, c: Optional[CopyHeadShape], gpus: int, seq_len: int, micro_batch: int,
+                 usable_gib: float, param_bytes: int = 2) -> list:
+    """Every layout of ``gpus`` GPUs (distributed optimizer; SP with TP) with each recomputation,
+    LM-head loss and offload option, as dicts with the per-GPU estimate and whether it fits in
+    ``usable_gib``; the least costly first: no offload before offload, then fewest extra FLOPs, then
+    the least model parallelism."""
+    rows = []
+    for tp in (t for t in (1, 2, 4, 8) if gpus % t == 0):
+        for pp in (p for p in (1, 2, 4, 8) if gpus % (tp * p) == 0):
+            if not layout_valid(m, tp, pp):
+                continue
+            dp = gpus // (tp * pp)
+            for recompute in RECOMPUTE_OPTIONS:
+                for loss in LM_HEAD_LOSS_OPTIONS:
+                    for offload in OFFLOAD_OPTIONS:
+                        layout = Layout(tp, pp, dp, recompute, loss, offload)
+                        mem = memory_estimate(m, c, tp=tp, pp=pp, dp=dp, seq_len=seq_len, micro_batch=micro_batch,
+                                              sp=layout.sp, param_bytes=param_bytes, recompute=recompute,
+                                              lm_head_loss=loss, offload_fraction=offload)
+                        total = mem["total_distributed_optimizer_gib"]
+                        rows.append({**asdict(layout), "sp": layout.sp, "total_gib": total,
+                                     "fits": total <= usable_gib,
+                                     "extra_flops_pct": 100 * extra_flops_fraction(m, seq_len, c, layout),
+                                     "lm_head_loss_gib": mem["lm_head_loss_gib"],
+                                     "optimizer_host_gib": mem["optimizer_host_gib"]})
+    rows.sort(key=lambda r: (r["offload_fraction"], round(r["extra_flops_pct"], 6), r["tp"] * r["pp"], r["pp"]))
+    return rows
 
 
 def model_summary(m: ModelConfig, c: Optional[CopyHeadShape], seq_len: int) -> Dict[str, object]:

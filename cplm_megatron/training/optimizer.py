@@ -22,10 +22,18 @@ class OptimizerConfig:
     overlap_grad_reduce: bool = False
     overlap_param_gather: bool = False
     bucket_size: Optional[int] = None
+    # Fraction of this rank's optimizer shard (fp32 master weights + Adam moments) kept and stepped on
+    # the CPU: megatron-core's HybridDeviceOptimizer (`optimizer_cpu_offload`). GPU + Transformer Engine.
+    offload_fraction: float = 0.0
 
     def validate(self) -> None:
         if self.overlap_param_gather and not self.distributed:
             raise ConfigError("optimizer.overlap_param_gather=true needs optimizer.distributed=true")
+        if not 0.0 <= self.offload_fraction <= 1.0:
+            raise ConfigError(f"optimizer.offload_fraction must be in [0, 1], got {self.offload_fraction}")
+        if self.offload_fraction and not self.distributed:
+            raise ConfigError("optimizer.offload_fraction > 0 offloads the distributed optimizer's shard: "
+                              "set optimizer.distributed=true")
 
 
 @dataclass
@@ -73,12 +81,26 @@ def wrap_ddp(chunks: List[torch.nn.Module], opt: OptimizerConfig, bf16: bool) ->
     ]
 
 
-def build_optimizer(chunks: List[torch.nn.Module], opt: OptimizerConfig, dtype: str, lr: float, min_lr: float):
-    """Megatron optimizer (Adam with decoupled weight decay) over DDP-wrapped chunks."""
-    from megatron.core.optimizer import OptimizerConfig as MegatronOptimizerConfig
-    from megatron.core.optimizer import get_megatron_optimizer
+def check_offload_supported(opt: OptimizerConfig) -> None:
+    """CPU offload runs megatron-core's HybridDeviceOptimizer, which moves gradients and weights over
+    CUDA streams, on its precision-aware optimizer path, whose config needs Transformer Engine installed
+    (megatron-core 0.16.1 through main compare TE's version unconditionally)."""
+    if not opt.offload_fraction:
+        return
+    import importlib.util
 
-    cfg = MegatronOptimizerConfig(
+    if not torch.cuda.is_available() or importlib.util.find_spec("transformer_engine") is None:
+        raise ConfigError("optimizer.offload_fraction > 0 (megatron-core's optimizer CPU offload) needs a CUDA GPU "
+                          "and Transformer Engine; set optimizer.offload_fraction=0 here")
+
+
+def megatron_optimizer_kwargs(opt: OptimizerConfig, dtype: str, lr: float, min_lr: float) -> dict:
+    """Arguments of megatron-core's OptimizerConfig for this setup (Adam with decoupled weight decay).
+
+    With ``offload_fraction`` > 0: ``optimizer_cpu_offload`` with that fraction, on the
+    precision-aware optimizer path that Megatron-LM requires for it (the hybrid optimizer then owns
+    the fp32 master weights: the offloaded share of master weights and moments leaves the GPU)."""
+    kwargs = dict(
         optimizer="adam",
         lr=lr,
         min_lr=min_lr,
@@ -93,6 +115,19 @@ def build_optimizer(chunks: List[torch.nn.Module], opt: OptimizerConfig, dtype: 
         use_distributed_optimizer=opt.distributed,
         overlap_param_gather_with_optimizer_step=False,
     )
+    if opt.offload_fraction:
+        kwargs.update(optimizer_cpu_offload=True, optimizer_offload_fraction=opt.offload_fraction,
+                      use_precision_aware_optimizer=True)
+    return kwargs
+
+
+def build_optimizer(chunks: List[torch.nn.Module], opt: OptimizerConfig, dtype: str, lr: float, min_lr: float):
+    """Megatron optimizer (Adam with decoupled weight decay) over DDP-wrapped chunks."""
+    from megatron.core.optimizer import OptimizerConfig as MegatronOptimizerConfig
+    from megatron.core.optimizer import get_megatron_optimizer
+
+    check_offload_supported(opt)
+    cfg = MegatronOptimizerConfig(**megatron_optimizer_kwargs(opt, dtype, lr, min_lr))
     return get_megatron_optimizer(cfg, chunks)
 
 

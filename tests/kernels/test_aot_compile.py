@@ -1,4 +1,5 @@
-"""The fused kernels compile for sm_90 (H100/H200) on this CPU machine (Triton AOT + bundled ptxas)."""
+"""The fused kernels (copy scores, cross-entropy tiles) compile for sm_90 (H100/H200) on this CPU machine
+(Triton AOT + bundled ptxas)."""
 import os
 import subprocess
 import sys
@@ -12,4 +13,6 @@ def test_kernels_compile_for_hopper():
     result = subprocess.run([sys.executable, "-m", "cplm_kernels.aot_check", "--quick", "--arch", "90"], env=env,
                             capture_output=True, text=True, check=False, timeout=600)
     assert result.returncode == 0 and result.stdout.strip().endswith("PASS"), result.stdout + result.stderr
-    assert result.stdout.count("\nok ") + result.stdout.startswith("ok ") == 9  # 3 variants x 3 kernels
+    # 3 copy variants x 3 kernels + 2 dtypes x 2 cross-entropy tile kernels
+    assert result.stdout.count("\nok ") + result.stdout.startswith("ok ") == 13
+    assert result.stdout.count("ce_stats") == 2 and result.stdout.count("ce_grad") == 2

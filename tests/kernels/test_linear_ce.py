@@ -34,6 +34,7 @@ def assert_matches(actual, expected, tol):
 
 @pytest.mark.parametrize("n, h, v, chunks", [
     (50, 16, 97, CEChunks(7, 13)),  # neither dimension a multiple of its chunk
+    (50, 16, 97, CEChunks(7, 13, vocab_major=True)),  # the tile stored transposed (the CPU default)
     (50, 16, 97, CEChunks(64, 1000)),  # one tile holds everything
     (9, 8, 11, CEChunks(1, 1)),  # one logit per tile
     (33, 64, 300, CEChunks(32, 128)),
@@ -58,7 +59,7 @@ def test_targets_outside_the_vocabulary_follow_megatron():
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_half_precision_matches_materialized_logits(dtype):
     case = cases.make_case(48, 32, 200, seed=7)
-    got = cases.values_and_grads(linear_cross_entropy, case, dtype, chunks=CEChunks(16, 64))
+    got = cases.values_and_grads(linear_cross_entropy, case, dtype, chunks=CEChunks(16, 64, vocab_major=True))
     ref = cases.values_and_grads(linear_cross_entropy_reference, case, dtype)
     assert_matches(got, ref, HALF_TOL)
 
@@ -152,9 +153,11 @@ def test_tile_kernels_equal_torch_tile_ops():
 
 
 @needs_triton
-def test_fused_fp32_matches_fp64_ground_truth():
+@pytest.mark.parametrize("vocab_major", [False, True])
+def test_fused_fp32_matches_fp64_ground_truth(vocab_major):
     case = cases.make_case(40, 16, 100, seed=9, out_of_range=True)
-    got = cases.values_and_grads(linear_cross_entropy, case, torch.float32, impl="fused", chunks=CEChunks(16, 32))
+    got = cases.values_and_grads(linear_cross_entropy, case, torch.float32, impl="fused",
+                                 chunks=CEChunks(16, 32, vocab_major))
     assert_matches(got, cases.ground_truth(case), FP32_TOL)
 
 

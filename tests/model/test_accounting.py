@@ -1,4 +1,6 @@
-"""FLOPs per token (used for TFLOP/s and MFU) against DeepSpeed's flops profiler on a real forward pass.
+"""Accounting: FLOPs per token (used for TFLOP/s and MFU) against DeepSpeed's flops profiler on a real
+forward pass; the LM-head loss memory against torch's MemTracker on Megatron's and our path; optimizer
+offload and the layout planner.
 
 Measured (tiny preset, seq 256, batch 2): the profiler's multiply-accumulates x 2 equal our matmul count
 exactly for the backbone; its total is 0.65% higher because it also counts element-wise work (norms,
@@ -6,9 +8,15 @@ softmax, SwiGLU, residual adds) that the MFU convention leaves out.
 """
 import pytest
 
+from cplm_megatron.model.accounting import (
+    GIB,
+    Layout,
+    lm_head_loss_bytes,
+    memory_estimate,
+    plan_layouts,
+)
+from cplm_megatron.model.config import load_preset
 from tests.dist_utils import run_distributed
-
-pytestmark = pytest.mark.slow
 
 
 def _profile(rank: int, copy: bool):
@@ -37,9 +45,102 @@ def _profile(rank: int, copy: bool):
     return {"profiler_flops": measured, "profiler_macs": macs, "ours": sum(ours.values()) * b * s}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("copy", [False, True], ids=["backbone", "cplm"])
 def test_flops_formula_matches_deepspeed_profiler(copy):
     [r] = run_distributed(_profile, 1, copy)
     assert abs(r["profiler_flops"] - r["ours"]) / r["ours"] < 0.02, r
     if not copy:
         assert 2 * r["profiler_macs"] == r["ours"], r  # matmuls: exact agreement
+
+
+def _lm_head_memory(rank: int, impl: str, tokens: int, hidden: int, vocab: int):
+    """MemTracker: bytes the LM-head loss keeps from forward to backward and its peak beyond inputs
+    and returned gradients (fp32, TP=1, Megatron's output layer)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    import lm_head_loss as bench
+    import torch
+
+    bench.init_megatron()
+    case = bench.make_case(hidden, tokens, vocab, torch.float32)
+    peak, working, saved, _ = bench.measure_memory(bench.runner(case, impl, None), case)
+    return {"working": working, "saved": saved}
+
+
+@pytest.mark.slow
+def test_lm_head_loss_memory_model_matches_measurement():
+    tokens, hidden, vocab = 256, 32, 4096
+    m = load_preset("tiny", hidden_size=hidden, vocab_size=vocab)
+    [meg] = run_distributed(_lm_head_memory, 1, "megatron", tokens, hidden, vocab)
+    [ours] = run_distributed(_lm_head_memory, 1, "chunked", tokens, hidden, vocab)
+    model = lm_head_loss_bytes(m, tokens, 1, "megatron", param_bytes=4)
+    assert meg["saved"] == model["held"]  # the fp32 softmax [tokens, V] and two per-token tensors, exactly
+    assert model["peak"] <= meg["working"] <= 1.05 * model["peak"], (meg, model)  # + per-token vectors
+    model = lm_head_loss_bytes(m, tokens, 1, "chunked", param_bytes=4)
+    assert ours["saved"] <= model["held"] and ours["working"] <= model["peak"]
+
+
+def test_lm_head_loss_memory_per_micro_batch_1p7b_seq8192():
+    m = load_preset("smollm2-1.7b")
+    meg = lm_head_loss_bytes(m, 8192, 1, "megatron")
+    assert meg["peak"] == 6 * 8192 * 49152  # bf16 logits + their fp32 copy (softmax, then gradient)
+    assert meg["held"] == 4 * 8192 * 49152 + 9 * 8192
+    for impl in ("chunked", "fused"):
+        ours = lm_head_loss_bytes(m, 8192, 1, impl)
+        assert ours["held"] == 12 * 8192 and ours["peak"] < 0.15 * meg["peak"]
+    assert lm_head_loss_bytes(m, 8192, 1, "fused")["peak"] < lm_head_loss_bytes(m, 8192, 1, "chunked")["peak"]
+    # vocab parallelism divides Megatron's logits; the tile does not grow
+    assert lm_head_loss_bytes(m, 8192, 2, "megatron")["peak"] == meg["peak"] / 2
+
+
+def test_offload_moves_the_optimizer_shard_to_host_memory():
+    m = load_preset("llama-7b")
+    kw = dict(tp=2, dp=4, seq_len=4096, sp=True)
+    plain = memory_estimate(m, **kw)
+    half = memory_estimate(m, offload_fraction=0.5, **kw)
+    full = memory_estimate(m, offload_fraction=1.0, **kw)
+    assert half["optimizer_distributed_gib"] == pytest.approx(plain["optimizer_distributed_gib"] / 2)
+    assert full["optimizer_distributed_gib"] == 0 and plain["optimizer_host_gib"] == 0
+    params = plain["params_per_gpu"]
+    # bf16: fp32 master + two moments (12 B) sharded over dp=4, plus a pinned fp32 gradient copy (4 B)
+    assert full["optimizer_host_gib"] == pytest.approx(params * 16 / 4 / GIB)
+    saved = plain["total_distributed_optimizer_gib"] - full["total_distributed_optimizer_gib"]
+    assert saved == pytest.approx(plain["optimizer_distributed_gib"])
+    with pytest.raises(ValueError, match="distributed optimizer"):
+        from cplm_megatron.model.accounting import optimizer_bytes_per_param
+
+        optimizer_bytes_per_param(2, 4, distributed=False, offload_fraction=0.5)
+
+
+def test_planner_on_one_8_gpu_node():
+    usable = 80e9 / GIB * 0.9
+    for preset, seq in (("smollm2-1.7b", 2048), ("llama-7b", 4096), ("llama-13b", 4096)):
+        m = load_preset(preset)
+        rows = plan_layouts(m, None, 8, seq, 1, usable)
+        fitting = [r for r in rows if r["fits"]]
+        assert fitting, preset
+        best = fitting[0]
+        assert best["offload_fraction"] == 0 and best["extra_flops_pct"] == 0, (preset, best)
+        assert all(r["tp"] * r["pp"] * r["dp"] == 8 for r in rows)
+        if preset == "llama-13b":  # 13B weights + fp32 grads alone (6 B/param) exceed one GPU
+            assert not any(r["fits"] for r in rows if r["tp"] * r["pp"] == 1)
+    m = load_preset("smollm2-1.7b")
+    assert plan_layouts(m, None, 8, 2048, 1, usable)[0]["tp"] == 1  # no model parallelism needed
+
+
+def test_planner_prefers_the_fused_loss_where_megatron_logits_do_not_fit():
+    m = load_preset("llama-7b")
+    seq, mb = 8192, 2
+    megatron = memory_estimate(m, tp=1, pp=1, dp=8, seq_len=seq, micro_batch=mb, lm_head_loss="megatron")
+    fused = memory_estimate(m, tp=1, pp=1, dp=8, seq_len=seq, micro_batch=mb, lm_head_loss="fused")
+    gap = megatron["total_distributed_optimizer_gib"] - fused["total_distributed_optimizer_gib"]
+    assert gap == pytest.approx(megatron["lm_head_loss_gib"] - fused["lm_head_loss_gib"])
+    usable = fused["total_distributed_optimizer_gib"] + gap / 2  # between the two
+    rows = plan_layouts(m, None, 8, seq, mb, usable)
+    single = {(r["lm_head_loss"], r["recompute"], r["offload_fraction"]): r["fits"]
+              for r in rows if (r["tp"], r["pp"]) == (1, 1)}
+    assert single[("fused", "none", 0.0)] and not single[("megatron", "none", 0.0)]
+    assert Layout(2, 1, 4).sp and not Layout(1, 2, 4).sp

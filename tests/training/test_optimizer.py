@@ -1,0 +1,66 @@
+"""`optimizer.offload_fraction`: validation, the megatron-core arguments it turns into, and the clear error
+where megatron-core's CPU offload cannot run (no CUDA GPU or no Transformer Engine, e.g. this CPU machine).
+
+What is not verified here: the offloaded step itself. megatron-core's HybridDeviceOptimizer moves
+gradients and weights over CUDA streams and its precision-aware path needs Transformer Engine, so it
+cannot run on a CPU-only machine (see the README's verification table)."""
+import dataclasses
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from cplm_megatron.config.schema import load_run_config
+from cplm_megatron.errors import ConfigError
+from cplm_megatron.training.optimizer import (
+    OptimizerConfig,
+    check_offload_supported,
+    megatron_optimizer_kwargs,
+)
+
+REPO = Path(__file__).resolve().parents[2]
+OFFLOAD_RUNS_HERE = torch.cuda.is_available() and importlib.util.find_spec("transformer_engine") is not None
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["optimizer.offload_fraction=1.5", "optimizer.distributed=true"], "must be in \\[0, 1\\]"),
+    (["optimizer.offload_fraction=0.5"], "set optimizer.distributed=true"),
+])
+def test_bad_offload_settings_are_config_errors(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_run_config(REPO / "configs" / "tiny.yaml", overrides)
+
+
+def test_offload_fraction_reaches_megatron_core_optimizer_config():
+    from megatron.core.optimizer import OptimizerConfig as MegatronOptimizerConfig
+
+    fields = {f.name for f in dataclasses.fields(MegatronOptimizerConfig)}
+    plain = megatron_optimizer_kwargs(OptimizerConfig(distributed=True), "bf16", 1e-3, 1e-4)
+    assert "optimizer_cpu_offload" not in plain and set(plain) <= fields
+    kwargs = megatron_optimizer_kwargs(OptimizerConfig(distributed=True, offload_fraction=0.25), "bf16", 1e-3, 1e-4)
+    assert set(kwargs) <= fields  # every name is a field of this megatron-core's config
+    assert kwargs["optimizer_cpu_offload"] is True and kwargs["optimizer_offload_fraction"] == 0.25
+    assert kwargs["use_precision_aware_optimizer"] and kwargs["use_distributed_optimizer"]
+    assert {k: v for k, v in kwargs.items() if k in plain} == plain
+
+
+@pytest.mark.skipif(OFFLOAD_RUNS_HERE, reason="this machine has CUDA and Transformer Engine: offload can run")
+def test_offload_without_gpu_and_te_is_refused_with_the_fix():
+    check_offload_supported(OptimizerConfig(distributed=True))  # no offload: nothing to check
+    with pytest.raises(ConfigError, match="needs a CUDA GPU and Transformer Engine; set optimizer.offload_fraction=0"):
+        check_offload_supported(OptimizerConfig(distributed=True, offload_fraction=0.5))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(OFFLOAD_RUNS_HERE, reason="this machine has CUDA and Transformer Engine: offload can run")
+def test_training_entry_point_exits_2_on_offload_here(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "pretrain/pretrain_cplm.py", "--config", "configs/tiny.yaml", "--set",
+         f"run.dir={tmp_path / 'run'}", "train.iters=1", "optimizer.distributed=true", "optimizer.offload_fraction=0.5",
+         "logging.wandb=false", "data.synthetic=copy"],
+        cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "optimizer.offload_fraction" in proc.stderr and "Transformer Engine" in proc.stderr
