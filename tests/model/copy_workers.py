@@ -151,3 +151,34 @@ def spamlang_learning(rank: int, steps: int) -> Dict:
                 total += b["labels"][:, 1:].numel()
             acc.append(hits / total)
     return {"acc": acc, "vocab": cfg.vocab_size, "hidden": cfg.hidden_size}
+
+
+def training_batch_path(rank: int, overrides: list) -> Dict:
+    """Run pretrain_cplm.py's training path (Trainer: streaming loader -> collate -> train_step ->
+    forward_step -> model_inputs -> CPLMGPTModel) for one step and record, on the last pipeline stage,
+    what the model and its copy head received and what the head returned."""
+    from pathlib import Path
+
+    from cplm_megatron.config.schema import load_run_config
+    from cplm_megatron.training.trainer import Trainer
+
+    repo = Path(__file__).resolve().parents[2]
+    trainer = Trainer(load_run_config(str(repo / "configs" / "tiny.yaml"), overrides))
+    calls = []
+    for chunk in trainer.chunks:
+        model = chunk.module  # DDP -> CPLMGPTModel
+        if model.copy_head is None:
+            continue
+
+        def model_call(_module, _args, kwargs):
+            calls.append({"tokens": kwargs["input_ids"].clone(), "attention_mask": kwargs["attention_mask"],
+                          "position_ids": kwargs["position_ids"].clone()})
+
+        def head_call(_module, args, out):
+            calls[-1].update(document_ids=args[4], gate=out.gate.detach().clone(),
+                             has_candidate=out.has_candidate.clone())
+
+        model.register_forward_pre_hook(model_call, with_kwargs=True)
+        model.copy_head.register_forward_hook(head_call)
+    trainer.run()
+    return {"calls": calls}

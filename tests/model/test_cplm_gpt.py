@@ -49,3 +49,65 @@ def test_tiny_cplm_learns_spamlang():
     assert max(r["acc"]) >= 0.99, r["acc"]
     first = next(i for i, a in enumerate(r["acc"]) if a >= 0.99)
     assert first < 40, r["acc"]
+
+
+EOD = 0
+
+
+@pytest.fixture(scope="module")
+def short_documents(tmp_path_factory) -> str:
+    """A packed dataset of short documents (3-12 tokens from a 12-token alphabet: many copy matches, several
+    document boundaries in every 32-token sample), EOD id 0."""
+    from tests.data_fixtures import write_synthetic_dataset
+
+    g = torch.Generator().manual_seed(11)
+    docs = [torch.randint(1, 13, (int(torch.randint(3, 13, (1,), generator=g)),), generator=g).tolist()
+            for _ in range(80)]
+    path = tmp_path_factory.mktemp("short-docs") / "train"
+    write_synthetic_dataset(path, docs, seq_len=32)
+    return str(path)
+
+
+@pytest.mark.parametrize("layout", [{"tp": 1}, {"tp": 2, "sp": "true"}, {"pp": 2}], ids=["tp1", "tp2-sp", "pp2"])
+def test_training_batch_path_gives_the_head_document_ids_without_document_masking(layout, short_documents, tmp_path,
+                                                                                   isolated_streaming):
+    """data.document_masking=false (plain causal attention, as the SmolLM2/Llama recipes): the packed samples'
+    document ids still reach the copy head, so the gate is exactly 0 at every document's first position."""
+    overrides = [f"run.dir={tmp_path / 'run'}", f"data.streams=[{short_documents}]", "data.val_streams=[]",
+                 "data.document_masking=false", "data.eod_mask_loss=false", "train.iters=1", "train.seq_len=32",
+                 "train.micro_batch=2", "train.global_batch=4", "train.eval_interval=0", "train.log_interval=1",
+                 "checkpoint.enabled=false", "logging.wandb=false", "copy_head.head_dim=16",
+                 *[f"parallel.{key}={value}" for key, value in layout.items()]]
+    world = layout.get("tp", 1) * layout.get("pp", 1)
+    calls = [call for r in run_distributed(w.training_batch_path, world, overrides) for call in r["calls"]]
+    assert len(calls) == 2 * (layout.get("tp", 1))  # two micro-batches on each rank holding the head
+    boundaries = 0
+    for call in calls:
+        tokens = call["tokens"]
+        assert call["attention_mask"] is None  # plain causal attention over the packed row
+        assert torch.equal(call["position_ids"], torch.arange(32).expand_as(tokens))
+        starts = torch.zeros_like(tokens, dtype=torch.bool)  # from the tokens themselves: after an EOD
+        starts[:, 0] = True
+        starts[:, 1:] = tokens[:, :-1] == EOD
+        boundaries += int(starts[:, 1:].sum())
+        assert call["document_ids"] is not None
+        assert (call["gate"][starts] == 0).all() and not call["has_candidate"][starts].any()
+        inside = ~starts & call["has_candidate"]
+        assert inside.sum() > tokens.numel() // 2 and (call["gate"][inside] > 0).all()
+    assert boundaries >= 4 * len(calls)
+
+
+@pytest.mark.parametrize("sp", [False, True], ids=["tp2", "tp2-sp"])
+def test_copy_head_gradients_are_bitwise_identical_across_tp_ranks(sp, tmp_path):
+    """The head is replicated and its gradients are not reduced across TP ranks: every rank must compute
+    exactly the same ones (same gathered hidden states, same all-reduced LM cross entropy) in a real step."""
+    from tests.parallel.layouts import one_step
+
+    copy = {"heads": 2, "head_dim": 16, "impl": "chunked"}
+    r0, r1 = run_distributed(one_step, 2, {"tp": 2, "sp": sp}, str(tmp_path / "init"), None, copy, 4, True)
+    assert r0["layout"] == (2, 1, 1)
+    assert set(r0["head_grads"]) == {"copy_head.q_proj.weight", "copy_head.k_proj.weight", "copy_head.gate.weight",
+                                     "copy_head.gate.bias"}
+    for name, grad in r0["head_grads"].items():
+        assert grad.abs().sum() > 0, name
+        assert torch.equal(grad, r1["head_grads"][name]), name
