@@ -157,3 +157,28 @@ def test_candidates_never_come_from_an_earlier_document(impl):
     assert base.has_match[:, second][:, 1:].any()  # document 1 copies from its own earlier positions
     assert not torch.equal(no_docs_changed.loss[:, second], no_docs.loss[:, second])
     assert no_docs.has_candidate[0, n + 1]  # the EOD (label: document 1's first token) and all of doc 0
+
+
+def test_fused_head_dim_is_checked_at_config_validation(monkeypatch):
+    from cplm_megatron.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"copy_head.head_dim=48: the fused copy kernel \(copy_head.impl=fused\) "
+                                          r"supports head_dim 32/64/128; .* copy_head.impl=chunked"):
+        CopyHeadConfig(head_dim=48, impl="fused").validate()
+    CopyHeadConfig(head_dim=48, impl="chunked").validate()
+    if not torch.cuda.is_available():
+        CopyHeadConfig(head_dim=48, impl="auto").validate()  # auto resolves to chunked without CUDA
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the check as it runs on a GPU node
+    with pytest.raises(ConfigError, match="impl=auto picks it on this CUDA machine"):
+        CopyHeadConfig(head_dim=48, impl="auto").validate()
+
+
+def test_fp8_that_cannot_apply_is_stated_in_the_log(caplog):
+    head = CopyPasteHead(HID, CopyHeadConfig(heads=2, head_dim=32, fp8=True))
+    with caplog.at_level("WARNING", logger="cplm_megatron.model.copy_head"):
+        impl = head.impl_for(torch.device("cpu"))
+        head.impl_for(torch.device("cpu"))  # once per device type
+    assert impl == "chunked"
+    assert [r.getMessage() for r in caplog.records] == [
+        "copy_head.fp8=true is not applied: copy_head.impl=auto runs the chunked path on cpu, and FP8 copy "
+        "scores exist only in the fused kernel (CUDA + triton)"]

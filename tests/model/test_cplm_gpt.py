@@ -1,14 +1,14 @@
 """CPLMGPTModel (Megatron GPTModel + Copy-Paste head): causality, edge positions, full distribution,
-the disabled head as the exact baseline, and learning SpamLang."""
+the disabled head as the exact baseline, document ids through the training batch path, gradients
+across TP ranks, Megatron-native inference, the megatron-core signature it relies on, learning SpamLang."""
 import pytest
 import torch
 
 from tests.dist_utils import run_distributed
 from tests.model import copy_workers as w
 
-pytestmark = pytest.mark.slow
 
-
+@pytest.mark.slow
 def test_causality_exact():
     [res] = run_distributed(w.causality, 1)
     for t, earlier_equal, later_changed in res["results"]:
@@ -16,6 +16,7 @@ def test_causality_exact():
         assert later_changed
 
 
+@pytest.mark.slow
 def test_positions_without_candidates_have_zero_gate_and_lm_loss():
     [r] = run_distributed(w.no_candidate_positions, 1)
     none = ~r["has_candidate"]
@@ -26,6 +27,7 @@ def test_positions_without_candidates_have_zero_gate_and_lm_loss():
     assert r["has_candidate"].sum() > 0 and (r["gate"][r["has_candidate"]] > 0).all()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tp", [1, 2])
 def test_full_distribution_sums_to_one_and_matches_the_loss(tp):
     results = run_distributed(w.distribution, tp, tp)
@@ -35,14 +37,17 @@ def test_full_distribution_sums_to_one_and_matches_the_loss(tp):
         torch.testing.assert_close(r["at_target"].exp()[valid], (-r["loss"][valid]).exp(), rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(r["gathered_at_target"], r["at_target"], rtol=0, atol=1e-6)
         assert r["gathered_shape"][-1] == 4096
+        assert r["without_labels_is_the_mixture"] and r["mixture_differs_from_lm"]
 
 
+@pytest.mark.slow
 def test_disabled_head_is_the_plain_backbone_bit_for_bit():
     [r] = run_distributed(w.disabled_is_plain_backbone, 1)
     assert r["names_equal"] and r["params_equal"] and r["n_params"] == r["n_plain"]
     assert r["loss_equal"] and r["grads_equal"]
 
 
+@pytest.mark.slow
 def test_tiny_cplm_learns_spamlang():
     [r] = run_distributed(w.spamlang_learning, 1, 40)
     assert r["vocab"] >= 64 * r["hidden"]
@@ -68,6 +73,7 @@ def short_documents(tmp_path_factory) -> str:
     return str(path)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", [{"tp": 1}, {"tp": 2, "sp": "true"}, {"pp": 2}], ids=["tp1", "tp2-sp", "pp2"])
 def test_training_batch_path_gives_the_head_document_ids_without_document_masking(layout, short_documents, tmp_path,
                                                                                    isolated_streaming):
@@ -97,6 +103,7 @@ def test_training_batch_path_gives_the_head_document_ids_without_document_maskin
     assert boundaries >= 4 * len(calls)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("sp", [False, True], ids=["tp2", "tp2-sp"])
 def test_copy_head_gradients_are_bitwise_identical_across_tp_ranks(sp, tmp_path):
     """The head is replicated and its gradients are not reduced across TP ranks: every rank must compute
@@ -111,3 +118,47 @@ def test_copy_head_gradients_are_bitwise_identical_across_tp_ranks(sp, tmp_path)
     for name, grad in r0["head_grads"].items():
         assert grad.abs().sum() > 0, name
         assert torch.equal(grad, r1["head_grads"][name]), name
+
+
+@pytest.mark.slow
+def test_megatron_native_inference_is_refused_with_the_copy_head():
+    [r] = run_distributed(w.native_inference, 1)
+    status, message = r["cplm"]
+    assert status == "refused" and "not supported with the Copy-Paste head" in message and "convert_to_hf" in message
+    assert r["baseline"][0] == "ok"  # the plain backbone keeps Megatron's inference path
+
+
+def test_installed_megatron_core_has_a_supported_postprocess_signature():
+    """Fails when a megatron-core release changes GPTModel._postprocess (run under every CI megatron-core)."""
+    import inspect
+
+    from megatron.core.models.gpt import GPTModel
+
+    from cplm_megatron.model.cplm_gpt import POSTPROCESS_SIGNATURES, check_megatron_postprocess
+
+    check_megatron_postprocess()
+    params = tuple(inspect.signature(GPTModel._postprocess).parameters)[1:]
+    assert params in POSTPROCESS_SIGNATURES.values()
+    # the arguments the override reads by name exist in every supported release
+    for known in POSTPROCESS_SIGNATURES.values():
+        assert {"hidden_states", "input_ids", "labels", "loss_mask", "inference_context",
+                "runtime_gather_output"} <= set(known)
+
+
+def test_a_changed_postprocess_signature_stops_model_building_with_a_clear_error(monkeypatch):
+    from megatron.core.models.gpt import GPTModel
+
+    from cplm_megatron.errors import UserError
+    from cplm_megatron.model.cplm_gpt import CPLMGPTModel, UnsupportedMegatronError
+
+    def renamed(self, hidden_states, input_ids, position_ids, target_ids, rotary_pos_emb, rotary_pos_cos,
+                rotary_pos_sin, mtp_in_postprocess=None, loss_mask=None):
+        raise AssertionError("never called")
+
+    monkeypatch.setattr(GPTModel, "_postprocess", renamed)
+    with pytest.raises(UnsupportedMegatronError) as err:
+        CPLMGPTModel(config=None, transformer_layer_spec=None, vocab_size=8, max_sequence_length=8)
+    message = str(err.value)
+    print(message)
+    assert isinstance(err.value, UserError)
+    assert "megatron-core" in message and "0.16.1 ... 0.19.x" in message and "target_ids" in message
