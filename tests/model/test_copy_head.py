@@ -1,4 +1,4 @@
-"""The Copy-Paste head against its contract (DESIGN.md): implementations, causality, edge positions."""
+"""The Copy-Paste head against its contract (docs/design.md): implementations, causality, edge positions."""
 import math
 
 import pytest
@@ -53,7 +53,7 @@ def test_chunked_equals_naive_values_and_gradients(qk_norm, aux):
 
 
 def test_loss_matches_a_direct_implementation_of_the_contract():
-    """An independent, loop-based computation of DESIGN.md's formulas (float64)."""
+    """An independent, loop-based computation of the formulas of docs/design.md (float64)."""
     head = _head().double()
     hidden, lm_ce, labels, mask, doc = _case(seed=1, b=1, s=30)
     hidden, lm_ce = hidden.double(), lm_ce.double()
