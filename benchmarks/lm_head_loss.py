@@ -18,10 +18,12 @@ beyond the inputs (hidden states, weight, labels, upstream gradient):
 Times: median of interleaved repetitions (A, B, A, B, ...) after one warm-up each. Values and
 gradients of every implementation are compared with Megatron's (max relative error).
 
-    python benchmarks/lm_head_loss.py --json OUT.json [--quick] [--reps N] [--chunks TOKENSxVOCAB]
+    python benchmarks/lm_head_loss.py --json OUT.json [--quick] [--reps N] [--chunks TOKENSxVOCAB[v]]
 
 ``--quick``: tiny sizes, 2 repetitions (CPU smoke run). On CPU ``fused`` runs in the Triton
-interpreter at a tiny size only (correctness path, not a speed measurement).
+interpreter at a tiny size only (correctness path, not a speed measurement), and the full run also
+times ``chunked`` with a token-major tile (``chunked@1024x2048``) next to the default vocab-major one.
+Tiles: ``TOKENSxVOCAB`` token-major, ``TOKENSxVOCABv`` vocab-major.
 """
 from __future__ import annotations
 
@@ -50,7 +52,7 @@ from cplm_kernels.linear_ce import CEChunks  # noqa: E402
 
 VOCAB = 49152
 FULL_SIZES = [(576, 2048), (576, 8192), (2048, 2048), (2048, 8192)]  # (hidden, seq)
-QUICK_SIZES = [(64, 256), (64, 1024)]
+QUICK_SIZES = [(64, 512), (64, 2048)]
 QUICK_VOCAB = 4096
 INTERPRETER_SIZE = (32, 64, 512)  # hidden, seq, vocab: the interpreter costs ~ms per program (one per row)
 
@@ -176,13 +178,17 @@ def rel_err(a: torch.Tensor, ref: torch.Tensor) -> float:
     return ((a.double() - ref.double()).abs().max() / ref.double().abs().max().clamp_min(1e-30)).item()
 
 
-def bench_size(hidden: int, seq: int, vocab: int, dtype: torch.dtype, impls: List[str], reps: int,
-               chunks: Optional[CEChunks], note: str = "", clock: Callable[[], float] = time.perf_counter) -> List[Row]:
-    """Memory, errors vs Megatron and interleaved times of ``impls`` (the first is the reference)."""
+Variant = Tuple[str, str, Optional[CEChunks]]  # (label, model.lm_head_loss, tile or None for the default)
+
+
+def bench_size(hidden: int, seq: int, vocab: int, dtype: torch.dtype, variants: List[Variant], reps: int,
+               note: str = "", clock: Callable[[], float] = time.perf_counter) -> List[Row]:
+    """Memory, errors vs Megatron and interleaved times of ``variants`` (the first is Megatron's path)."""
     case = make_case(hidden, seq, vocab, dtype)
     dname = str(dtype).replace("torch.", "")
-    rows = {impl: Row(impl, hidden, seq, vocab, dname, note=note) for impl in impls}
-    runs = {impl: runner(case, impl, chunks) for impl in impls}
+    impls = [label for label, _, _ in variants]
+    rows = {label: Row(label, hidden, seq, vocab, dname, note=note) for label in impls}
+    runs = {label: runner(case, impl, chunks) for label, impl, chunks in variants}
     reference = None
     for impl in impls:
         row = rows[impl]
@@ -241,16 +247,29 @@ def _mib(n: Optional[int]) -> str:
 def format_row(r: Row) -> str:
     t = "-" if r.time_s is None else f"{r.time_s:8.3f}"
     err = "" if not r.max_rel_err else " err " + " ".join(f"{k}={v:.1e}" for k, v in r.max_rel_err.items())
-    return (f"{r.impl:9s} h={r.hidden:5d} seq={r.seq:5d} V={r.vocab:6d} {r.dtype:8s} {t:>8s} s  working "
+    return (f"{r.impl:17s} h={r.hidden:5d} seq={r.seq:5d} V={r.vocab:6d} {r.dtype:8s} {t:>8s} s  working "
             f"{_mib(r.working_bytes)} MiB  peak {_mib(r.peak_bytes)} MiB  saved {_mib(r.saved_bytes)} MiB"
             f"{err}  {r.status}{'  (' + r.note + ')' if r.note else ''}")
 
 
 def parse_chunks(text: Optional[str]) -> Optional[CEChunks]:
+    """'1024x2048' (token-major) or '1024x2048v' (vocab-major)."""
     if not text:
         return None
-    tokens, _, vocab = text.lower().partition("x")
-    return CEChunks(int(tokens), int(vocab))
+    text = text.lower()
+    tokens, _, vocab = text.rstrip("v").partition("x")
+    return CEChunks(int(tokens), int(vocab), vocab_major=text.endswith("v"))
+
+
+def variants_for(quick: bool, chunks: Optional[CEChunks]) -> List[Variant]:
+    """Megatron's path, ``chunked`` (and ``fused`` on GPUs) with the default tile or ``chunks``; the full
+    CPU run adds a token-major ``chunked`` tile to compare with the default vocab-major one."""
+    out: List[Variant] = [("megatron", "megatron", None), ("chunked", "chunked", chunks)]
+    if HAS_CUDA:
+        out.append(("fused", "fused", chunks))
+    elif not quick and chunks is None:
+        out.append(("chunked@1024x2048", "chunked", CEChunks(1024, 2048)))
+    return out
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -258,7 +277,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--json", help="write rows and ratios to this file")
     p.add_argument("--quick", action="store_true", help="tiny sizes, 2 repetitions")
     p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--chunks", help="tile shape TOKENSxVOCAB (default: cplm_kernels.linear_ce.default_chunks)")
+    p.add_argument("--chunks", help="tile TOKENSxVOCAB (token-major) or TOKENSxVOCABv (vocab-major); "
+                   "default: cplm_kernels.linear_ce.default_chunks")
     p.add_argument("--sizes", nargs="+", help="HIDDENxSEQ pairs instead of the default grid")
     p.add_argument("--clock", choices=["wall", "process"], default="wall",
                    help="process: CPU seconds of this process (steadier on a shared CPU with OMP_NUM_THREADS=1)")
@@ -279,17 +299,18 @@ def main(argv: Optional[List[str]] = None) -> int:
     vocab = QUICK_VOCAB if args.quick else VOCAB
     sizes = sizes or (QUICK_SIZES if args.quick else FULL_SIZES)
     reps = 2 if args.quick else args.reps
-    impls = ["megatron", "chunked"] + (["fused"] if HAS_CUDA else [])
+    variants = variants_for(args.quick, chunks)
     rows: List[Row] = []
     clock = time.process_time if args.clock == "process" else time.perf_counter
     for hidden, seq in sizes:
-        for row in bench_size(hidden, seq, vocab, dtype, impls, reps, chunks, clock=clock):
+        for row in bench_size(hidden, seq, vocab, dtype, variants, reps, clock=clock):
             rows.append(row)
             print(format_row(row), flush=True)
     if not HAS_CUDA and cplm_kernels.fused_available():
         h, s, v = INTERPRETER_SIZE
         note = "Triton CPU interpreter: correctness path, NOT a speed measurement"
-        for row in bench_size(h, s, v, torch.float32, ["megatron", "fused"], 1, CEChunks(32, 128), note):
+        interpreted = [("megatron", "megatron", None), ("fused", "fused", CEChunks(32, 128))]
+        for row in bench_size(h, s, v, torch.float32, interpreted, 1, note):
             rows.append(row)
             print(format_row(row), flush=True)
     summary = ratios(rows)

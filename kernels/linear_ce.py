@@ -50,14 +50,19 @@ class CEChunks:
         return self.tokens * self.vocab
 
 
+# GPUs: 4096 x 4096 tiles (32 MiB in bf16) keep the GEMMs at full speed; a narrow vocabulary slice keeps
+# the fp32 accumulator of the slice's weight gradient (4 B x slice x h) small in 16-bit training;
+# token-major, so that the row kernels read contiguous rows.
+GPU_CHUNKS = CEChunks(tokens=4096, vocab=4096)
+# CPUs: 8 MiB of fp32, so that a tile stays in cache between its GEMM and its element-wise passes;
+# vocab-major, which made the four GEMMs ~6% faster than token-major on a 2-core x86 CPU (MKL) in
+# interleaved runs (benchmarks/lm_head_loss.py times both).
+CPU_CHUNKS = CEChunks(tokens=1024, vocab=2048, vocab_major=True)
+
+
 def default_chunks(device: torch.device) -> CEChunks:
-    """Tile shape per device kind. GPUs: large enough for full-speed GEMMs (32 MiB of bf16), token-major
-    so that the row kernels read contiguous rows. CPUs: 8 MiB of fp32, so that a tile stays in cache
-    between its GEMM and its element-wise passes; vocab-major, which made the four GEMMs ~6% faster
-    than token-major on a 2-core x86 CPU (MKL) in interleaved runs."""
-    if device.type == "cuda":
-        return CEChunks(tokens=1024, vocab=16384)
-    return CEChunks(tokens=1024, vocab=2048, vocab_major=True)
+    """Tile shape per device kind (GPU_CHUNKS, CPU_CHUNKS)."""
+    return GPU_CHUNKS if device.type == "cuda" else CPU_CHUNKS
 
 
 # ---------------------------------------------------------------- per-tile element-wise work

@@ -127,11 +127,16 @@ _DERIVED_DATA_KEYS = ("seq_len", "micro_batch", "global_batch")
 
 
 def _build(cfg):
-    """A tp = pp = 1 CPLMGPTModel for a run config (no FP8 at evaluation)."""
+    """A tp = pp = 1 CPLMGPTModel for a run config (no FP8 at evaluation; a GPU-only LM-head loss becomes
+    its CPU twin, same values)."""
+    from dataclasses import replace
+
     from cplm_megatron.model.builder import PrecisionConfig, build_model
+    from cplm_megatron.model.lm_head_loss import runnable_here
     from cplm_megatron.parallel.distributed import ParallelConfig
 
-    (model,) = build_model(cfg.model, cfg.copy_head, ParallelConfig(), PrecisionConfig(dtype=cfg.precision.dtype))
+    model_cfg = replace(cfg.model, lm_head_loss=runnable_here(cfg.model.lm_head_loss))
+    (model,) = build_model(model_cfg, cfg.copy_head, ParallelConfig(), PrecisionConfig(dtype=cfg.precision.dtype))
     return model
 
 

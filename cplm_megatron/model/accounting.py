@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Dict, Optional
 
+from cplm_kernels.linear_ce import GPU_CHUNKS, CEChunks
 from cplm_megatron.model.config import ModelConfig
 
 GIB = 1024**3
@@ -122,12 +123,8 @@ def activation_bytes_per_layer_token(m: ModelConfig, tp: int, sp: bool, recomput
     return per
 
 
-# Tile of the chunked/fused LM-head loss on GPUs (cplm_kernels.linear_ce.default_chunks for CUDA).
-GPU_CE_TILE = (1024, 16384)
-
-
 def lm_head_loss_bytes(m: ModelConfig, tokens: int, tp: int, lm_head_loss: str = "megatron",
-                       param_bytes: int = 2, tile: tuple = GPU_CE_TILE) -> Dict[str, float]:
+                       param_bytes: int = 2, tile: CEChunks = GPU_CHUNKS) -> Dict[str, float]:
     """Memory of the LM head's loss for one micro-batch of ``tokens`` on one GPU of the last stage:
     ``held`` from its forward until its backward, ``peak`` while it runs (inputs and the returned
     gradients excluded).
@@ -142,7 +139,7 @@ def lm_head_loss_bytes(m: ModelConfig, tokens: int, tp: int, lm_head_loss: str =
     logits = tokens * m.padded_vocab_size / tp
     if lm_head_loss == "megatron":  # + a target mask (bool) and masked targets (int64) per token
         return {"held": 4 * logits + 9 * tokens, "peak": (4 + (param_bytes if param_bytes < 4 else 0)) * logits}
-    rows, cols = min(tokens, tile[0]), min(m.padded_vocab_size / tp, tile[1])
+    rows, cols = min(tokens, tile.tokens), min(m.padded_vocab_size / tp, tile.vocab)
     per_tile = param_bytes + (4 if lm_head_loss == "chunked" and param_bytes < 4 else 0)
     accumulators = 4 * m.hidden_size * (tokens + cols) if param_bytes < 4 else 0
     scaled_rows = param_bytes * rows * m.hidden_size  # a tile's hidden rows times the upstream gradient

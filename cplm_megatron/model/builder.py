@@ -176,6 +176,7 @@ def build_model(
             position_embedding_type=model.position_embedding,
             rotary_base=int(model.rope_theta),
             copy_head=copy_head,
+            lm_head_loss=model.lm_head_loss,
             vp_stage=stage,
         )
         if torch.cuda.is_available() and not any(p.is_meta for p in chunk.parameters()):

@@ -35,6 +35,9 @@ class ModelConfig:
     tie_embeddings: bool = True
     init_method_std: float = 0.02
     layer_spec: Literal["auto", "local", "te"] = "auto"
+    # The LM head's cross entropy: Megatron's logits tensor, or computed over tiles without one
+    # (cplm_megatron/model/lm_head_loss.py; chunked: torch, fused: Triton on GPUs). Same values.
+    lm_head_loss: Literal["megatron", "chunked", "fused"] = "megatron"
     default_tp: int = 1  # suggested layout for 8-GPU nodes (model_info, SLURM scripts)
     default_pp: int = 1
 

@@ -24,6 +24,7 @@ from megatron.core.models.gpt import GPTModel
 
 from cplm_megatron.errors import UserError
 from cplm_megatron.model.copy_head import CopyHeadConfig, CopyHeadOutput, CopyPasteHead
+from cplm_megatron.model.lm_head_loss import check_lm_head_loss, lm_head_ce
 
 SUPPORTED_MEGATRON_CORE = "0.16.1 ... 0.19.x"
 _POSTPROCESS_0_16 = (
@@ -87,13 +88,17 @@ class _HeadRequest:
 
 
 class CPLMGPTModel(GPTModel):
-    """GPTModel + an optional Copy-Paste head on the last pipeline stage."""
+    """GPTModel + an optional Copy-Paste head on the last pipeline stage; the LM head's loss computed
+    by Megatron (`lm_head_loss="megatron"`) or without a logits tensor ("chunked", "fused")."""
 
     OUTPUTS = ("loss", "loss_and_copy", "log_probs", "log_probs_gathered")
 
-    def __init__(self, *args: Any, copy_head: Optional[CopyHeadConfig] = None, **kwargs: Any):
+    def __init__(self, *args: Any, copy_head: Optional[CopyHeadConfig] = None, lm_head_loss: str = "megatron",
+                 **kwargs: Any):
         check_megatron_postprocess()
+        check_lm_head_loss(lm_head_loss)
         super().__init__(*args, **kwargs)
+        self.lm_head_loss = lm_head_loss
         if self.config.mtp_num_layers:
             raise ValueError("multi-token prediction (mtp_num_layers) is not supported with CPLMGPTModel")
         self.copy_cfg = copy_head if copy_head is not None and copy_head.enabled else None
@@ -163,6 +168,9 @@ class CPLMGPTModel(GPTModel):
             return self.mixture_log_probs(hidden_states, labels, loss_mask, request.document_ids,
                                           gather=request.output == "log_probs_gathered")
         if self.copy_head is None:
+            if labels is not None and self.lm_head_loss != "megatron" and inference_context is None \
+                    and megatron_args.get("output_processor") is None:
+                return self.language_model_ce(hidden_states, labels)
             return plain()
         if labels is None:  # the mixture's log-probs where GPTModel returns logits
             gather = runtime_gather_output if runtime_gather_output is not None else not self.parallel_output
@@ -174,8 +182,11 @@ class CPLMGPTModel(GPTModel):
         return (out.loss, out) if request.output == "loss_and_copy" else out.loss
 
     def language_model_ce(self, hidden_states: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """-log p_LM(y_t) [b, s] from the vocab-parallel output layer and cross entropy (as GPTModel's loss)."""
+        """-log p_LM(y_t) [b, s] from the vocab-parallel output layer and cross entropy (as GPTModel's loss),
+        or the same values from `lm_head_ce` without a logits tensor."""
         output_weight = self.shared_embedding_or_output_weight() if self.share_embeddings_and_output_weights else None
+        if self.lm_head_loss != "megatron":
+            return lm_head_ce(hidden_states, self.output_layer, labels, self.lm_head_loss, weight=output_weight)
         logits, _ = self.output_layer(hidden_states, weight=output_weight)
         return self.compute_language_model_loss(labels, logits)
 

@@ -36,6 +36,12 @@ def check_lm_head_loss(impl: str) -> None:
                           "use model.lm_head_loss=chunked on CPU")
 
 
+def runnable_here(impl: str) -> str:
+    """``impl``, or ``chunked`` for ``fused`` where the Triton kernels cannot run: for loading a model
+    trained on GPUs elsewhere (evaluation, conversion); the two compute the same values."""
+    return "chunked" if impl == "fused" and not cplm_kernels.fused_available() else impl
+
+
 def megatron_lm_head_ce(hidden_states: torch.Tensor, output_layer, labels: torch.Tensor,
                         weight: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Megatron's path: ``output_layer`` logits then ``vocab_parallel_cross_entropy``; [b, s] fp32.

@@ -1,0 +1,37 @@
+"""Smoke test of benchmarks/lm_head_loss.py --quick on CPU: Megatron's path and ours per size, memory from
+torch's MemTracker, values and gradients compared, ratios reported, the fused kernels in the interpreter."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "lm_head_loss.py"
+
+
+def test_quick_cpu_run_reports_memory_and_time_ratios(tmp_path):
+    out = tmp_path / "lm_head.json"
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    env.pop("TRITON_INTERPRET", None)  # the script turns the interpreter on by itself on CPU
+    result = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--json", str(out)], env=env,
+                            capture_output=True, text=True, check=False, timeout=900)
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(out.read_text())
+    rows = report["rows"]
+    assert all(r["status"] == "ok" and r["time_s"] > 0 for r in rows), rows
+    sizes = {(r["hidden"], r["seq"]) for r in rows if r["impl"] == "chunked"}
+    assert len(sizes) == 2
+    for hidden, seq in sizes:
+        meg = next(r for r in rows if (r["impl"], r["hidden"], r["seq"]) == ("megatron", hidden, seq))
+        ours = next(r for r in rows if (r["impl"], r["hidden"], r["seq"]) == ("chunked", hidden, seq))
+        vocab = ours["vocab"]
+        # Megatron keeps the fp32 softmax [seq, V] for the backward; ours 12 bytes per token
+        assert meg["saved_bytes"] >= 4 * seq * vocab and ours["saved_bytes"] <= 12 * seq
+        assert all(err <= 1e-5 for err in ours["max_rel_err"].values()), ours  # fp32, same computation
+        ratio = report["ratios"][f"chunked[h={hidden},seq={seq},V={vocab},float32]"]
+        assert ratio["memory_ratio"] == round(ours["working_bytes"] / meg["working_bytes"], 4)
+        assert ratio["time_ratio"] > 0
+    fused = [r for r in rows if r["impl"] == "fused"]
+    assert fused and "NOT a speed measurement" in fused[0]["note"]
+    assert all(err <= 1e-5 for err in fused[0]["max_rel_err"].values())
+    assert "memory x" in result.stdout and "time x" in result.stdout
