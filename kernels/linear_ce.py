@@ -187,6 +187,12 @@ def _spans(total: int, step: int):
     return [(a, min(total, a + step)) for a in range(0, total, step)]
 
 
+def _tile_buffer(n_tok: int, n_voc: int, chunks: CEChunks, like: torch.Tensor) -> torch.Tensor:
+    """Storage for the largest tile: ``min(tokens, N) x min(vocab, V)`` elements of ``like``'s dtype."""
+    size = min(chunks.tokens, n_tok) * min(chunks.vocab, n_voc)
+    return torch.empty(size, dtype=like.dtype, device=like.device)
+
+
 def _logits_tile(buf: torch.Tensor, rows: torch.Tensor, w_v: torch.Tensor, vocab_major: bool) -> torch.Tensor:
     """``rows @ w_v.T`` ([n, v]) computed into ``buf``: a contiguous tile, or the transposed view of a
     vocab-major one."""
@@ -210,7 +216,7 @@ def _forward(full: torch.Tensor, weight: torch.Tensor, local_target: torch.Tenso
     m = torch.full((n_tok,), float("-inf"), dtype=_acc_dtype(full), device=full.device)
     s = torch.zeros_like(m)
     tgt = torch.zeros_like(m)
-    buf = torch.empty(min(spec.chunks.elements, n_tok * n_voc), dtype=full.dtype, device=full.device)
+    buf = _tile_buffer(n_tok, n_voc, spec.chunks, full)
     for v0, v1 in _spans(n_voc, spec.chunks.vocab):
         for t0, t1 in _spans(n_tok, spec.chunks.tokens):
             tile = _logits_tile(buf, full[t0:t1], weight[v0:v1], spec.chunks.vocab_major)
@@ -240,7 +246,7 @@ def _backward(full, weight, local_target, lse, g, spec: _Spec, need_input: bool,
     exact = full.dtype == acc  # accumulate into the outputs; else in fp32 buffers
     d_in = torch.zeros(full.shape, dtype=acc, device=full.device) if need_input else None
     d_w = torch.empty_like(weight) if need_weight else None
-    buf = torch.empty(min(spec.chunks.elements, n_tok * n_voc), dtype=full.dtype, device=full.device)
+    buf = _tile_buffer(n_tok, n_voc, spec.chunks, full)
     scaled_rows = torch.empty((min(spec.chunks.tokens, n_tok), full.shape[1]), dtype=full.dtype, device=full.device)
     for v0, v1 in _spans(n_voc, spec.chunks.vocab):
         w_v = weight[v0:v1]

@@ -31,3 +31,29 @@ def test_table_output_and_layout_error():
     proc = run("--preset", "smollm2-360m", "--tp", "2")
     assert proc.returncode == 2
     assert "model.num_attention_heads=15 is not divisible by parallel.tp=2" in proc.stderr
+
+
+def test_gpu_memory_fit_and_plan_for_13b_on_one_node():
+    proc = run("--preset", "llama-13b", "--json", "--seq-len", "4096", "--gpu-memory", "80GB", "--plan",
+               "--lm-head-loss", "fused", "--offload-fraction", "0.5", "--dp", "8")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout)
+    mem = out["memory_per_gpu"]
+    assert mem["optimizer_host_gib"] > 0 and mem["optimizer_distributed_gib"] < mem["optimizer_gib"] / 8
+    losses = out["lm_head_loss_per_micro_batch_gib"]
+    assert losses["fused"]["peak"] < losses["chunked"]["peak"] < losses["megatron"]["peak"]
+    assert out["fit"]["gpu_memory_gib"] == 80e9 / 2**30 and out["fit"]["fits"] is False  # 13B on one GPU
+    fitting = out["plan"]["fitting"]
+    assert fitting and all(r["fits"] and r["tp"] * r["pp"] > 1 for r in fitting)
+    assert fitting[0]["offload_fraction"] == 0 and fitting[0]["extra_flops_pct"] == 0
+
+
+def test_plan_table_and_bad_memory_arguments():
+    proc = run("--preset", "smollm2-1.7b", "--seq-len", "8192", "--gpu-memory", "80GiB", "--plan")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "fits 80.0 GiB GPUs" in proc.stdout and "layouts of 8 GPUs that fit" in proc.stdout
+    assert "megatron 2.250" in proc.stdout  # the LM-head loss line: bf16 logits + fp32 copy at seq 8192
+    proc = run("--preset", "tiny", "--plan")
+    assert proc.returncode == 2 and "--plan needs --gpu-memory" in proc.stderr
+    proc = run("--preset", "tiny", "--gpu-memory", "80XB")
+    assert proc.returncode == 2 and "expected a size like 80GB" in proc.stderr
