@@ -24,7 +24,7 @@ from cplm_kernels.block_bounds import (
 )
 from cplm_kernels.configs import KernelConfigs, TileConfig, select_configs
 from cplm_kernels.fp8 import DEFAULT_SCALE_BLOCK_ROWS, FP8_DTYPE, quantize_fp8
-from cplm_kernels.interpreter import DotPlan, dot_plan, kernels_are_interpreted
+from cplm_kernels.interpreter import DotPlan, check_kernel_placement, dot_plan
 from cplm_kernels.reference import default_scale
 
 LOG2E = 1.4426950408889634
@@ -92,13 +92,7 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, labels: torch.Tensor, doc_id
             raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
     if k.device != q.device:
         raise ValueError(f"k is on {k.device} but q is on {q.device}")
-    interpreted = kernels_are_interpreted(triton_copy.copy_lse_fwd_kernel)
-    if q.is_cuda == interpreted:
-        raise RuntimeError(
-            f"fused copy kernels were built {'for the Triton interpreter' if interpreted else 'for the GPU'} but q "
-            f"is on {q.device}: use CUDA tensors without TRITON_INTERPRET, or CPU tensors with TRITON_INTERPRET=1 "
-            "set before triton is first imported"
-        )
+    check_kernel_placement(triton_copy.copy_lse_fwd_kernel, q, "fused copy")
 
 
 @dataclass(frozen=True)

@@ -80,3 +80,15 @@ def kernels_are_interpreted(kernel: object) -> bool:
     from triton.runtime.interpreter import InterpretedFunction
 
     return isinstance(kernel, InterpretedFunction)
+
+
+def check_kernel_placement(kernel: object, tensor: torch.Tensor, what: str) -> bool:
+    """Whether ``kernel`` runs interpreted; refuses a ``tensor`` on the other kind of device."""
+    interpreted = kernels_are_interpreted(kernel)
+    if tensor.is_cuda == interpreted:
+        raise RuntimeError(
+            f"{what} kernels were built {'for the Triton interpreter' if interpreted else 'for the GPU'} but their "
+            f"input is on {tensor.device}: use CUDA tensors without TRITON_INTERPRET, or CPU tensors with "
+            "TRITON_INTERPRET=1 set before triton is first imported"
+        )
+    return interpreted

@@ -131,16 +131,9 @@ def _tile_call(kernel, tile: torch.Tensor, pointers: tuple, interpreted: bool):
 def _check_placement(tile: torch.Tensor) -> bool:
     """Whether the kernels run interpreted; refuses tensors on the other kind of device."""
     from cplm_kernels import triton_ce
-    from cplm_kernels.interpreter import kernels_are_interpreted
+    from cplm_kernels.interpreter import check_kernel_placement
 
-    interpreted = kernels_are_interpreted(triton_ce.ce_tile_stats_kernel)
-    if tile.is_cuda == interpreted:
-        raise RuntimeError(
-            f"fused cross-entropy kernels were built {'for the Triton interpreter' if interpreted else 'for the GPU'} "
-            f"but the logits are on {tile.device}: use CUDA tensors without TRITON_INTERPRET, or CPU tensors with "
-            "TRITON_INTERPRET=1 set before triton is first imported"
-        )
-    return interpreted
+    return check_kernel_placement(triton_ce.ce_tile_stats_kernel, tile, "fused cross-entropy")
 
 
 _TILE_OPS = {"chunked": (torch_tile_stats, torch_tile_grad), "fused": (triton_tile_stats, triton_tile_grad)}
