@@ -334,13 +334,11 @@ def linear_cross_entropy(
     return _LinearCE.apply(hidden, weight, targets, spec)
 
 
-def linear_cross_entropy_reference(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                                   dtype: torch.dtype | None = None) -> torch.Tensor:
-    """Single-rank ground truth with materialized logits (``[N, V]``) in ``dtype`` (default the inputs'),
-    the cross entropy in fp32 (fp64 stays fp64). Megatron's out-of-range rule, gradient included:
+def linear_cross_entropy_reference(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Single-rank ground truth with materialized logits (``[N, V]``) in the inputs' dtype, the cross
+    entropy in fp32 (fp64 stays fp64). Megatron's out-of-range rule, gradient included:
     ``CE = log(sum exp(logit - max))`` with the max a constant."""
-    dtype = dtype or hidden.dtype
-    logits = hidden.to(dtype) @ weight.to(dtype).t()
+    logits = hidden @ weight.t()
     logits = logits if logits.dtype == torch.float64 else logits.float()
     top = logits.amax(dim=1, keepdim=True).detach()
     log_sum = torch.log(torch.exp(logits - top).sum(dim=1))

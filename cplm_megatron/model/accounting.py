@@ -240,10 +240,16 @@ LM_HEAD_LOSS_OPTIONS = ("megatron", "fused")  # chunked costs the same memory on
 OFFLOAD_OPTIONS = (0.0, 0.5, 1.0)
 
 
-def layout_valid(m: ModelConfig, tp: int, pp: int) -> bool:
-    """The layout checks of parallel.distributed.validate_layout that depend on the shapes only."""
-    return (m.num_attention_heads % tp == 0 and m.kv_heads % tp == 0 and m.num_layers % pp == 0
-            and m.padded_vocab_size % tp == 0)
+def layout_valid(m: ModelConfig, layout: Layout) -> bool:
+    """Whether training would accept the layout (parallel.distributed.validate_layout)."""
+    from cplm_megatron.errors import ConfigError
+    from cplm_megatron.parallel.distributed import ParallelConfig, validate_layout
+
+    try:
+        validate_layout(layout.tp * layout.pp * layout.dp, ParallelConfig(tp=layout.tp, pp=layout.pp, sp=layout.sp), m)
+    except ConfigError:
+        return False
+    return True
 
 
 def extra_flops_fraction(m: ModelConfig, seq_len: int, c: Optional[CopyHeadShape], layout: Layout) -> float:
@@ -265,9 +271,9 @@ def plan_layouts(m: ModelConfig, c: Optional[CopyHeadShape], gpus: int, seq_len:
     rows = []
     for tp in (t for t in (1, 2, 4, 8) if gpus % t == 0):
         for pp in (p for p in (1, 2, 4, 8) if gpus % (tp * p) == 0):
-            if not layout_valid(m, tp, pp):
-                continue
             dp = gpus // (tp * pp)
+            if not layout_valid(m, Layout(tp, pp, dp)):
+                continue
             for recompute in RECOMPUTE_OPTIONS:
                 for loss in LM_HEAD_LOSS_OPTIONS:
                     for offload in OFFLOAD_OPTIONS:

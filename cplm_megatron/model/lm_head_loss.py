@@ -15,7 +15,7 @@ with a reduce-scattered input gradient, otherwise an all-reduced one.
 """
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Optional
 
 import torch
 
@@ -23,7 +23,6 @@ import cplm_kernels
 from cplm_kernels.linear_ce import CEChunks, linear_cross_entropy
 from cplm_megatron.errors import ConfigError
 
-LMHeadLoss = Literal["megatron", "chunked", "fused"]
 LM_HEAD_LOSSES = ("megatron", "chunked", "fused")
 
 
