@@ -16,8 +16,8 @@ import sys
 from typing import List, Optional
 
 from cplm_megatron.cli import quiet_known_warnings
-from cplm_megatron.errors import ConfigError
 from cplm_megatron.config.schema import load_run_config, overrides_from_args
+from cplm_megatron.errors import ConfigError, UserError
 
 EXIT_BAD_CONFIG = 2
 
@@ -54,7 +54,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     try:
         return train(cfg)
-    except ConfigError as e:
+    except UserError as e:  # a ConfigError, or an environment that contradicts the job (GPUs promised, no CUDA)
         print(f"error: {e}", file=sys.stderr, flush=True)
         return EXIT_BAD_CONFIG
     except NonFiniteLossError as e:

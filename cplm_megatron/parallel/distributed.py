@@ -1,7 +1,8 @@
 """Process-group and Megatron parallel-state setup from torchrun or SLURM environments.
 
 `init_distributed` validates the layout against the model first (so a bad layout fails before any
-rendezvous), applies the CPU-compat layer where it is needed, picks nccl on CUDA and gloo on CPU,
+rendezvous), refuses to fall back to CPU where GPUs were promised, applies the CPU-compat layer where
+it is needed (rank 0 logs which patches), picks nccl on CUDA and gloo on CPU,
 initializes Megatron's parallel state (tp, pp, virtual pp, sp; dp derived) and seeds every RNG the
 way Megatron-LM does.
 """
@@ -11,6 +12,7 @@ import os
 import random
 import re
 import socket
+import sys
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import List, Mapping, Optional
@@ -198,11 +200,15 @@ def init_distributed(
     parallel: ParallelConfig, model: ModelConfig, seed: int = 1234, env: Optional[DistEnv] = None
 ) -> Layout:
     """Initialize torch.distributed + Megatron parallel state for this process."""
-    from cplm_megatron.parallel.cpu_compat import apply_compat
+    from cplm_megatron.parallel.cpu_compat import apply_compat, check_cuda_expected, describe_compat
 
     env = env or detect_env()
     dp = validate_layout(env.world_size, parallel, model)
-    apply_compat()
+    if parallel.backend == "auto":  # an explicit gloo (e.g. CPU-side conversion) is a choice, not an accident
+        check_cuda_expected()
+    applied = apply_compat()
+    if env.rank == 0:
+        print(describe_compat(applied), file=sys.stderr, flush=True)
     cuda = torch.cuda.is_available()
     backend = parallel.backend if parallel.backend != "auto" else ("nccl" if cuda else "gloo")
     if cuda:
