@@ -47,9 +47,9 @@ setup-mcore-latest: $(LATEST_STAMP)
 $(STAMP) $(LATEST_STAMP): setup.py requirements/constraints-cpu.txt requirements/constraints-gpu.txt $(MCORE_CONSTRAINTS)
 	@test -x $(@D)/bin/python || $(PYTHON) -m venv $(@D)
 	$(PIP) install --upgrade pip setuptools wheel
-	@if [ -n "$(TORCH_REQ)" ]; then $(PIP) install $(PIP_CONSTRAINT_ARGS) "$(TORCH_REQ)"; fi
+	$(if $(TORCH_REQ),$(PIP) install $(PIP_CONSTRAINT_ARGS) "$(TORCH_REQ)")
 	$(PIP) install $(PIP_CONSTRAINT_ARGS) --no-deps mosaicml-streaming==0.13.0
-	@if [ -n "$(MCORE_REQ)" ]; then $(PIP) install --no-deps --ignore-requires-python "$(MCORE_REQ)"; fi
+	$(if $(MCORE_REQ),$(PIP) install --no-deps --ignore-requires-python "$(MCORE_REQ)")
 	DS_BUILD_OPS=0 $(PIP) install $(PIP_CONSTRAINT_ARGS) --no-build-isolation -e ".[$(EXTRAS)]"
 	@touch $@
 	@echo "[setup] environment ready in $(@D)"

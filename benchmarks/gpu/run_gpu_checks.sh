@@ -106,7 +106,7 @@ step install bash -c install_wheels
 step compat "$PY" benchmarks/gpu/gpu_steps.py compat "$WORK"
 if [ "$DRY_RUN" = 1 ]; then
   step kernel_check "$PY" benchmarks/gpu_kernel_check.py --tiny --json "$WORK/kernel_check.json"
-  step kernel_bench "$PY" benchmarks/copy_kernel.py --gpu-row-set --seq-lens 32 64 --head-dims 16 \
+  step kernel_bench "$PY" benchmarks/copy_kernel.py --gpu-row-set --seq-lens 32 64 --head-dims 32 \
     --json "$WORK/copy_kernel.json"
   train small base tiny 64 2 3
   train small cplm tiny 64 2 3

@@ -38,7 +38,7 @@ def test_cpu_dry_run_runs_every_step_and_writes_the_summary(tmp_path: Path):
     assert summary["missing"] == []
     assert summary["compat"]["ok"] and "rng_tracker" in summary["compat"]["applied"]
     assert summary["kernel_check"]["passed"] and len(summary["kernel_check"]["cases"]) == 7
-    kernel = summary["copy_kernel"]["T=64,d=16"]  # the largest dry-run shape: every GPU-table figure present
+    kernel = summary["copy_kernel"]["T=64,d=32"]  # the largest dry-run shape: every GPU-table figure present
     assert kernel["fused_over_sdpa_flash"] > 0 and kernel["fused_over_chunked"] > 0 and kernel["fp8_fwd_speedup"] > 0
     assert 0 < kernel["fused_extra_mem_bytes"] < kernel["naive_extra_mem_bytes"] and kernel["naive_basis"] == "measured"
     for slot in ("small", "large"):
