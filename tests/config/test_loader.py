@@ -11,6 +11,7 @@ REPO = __import__("pathlib").Path(__file__).resolve().parents[2]
 def test_overrides_parse_types_and_nesting():
     tree = apply_overrides({}, ["train.lr=3e-4", "parallel.tp=2", "parallel.sp=true", "run.dir=runs/x"])
     cfg = build_run_config({**tree, "train": {**tree["train"], "iters": 5}})
+    # the parsed float of "3e-4": within an ulp; pytest.approx's default rel 1e-6
     assert cfg.train.lr == pytest.approx(3e-4) and isinstance(cfg.train.lr, float)  # YAML reads "3e-4" as a string
     assert cfg.parallel.tp == 2 and cfg.parallel.sp is True and cfg.run.dir == "runs/x"
 
