@@ -15,7 +15,7 @@ returns the patch names in effect; ``describe_compat()`` turns them into the lin
 apply all patches but one in a fresh process to show each one is needed.
 
 ``check_cuda_expected()`` guards the CPU path itself: where the environment promises GPUs but CUDA
-is unusable, running on CPU over gloo would be a silent 100x slowdown, so it is an error.
+is unusable, falling back to CPU over gloo would go unnoticed for hours, so it is an error.
 """
 from __future__ import annotations
 
