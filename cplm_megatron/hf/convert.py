@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from cplm_megatron.config.loader import to_dict
-from cplm_megatron.config.schema import RunConfig, build_run_config
+from cplm_megatron.training.run_config import RunConfig, build_run_config
 from cplm_megatron.hf.config_mapping import (
     ConversionError,
     check_exportable,

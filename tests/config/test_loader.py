@@ -3,7 +3,7 @@ import pytest
 
 from cplm_megatron.config.loader import apply_overrides, parse_override
 from cplm_megatron.errors import ConfigError
-from cplm_megatron.config.schema import build_run_config, load_run_config
+from cplm_megatron.training.run_config import build_run_config, load_run_config
 
 REPO = __import__("pathlib").Path(__file__).resolve().parents[2]
 

@@ -18,9 +18,9 @@ from transformers import AutoModelForCausalLM
 from cplm_megatron.data.tokenizer import describe_tokenizer
 from cplm_megatron.hf.config_mapping import ConversionError, check_exportable
 from cplm_megatron.hf.convert import convert_to_hf
-from cplm_megatron.hf.megatron_checkpoint import locate_checkpoint
 from cplm_megatron.model.config import load_preset
 from cplm_megatron.model.copy_head import CopyHeadConfig
+from cplm_megatron.training.checkpoint_lookup import resolve_checkpoint
 from tests.data_fixtures import write_synthetic_dataset
 from tests.dist_utils import run_distributed
 
@@ -124,8 +124,8 @@ def test_checkpoint_path_forms_and_dtype(saved: dict, tmp_path: Path, tokenizer_
     (run_dir / "checkpoints").mkdir(parents=True)
     (run_dir / "checkpoints" / "latest").write_text("iter_0000007\n")
     (run_dir / "checkpoints" / "iter_0000007").symlink_to(iter_dir)
-    assert locate_checkpoint(root) == iter_dir and locate_checkpoint(iter_dir) == iter_dir
-    assert locate_checkpoint(run_dir) == run_dir / "checkpoints" / "iter_0000007"
+    assert resolve_checkpoint(root).path == iter_dir and resolve_checkpoint(iter_dir).path == iter_dir
+    assert resolve_checkpoint(run_dir).path == run_dir / "checkpoints" / "iter_0000007"
     out = convert_to_hf(run_dir, tmp_path / "bf16", tokenizer=tokenizer_dir, dtype="bf16")
     model = AutoModelForCausalLM.from_pretrained(out).eval()
     assert model.dtype == torch.bfloat16 and json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"

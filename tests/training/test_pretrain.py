@@ -7,7 +7,8 @@ import signal
 import pytest
 import yaml
 
-from cplm_megatron.training.checkpointing import CRASH_ENV, list_checkpoints, read_latest
+from cplm_megatron.training.checkpoint_lookup import list_checkpoints, read_latest
+from cplm_megatron.training.checkpointing import CRASH_ENV
 from tests.training import pretrain_utils as pu
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("isolated_streaming")]
