@@ -149,3 +149,23 @@ def test_config_errors_name_the_key(good_dataset: Path) -> None:
         DataConfig(streams=[{"path": "a", "weight": 1}])
     with pytest.raises(DatasetError, match="val_streams is empty"):
         build_val_loader(train_cfg(good_dataset), 0, 1)
+
+
+def test_token_ids_outside_the_vocabulary_are_an_error_even_without_verification(tmp_path: Path) -> None:
+    """A shard whose bytes were altered at the same size passes the size check; with data.verify_shards=false
+    (no hashes) the loader still refuses ids the tokenizer cannot produce instead of handing them to the
+    embedding (an IndexError on CPU, undefined behaviour on GPU)."""
+    import numpy as np
+    import zstd
+
+    ds = tmp_path / "ds"
+    write_synthetic_dataset(ds, numbered_docs(8, SEQ, doc_len=21), SEQ, shard_size_limit=1 << 16)
+    [shard] = json.loads((ds / "index.json").read_text())["shards"]
+    raw = zstd.decompress((ds / shard["zip_data"]["basename"]).read_bytes())
+    tokens_7_8 = np.array([7, 8], dtype=np.uint16).tobytes()  # ids 7, 8 follow each other in the first document
+    assert raw.count(tokens_7_8) == 1
+    (ds / shard["raw_data"]["basename"]).write_bytes(raw.replace(tokens_7_8, np.array([7, 60000], np.uint16).tobytes()))
+    loader = build_train_loader(train_cfg(ds, verify_shards=False, shuffle=False), 0, 1, model_vocab_size=4096)
+    with pytest.raises(DatasetError, match=r"training epoch 0: micro-batch 0 holds token id 60000, outside the "
+                                           r"vocabulary of the dataset's tokenizer \('synthetic', 4096 tokens\)"):
+        next(loader)
