@@ -62,8 +62,8 @@ def _compare(ref: CheckpointRef, cfg: RunConfig, weights_only: bool, how: str, n
     mismatched, changed = compare_configs(read_saved_config(ref.path), cfg, weights_only=weights_only)
     if mismatched:
         raise ConfigError(
-            f"cannot {how} {ref.path}: {describe(mismatched)} differ from the checkpoint's saved config and must "
-            f"match (they define the model, its loss or its data); restore them, or start a new run from these "
+            f"cannot {how} {ref.path}: settings that define the model, its loss or its data differ from the "
+            f"checkpoint's saved config ({describe(mismatched)}); restore them, or start a new run from these "
             f"weights with --set run.dir=NEW_DIR checkpoint.load={ref.path} checkpoint.load_optimizer=false")
     if changed:
         notes.append(f"[train] changed since {ref.path.name}: {describe(changed)}")
