@@ -14,8 +14,11 @@ Plain torchrun exits 1 for all of these (it reports any worker exit other than 0
 SIGTERM as a SignalException). Here torchrun runs in its own session, so signals meant for the job reach
 this launcher only; the first stop signal is forwarded to the training workers as SIGUSR1 (they save a
 checkpoint at the next step boundary and exit 75, with no torchrun shutdown timeout racing the save); a
-second one stops torchrun at once (SIGTERM: the work since the last checkpoint is lost). The workers
-record their exit codes in a temporary directory (`CPLM_EXIT_STATUS_DIR`). One launcher per node.
+second one stops torchrun at once (SIGTERM: the work since the last checkpoint is lost). A SIGTERM sent
+to torchrun directly reaches the workers through torchrun, which kills them after its shutdown timeout:
+unless one is set (--shutdown-timeout, TORCH_ELASTIC_SHUTDOWN_TIMEOUT) it is raised here from 30 s to
+SHUTDOWN_TIMEOUT_S, time for the step and the save. The workers record their exit codes in a temporary
+directory (`CPLM_EXIT_STATUS_DIR`). One launcher per node.
 """
 from __future__ import annotations
 
@@ -33,6 +36,8 @@ from cplm_megatron.training.exit_status import (
 )
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1)
+SHUTDOWN_TIMEOUT_S = 300
+_TIMEOUT_SETTINGS = ("--shutdown-timeout", "--shutdown_timeout", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "PET_SHUTDOWN_TIMEOUT")
 
 
 def _die_with_parent() -> None:
@@ -100,6 +105,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 0 if args else 2
     with tempfile.TemporaryDirectory(prefix="cplm-exit-") as status_dir:
         env = dict(os.environ, **{EXIT_STATUS_DIR_ENV: status_dir})
+        if not any(arg.split("=")[0] in _TIMEOUT_SETTINGS for arg in args) and not set(_TIMEOUT_SETTINGS) & set(env):
+            env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = str(SHUTDOWN_TIMEOUT_S)
         torchrun = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *args], env=env,
                                     start_new_session=True, preexec_fn=_die_with_parent)
         forward = _Forwarder(torchrun)

@@ -2,7 +2,9 @@
 
 SLURM sends USR1 ahead of the time limit (`--signal=B:USR1@...`, forwarded by slurm/launch.sh) and TERM
 on preemption/scancel. The handler only records the signal; `StopSignal.requested()` agrees on it
-across all ranks (a MAX all-reduce), so every rank saves and exits on the same step.
+across all ranks (a MAX all-reduce), so every rank saves and exits on the same step. Entry points
+call `defer_stop_signals()` first, so a signal during start-up waits for the handler instead of
+killing the process.
 """
 from __future__ import annotations
 

@@ -169,3 +169,15 @@ def test_token_ids_outside_the_vocabulary_are_an_error_even_without_verification
     with pytest.raises(DatasetError, match=r"training epoch 0: micro-batch 0 holds token id 60000, outside the "
                                            r"vocabulary of the dataset's tokenizer \('synthetic', 4096 tokens\)"):
         next(loader)
+
+
+def test_resume_position_from_data_with_another_tokenizer_is_refused(good_dataset: Path, tmp_path: Path) -> None:
+    state = build_train_loader(train_cfg(good_dataset), 0, 1).state_dict()
+    other = tmp_path / "other"  # the same shape of data, tokenized with another tokenizer
+    write_synthetic_dataset(other, numbered_docs(48, SEQ, doc_len=21), SEQ, tokenizer=synthetic_tokenizer(name="other"),
+                            shard_size_limit=1 << 9)
+    with pytest.raises(DatasetError, match=r"the checkpoint was trained on data tokenized with 'synthetic' \(sha256 "
+                                           r"[0-9a-f]{12}\) but data.streams use 'other'"):
+        build_train_loader(train_cfg(other), 0, 1).load_state_dict(state)
+    del state["tokenizer"]  # a position saved before the tokenizer was recorded: accepted as before
+    build_train_loader(train_cfg(other), 0, 1).load_state_dict(state)
