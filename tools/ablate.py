@@ -1,8 +1,17 @@
 #!/usr/bin/env python
-"""Baseline vs CPLM ablation at tiny scale: train pairs with identical settings, evaluate, report.
+"""Baseline vs CPLM ablation at tiny scale, or the multi-seed, two-scale recipe study.
 
   .venv/bin/python tools/ablate.py --output runs/ablation --quick          # CI / demo: a few minutes
   .venv/bin/python tools/ablate.py --output runs/ablation                  # full: longer runs, more variants
+  .venv/bin/python tools/ablate.py --study --output runs/study             # arms x seeds x scales (hours)
+  .venv/bin/python tools/ablate.py --study --smoke --output runs/study     # 3 arms x 2 seeds, a few steps (CI)
+  .venv/bin/python tools/ablate.py --study-table runs/study/summary.json   # the README's table
+
+--study trains every arm (baseline, mixture, aux0.5, aux1, decoupled) x seed x scale (tiny: hidden 64 x 4
+layers, vocab 4096; 4x: hidden 128 x 8 layers, vocab 8192; corpora built under --data-root when missing),
+2 single-threaded runs at a time, reusing finished runs; then applies the study's decision rule, runs
+SpamLang at vocabulary 131072 (hidden 64 and 128) for baseline vs the chosen default, and writes
+OUTPUT/summary.json, OUTPUT/report.md and plots with error bands.
 
 Experiments (each a baseline/CPLM pair that differs only in `copy_head.enabled`):
   corpus    the embedded corpus (--data, `make data`): hidden 64, vocab 4096; val loss, copy, passkey, gradient
@@ -16,12 +25,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import shlex
 import sys
 from pathlib import Path
 
 from cplm_megatron.evaluation.ablation import JobResult, Settings
-from cplm_megatron.evaluation.study import run_ablation
+from cplm_megatron.evaluation.multiseed import ARMS, SCALES, StudySettings
+from cplm_megatron.evaluation.multiseed_report import headline_table
+from cplm_megatron.evaluation.study import SpamLangSettings, run_ablation, run_recipe_study
 
 
 def _ints(text: str):
@@ -52,7 +64,56 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--set", dest="overrides", nargs="+", default=[], metavar="KEY=VALUE",
                    help="trainer overrides for every run, applied last (e.g. copy_head.lm_loss_weight=1)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per process (default 1)")
+    study = p.add_argument_group("recipe study (--study)")
+    study.add_argument("--study", action="store_true", help="the multi-seed, two-scale recipe study")
+    study.add_argument("--smoke", action="store_true", help="with --study: every arm, 2 seeds, tiny scale, a few steps")
+    study.add_argument("--arms", help=f"comma-separated arms (default: all: {','.join(ARMS)})")
+    study.add_argument("--seeds", type=_ints, help="seeds (default 1,2,3)")
+    study.add_argument("--scales", help=f"comma-separated scales (default: {','.join(SCALES)})")
+    study.add_argument("--data-root", default="data", help="where the study's corpora are (built when missing)")
+    study.add_argument("--no-spamlang", action="store_true", help="skip the SpamLang runs at vocabulary >= 100k")
+    p.add_argument("--study-table", metavar="SUMMARY_JSON", help="print the README's table of a study and exit")
     return p.parse_args(argv)
+
+
+def study_settings_from_args(args: argparse.Namespace) -> StudySettings:
+    """StudySettings (or .smoke()) with the command-line selections; ValueError naming a bad one."""
+    s = StudySettings.smoke() if args.smoke else StudySettings()
+    changes = {"arms": args.arms and tuple(a.strip() for a in args.arms.split(",") if a.strip()),
+               "seeds": args.seeds, "scales": args.scales and tuple(x.strip() for x in args.scales.split(",") if x.strip())}
+    s = dataclasses.replace(s, **{k: v for k, v in changes.items() if v})
+    s.validate()
+    return s
+
+
+def main_study(args: argparse.Namespace, argv: list[str]) -> int:
+    """--study: run (or reuse) the study's runs, decide, write summary.json and the report."""
+    try:
+        settings = study_settings_from_args(args)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    spamlang = None if args.no_spamlang else (SpamLangSettings.smoke() if args.smoke else SpamLangSettings())
+
+    def progress(result: JobResult) -> None:
+        status = "FAILED" if result.error else "done"
+        print(f"[study] {result.spec.name}: {status} (train {result.train_seconds:.0f} s, eval "
+              f"{result.eval_seconds:.0f} s)", flush=True)
+
+    try:
+        outcome = run_recipe_study(Path(args.output), settings, Path(args.data_root), spamlang, jobs=args.jobs or 2,
+                                   threads=args.threads, command="tools/ablate.py " + shlex.join(argv),
+                                   on_done=progress, log=lambda m: print(m, flush=True))
+    except (ValueError, FileNotFoundError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except RuntimeError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    print(headline_table(outcome.summary))
+    print(f"[study] default: {outcome.summary['decision']['default']} — {outcome.summary['decision']['reason']}")
+    print(f"[study] report: {outcome.report}; summary: {outcome.summary_json}")
+    return 0
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
@@ -86,6 +147,11 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     argv = sys.argv[1:] if argv is None else argv
+    if args.study_table:
+        print(headline_table(json.loads(Path(args.study_table).read_text())))
+        return 0
+    if args.study:
+        return main_study(args, argv)
     try:
         settings = settings_from_args(args)
     except ValueError as err:

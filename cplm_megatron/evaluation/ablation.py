@@ -26,6 +26,7 @@ PRETRAIN = REPO_ROOT / "pretrain" / "pretrain_cplm.py"
 EVALUATE = REPO_ROOT / "tools" / "evaluate.py"
 RECIPE = REPO_ROOT / "configs" / "tiny.yaml"
 STAGGER_SECONDS = 5.0
+TIMING = "timing.json"  # a finished job's training and evaluation seconds
 
 
 @dataclass(frozen=True)
@@ -202,7 +203,19 @@ def run_job(spec: RunSpec, output: Path, tp: int, threads: int) -> JobResult:
     result.eval_seconds = time.perf_counter() - start
     if code != 0:
         result.error = f"evaluation failed (exit {code}); see {run_dir / 'eval.log'}"
+        return result
+    (run_dir / TIMING).write_text(json.dumps({"train_seconds": result.train_seconds,
+                                              "eval_seconds": result.eval_seconds}) + "\n")
     return result
+
+
+def run_seconds(run_dir: Path) -> float | None:
+    """Training + evaluation seconds of a finished job (None when it did not record them)."""
+    path = Path(run_dir) / TIMING
+    if not path.is_file():
+        return None
+    timing = json.loads(path.read_text())
+    return timing["train_seconds"] + timing["eval_seconds"]
 
 
 def run_all(specs: Sequence[RunSpec], output: Path, tp: int = 1, jobs: int = 2, threads: int = 1,

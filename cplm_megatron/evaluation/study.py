@@ -1,8 +1,11 @@
-"""The whole ablation in one call: plan, train and evaluate every pair, write the report.
+"""The whole ablation (or the recipe study) in one call: plan, train and evaluate every run, write the report.
 
     outcome = run_ablation(Path("runs/ablation"), Settings.quick(), data_dir=Path("data/stdlib"))
     outcome.report        # runs/ablation/report.md (+ PNG plots beside it)
     outcome.spamlang      # per SpamLang pair: steps to >= 99% accuracy for CPLM and baseline, ...
+
+    study = run_recipe_study(Path("runs/study"), StudySettings(), Path("data"), SpamLangSettings())
+    study.summary["decision"]  # the default the study's rule chose; study.report, study.summary_json
 """
 from __future__ import annotations
 
@@ -22,7 +25,11 @@ from cplm_megatron.evaluation.ablation import (
     pair_up,
     plan,
     run_all,
+    run_seconds,
 )
+from cplm_megatron.evaluation.multiseed import ARMS, StudySettings, ensure_corpora, plan_study
+from cplm_megatron.evaluation.multiseed_report import write_study_report
+from cplm_megatron.evaluation.multiseed_summary import summarize
 from cplm_megatron.evaluation.report import spamlang_claims, write_report
 
 
@@ -61,3 +68,64 @@ def run_ablation(output: Path, settings: Settings, data_dir: Path | None = None,
                  for r in runs},
     }, indent=2) + "\n")
     return AblationOutcome(report, results_json, claims, runs, seconds)
+
+
+@dataclass
+class SpamLangSettings:
+    """The recipe study's SpamLang part: baseline vs the chosen default at a large vocabulary."""
+
+    vocab: int = 131072  # >= 100k: Godey & Artzi's regime
+    hiddens: tuple[int, ...] = (64, 128)
+    iters: int = 60
+    interval: int = 10
+    eval_sequences: int = 32
+
+    @classmethod
+    def smoke(cls) -> SpamLangSettings:
+        return cls(vocab=4096, hiddens=(64,), iters=4, interval=2, eval_sequences=4)
+
+
+@dataclass
+class StudyOutcome:
+    """Where the study's outputs are and what it decided."""
+
+    report: Path
+    summary_json: Path
+    summary: dict[str, Any]
+
+
+def run_recipe_study(output: Path, settings: StudySettings, data_root: Path, spamlang: SpamLangSettings | None,
+                     jobs: int = 2, threads: int = 1, command: str = "",
+                     on_done: Callable[[JobResult], None] | None = None, log: Callable[[str], None] = print
+                     ) -> StudyOutcome:
+    """Train/evaluate every run of the study (finished runs are reused), decide, run SpamLang with the decided
+    default, and write OUTPUT/summary.json, OUTPUT/report.md and the plots."""
+    output = Path(output).resolve()
+    start = time.perf_counter()
+    corpora = ensure_corpora(settings, data_root, log=log)
+    specs = plan_study(settings, corpora)
+    log(f"[study] {len(specs)} runs: arms {', '.join(settings.arms)} x seeds {list(settings.seeds)} x scales "
+        f"{', '.join(settings.scales)}; {jobs} at a time")
+    run_all(specs, output, jobs=jobs, threads=threads, on_done=on_done)
+    summary = summarize([load_run(spec, output) for spec in specs])
+    claims: list[dict[str, Any]] = []
+    if spamlang is not None:
+        arm = ARMS[summary["decision"]["default"]]
+        for hidden in spamlang.hiddens:
+            spam = Settings(hidden_size=hidden, experiments=("spamlang",), spamlang_vocabs=(spamlang.vocab,),
+                            spamlang_ties=(False,), spamlang_iters=spamlang.iters, spamlang_interval=spamlang.interval,
+                            eval_sequences=spamlang.eval_sequences, seed=settings.seeds[0],
+                            extra_overrides=arm.overrides)
+            log(f"[study] SpamLang V={spamlang.vocab}, hidden {hidden}: baseline vs {arm.name}")
+            claims += run_ablation(output / f"spamlang_h{hidden}", spam, None, jobs=jobs, threads=threads,
+                                   on_done=on_done).spamlang
+    recorded = [run_seconds(output / "runs" / spec.name) for spec in specs]
+    summary.update(command=command, seconds_this_invocation=time.perf_counter() - start,
+                   run_seconds_total=sum(t for t in recorded if t is not None),
+                   runs_with_timing=sum(t is not None for t in recorded), jobs=jobs,
+                   settings=dataclasses.asdict(settings), spamlang=claims)
+    summary["wall_seconds"] = summary["run_seconds_total"] / max(1, jobs)
+    summary_json = output / "summary.json"
+    summary_json.write_text(json.dumps(summary, indent=2) + "\n")
+    report = write_study_report(output, summary, claims)
+    return StudyOutcome(report, summary_json, summary)

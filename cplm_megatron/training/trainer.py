@@ -144,7 +144,10 @@ class Trainer:
         self.saved_at = self.state.iteration
 
     def evaluate(self) -> Dict[str, float]:
-        """Validation loss/perplexity over train.eval_iters micro-batches per DP rank (same batches each time)."""
+        """Validation over train.eval_iters micro-batches per DP rank (the same batches each time).
+
+        val_loss is the NLL of the model's full distribution (the mixture for CPLM), val_lm_loss the LM head's
+        own, val_objective the optimized loss (with any auxiliary terms)."""
         batches = []
         for batch in self.val_data:
             batches.append(batch)
@@ -152,8 +155,8 @@ class Trainer:
                 break
         m = eval_step(self.chunks, batches, self.cfg.train.seq_len, self.cfg.train.micro_batch,
                       self.cfg.data.document_masking)
-        return {"val_loss": m["loss"], "val_lm_loss": m["lm_loss"], "val_ppl": math.exp(min(m["loss"], 50.0)),
-                "val_tokens": m["tokens"]}
+        return {"val_loss": m["mix_loss"], "val_lm_loss": m["lm_loss"], "val_objective": m["loss"],
+                "val_ppl": math.exp(min(m["mix_loss"], 50.0)), "val_tokens": m["tokens"]}
 
     def run(self) -> int:
         """Train to the end (0), or stop early with a checkpoint (RESUME_EXIT_CODE)."""

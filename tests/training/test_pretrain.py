@@ -182,6 +182,19 @@ def test_bf16_tp2_saves_and_resumes(tmp_path):
     assert sorted(losses) == list(range(1, 7)) and losses[6] < losses[1]
 
 
+def test_validation_loss_is_the_full_distribution_not_the_objective(stdlib_corpus, tmp_path):
+    """With an auxiliary LM loss the optimized objective is mixture NLL + w x LM CE; val_loss must stay the
+    mixture's NLL (what the model assigns to the data), val_objective the sum."""
+    run_dir = tmp_path / "run"
+    proc = pu.run(1, pu.tiny_overrides(stdlib_corpus, run_dir, 2, **{
+        "train.eval_interval": 2, "copy_head.lm_loss_weight": 1, "checkpoint.enabled": "false"}))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    [val] = [r for r in pu.metrics(run_dir) if "val_loss" in r]
+    # per-token sums over the same tokens, reduced in fp64: equal up to fp32 rounding of the per-token terms
+    assert val["val_objective"] == pytest.approx(val["val_loss"] + val["val_lm_loss"], rel=1e-6)
+    assert val["val_lm_loss"] > 1.0  # so the check above fails if val_loss were the objective
+
+
 # ---------------------------------------------------------------- resume safety: nothing lost, nothing silent
 
 @pytest.fixture(scope="module")
