@@ -265,7 +265,8 @@ class TrainBatchIterator(_Loader):
             "seed": self.seed,
             "micro_batch": self.micro_batch,
             "dp_size": self.dp_size,
-            "tokenizer": {"name": self.tokenizer.name, "sha256": self.tokenizer.sha256},
+            "tokenizer": self.tokenizer.name,
+            "tokenizer_sha256": self.tokenizer.sha256,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -275,11 +276,11 @@ class TrainBatchIterator(_Loader):
         if state.get("format") != STATE_FORMAT:
             raise DatasetError(f"the checkpoint's data position is not a training data-loader state (format "
                                f"{state.get('format')!r}, expected {STATE_FORMAT!r})")
-        saved_tokenizer = state.get("tokenizer")  # absent in checkpoints written before it was recorded
-        if saved_tokenizer is not None and saved_tokenizer["sha256"] != self.tokenizer.sha256:
+        saved_sha256 = state.get("tokenizer_sha256")  # absent in checkpoints written before it was recorded
+        if saved_sha256 is not None and saved_sha256 != self.tokenizer.sha256:
             raise DatasetError(
-                f"the checkpoint was trained on data tokenized with {saved_tokenizer['name']!r} (sha256 "
-                f"{saved_tokenizer['sha256'][:12]}) but data.streams use {self.tokenizer.name!r} (sha256 "
+                f"the checkpoint was trained on data tokenized with {state.get('tokenizer')!r} (sha256 "
+                f"{saved_sha256[:12]}) but data.streams use {self.tokenizer.name!r} (sha256 "
                 f"{self.tokenizer.sha256[:12]}): the token ids would mean other text; point data.streams at data "
                 f"prepared with the checkpoint's tokenizer"
             )

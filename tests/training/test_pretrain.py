@@ -326,3 +326,19 @@ def test_dataset_errors_are_one_line_and_exit_2(stdlib_corpus, tmp_path):
     shard.write_bytes(shard.read_bytes()[:100])
     broken = pu.run(1, pu.tiny_overrides(stdlib_corpus, tmp_path / "b", 3, **{"data.streams": str(damaged)}))
     pu.assert_bad_input(broken, f"shard corrupt: {shard} has 100 bytes", "re-run tools/prepare_data.py")
+
+
+def test_finetuning_from_another_run_leaves_it_untouched(stdlib_corpus, tmp_path, stopped_at_4, reference):
+    """checkpoint.load + load_optimizer=false in a new run.dir: the weights of iter_0000004, a fresh optimizer and
+    schedule, iteration 0; settings that change no tensor may differ; the source run is not modified."""
+    source = shutil.copytree(stopped_at_4, tmp_path / "source")
+    before = pu.files_of(source)
+    run_dir = tmp_path / "finetune"
+    proc = pu.run(1, pu.tiny_overrides(stdlib_corpus, run_dir, 2, **{
+        "checkpoint.load": str(source), "checkpoint.load_optimizer": "false", "model.rope_theta": 20000}))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"started from {source}/checkpoints/iter_0000004 at iteration 0" in proc.stdout
+    assert "changed since iter_0000004: model.rope_theta: 10000.0 -> 20000" in proc.stdout
+    losses = pu.losses(run_dir)
+    assert sorted(losses) == [1, 2] and losses[1] < reference["losses"][1]  # trained weights, not a fresh init
+    assert pu.files_of(source) == before
