@@ -24,8 +24,8 @@ from cplm_megatron.training.checkpoint_lookup import (
     checkpoint_damage,
     find_checkpoint,
     holds_checkpoints,
+    iteration_of,
     list_checkpoints,
-    read_record,
     read_saved_config,
     resolve_checkpoint,
 )
@@ -46,7 +46,7 @@ class StartPlan:
 
 def _check_newer(root: Path, ref: CheckpointRef, notes: List[str]) -> None:
     """Refuse to resume behind intact newer checkpoints (they would be replaced as training reaches them)."""
-    newer = [p for p in list_checkpoints(root) if read_record(p)["iteration"] > ref.iteration]
+    newer = [p for p in list_checkpoints(root) if iteration_of(p) > ref.iteration]
     intact = [p.name for p in newer if not checkpoint_damage(p)]
     if intact:
         raise CheckpointError(
