@@ -1,7 +1,7 @@
 """Pure-PyTorch Copy-Paste scores: the ground truth (`naive`) and the CPU path (`chunked`).
 
 Both compute, for every (sequence b, copy head c, query t), two log-sum-exps of the scaled scores
-``s_tj = <q_t, k_j> * scale`` over the candidates ``j`` of ``t`` (see DESIGN.md):
+``s_tj = <q_t, k_j> * scale`` over the candidates ``j`` of ``t`` (see docs/design.md):
 
 * ``lse_all[b, c, t]   = logsumexp_{j in C(t)} s_tj``
 * ``lse_match[b, c, t] = logsumexp_{j in C(t), y_j == y_t} s_tj``
@@ -23,7 +23,7 @@ NEG_INF = float("-inf")
 
 
 def default_scale(head_dim: int) -> float:
-    """The softmax temperature of DESIGN.md: 1/sqrt(d_c)."""
+    """The softmax temperature of docs/design.md: 1/sqrt(d_c)."""
     return 1.0 / math.sqrt(head_dim)
 
 

@@ -7,7 +7,8 @@
    spamlang, gradient) into a markdown report with plots;
 3. the CPLM exported to Hugging Face format (tools/convert_to_hf.py);
 4. a sample generated from the export with `transformers` (trust_remote_code);
-5. a summary with the paths of the report and the HF model.
+5. a summary led by the headline table (val loss, copy accuracy, passkey retrieval of baseline and CPLM),
+   then the SpamLang lines and the paths of the report and the HF model.
 
   .venv/bin/python tools/demo.py [--data data/stdlib] [--output runs/demo]
 Finished steps are reused when the command is repeated.
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from cplm_megatron.cli import quiet_known_warnings
+from cplm_megatron.training.run_config import load_run_config
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -67,6 +69,29 @@ def spamlang_lines(claims: List[dict]) -> List[str]:
     return lines
 
 
+def headline(results: dict) -> List[dict]:
+    """Baseline and CPLM side by side on the corpus: the last checkpoint's val loss, copy and passkey accuracy."""
+    rows = []
+    for name, model in (("corpus-baseline", "baseline"), ("corpus-cplm", "CPLM")):
+        tasks = results["runs"][name]["evaluations"][-1]["tasks"]
+        rows.append({"model": model, "val_loss": tasks["val"]["metrics"]["val_loss"],
+                     "copy_accuracy": tasks["copy"]["metrics"]["copy_accuracy"],
+                     "passkey_accuracy": tasks["passkey"]["metrics"]["passkey_accuracy"],
+                     "passkey_token_accuracy": tasks["passkey"]["metrics"]["passkey_token_accuracy"]})
+    return rows
+
+
+def headline_lines(rows: List[dict], copy_head: dict) -> List[str]:
+    """The summary's leading table (and the copy head's training objective, the recipe default)."""
+    lines = [f"{'model':<9} {'val loss':>9} {'copy acc.':>10} {'passkey (key tokens)':>21}"]
+    for r in rows:
+        lines.append(f"{r['model']:<9} {r['val_loss']:>9.3f} {r['copy_accuracy']:>10.3f} "
+                     f"{r['passkey_accuracy']:>10.3f} ({r['passkey_token_accuracy']:.3f})")
+    lines.append(f"(CPLM objective, the recipe default: copy_head.lm_loss_weight={copy_head['lm_loss_weight']}, "
+                 f"copy_head.decouple_lm={str(copy_head['decouple_lm']).lower()})")
+    return lines
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     quiet_known_warnings()
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -106,7 +131,11 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     banner("5. summary")
     results = json.loads((ablation / "results.json").read_text())
+    rows = headline(results)
+    copy_head = load_run_config(str(REPO / "configs" / "tiny.yaml")).copy_head
+    table = headline_lines(rows, {"lm_loss_weight": copy_head.lm_loss_weight, "decouple_lm": copy_head.decouple_lm})
     summary = {
+        "headline": rows,
         "report": str(ablation / "report.md"),
         "hf_model": str(hf_dir),
         "prompt": prompt,
@@ -115,6 +144,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         "minutes": round((time.time() - start) / 60, 1),
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    print("\n".join(table) + "\n")
     print(f"report:   {summary['report']}")
     print(f"HF model: {summary['hf_model']}  (AutoModelForCausalLM.from_pretrained(..., trust_remote_code=True))")
     for line in summary["spamlang"]:

@@ -9,8 +9,9 @@ Batch contract (all tensors ``[micro_batch, seq_len]``):
   document), as Megatron-LM's ``--eod-mask-loss`` does;
 * ``position_ids`` int64: with ``document_masking``, the offset from the start of the token's
   document segment (0 at each document start and at the sample start); else ``0 .. S-1``;
-* ``document_ids`` int64: with ``document_masking``, the index of the token's document segment
-  within the sample (0, 1, ...; EOD padding is its own segment); else all 0.
+* ``document_ids`` int64: the index of the token's document segment within the sample (0, 1, ...;
+  EOD padding is its own segment), with or without ``document_masking``: copy candidates never
+  cross a document, whatever the attention does.
 
 A document's EOD belongs to that document, so with document masking the EOD attends to its own
 document and the next token starts a new segment.
@@ -48,12 +49,11 @@ def collate_packed_samples(
     loss_mask = (label_index[None, :] + 1 < num_tokens[:, None]).astype(np.float32)
     if eod_mask_loss:
         loss_mask[tokens == eod_id] = 0.0
+    pairs = [segment_ids_and_positions(s["segment_starts"], seq_len) for s in samples]
+    document_ids = np.stack([p[0] for p in pairs])
     if document_masking:
-        pairs = [segment_ids_and_positions(s["segment_starts"], seq_len) for s in samples]
-        document_ids = np.stack([p[0] for p in pairs])
         position_ids = np.stack([p[1] for p in pairs])
     else:
-        document_ids = np.zeros_like(tokens)
         position_ids = np.broadcast_to(label_index, tokens.shape).copy()
     return {
         "tokens": torch.from_numpy(np.ascontiguousarray(tokens)),

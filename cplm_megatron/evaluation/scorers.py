@@ -6,9 +6,10 @@ position_ids, document_ids; all [b, s]) into the model's full next-token distrib
 baselines). Every task computes its numbers from these log-probs, so both backends give the same
 numbers for the same weights.
 
-Documents: Megatron evaluates a packed row with the run's document masking (attention, positions and
-copy candidates restart at each document); the HF model has no document ids, so `HFScorer` runs each
-document segment of a row as its own sequence, which is the same computation.
+Documents: Megatron evaluates a packed row as the run trained: copy candidates always restart at each
+document, attention and positions too when the run used document masking. The HF model resets copy
+candidates at EOD but attends over its whole input, so `HFScorer` (whose batches carry document ids)
+runs each document segment of a row as its own sequence: the computation of a document-masked run.
 
 Vocabulary: Megatron's output layer has `model.padded_vocab_size` rows and its softmax includes the
 padding rows; HF exports drop them. The backends agree exactly when model.vocab_size is a multiple

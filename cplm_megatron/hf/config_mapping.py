@@ -112,7 +112,8 @@ def hf_config_from_megatron(
         return LlamaConfig(**fields)
     return CPLMConfig(
         copy_heads=copy_head.heads, copy_head_dim=copy_head.head_dim, copy_qk_norm=copy_head.qk_norm,
-        copy_norm_eps=copy_head.norm_eps, copy_gate_bias_init=copy_head.gate_bias_init, **fields,
+        copy_norm_eps=copy_head.norm_eps, copy_gate_bias_init=copy_head.gate_bias_init,
+        copy_mixing=copy_head.mixing, **fields,
     )
 
 
@@ -184,6 +185,7 @@ def copy_head_config_from_hf(
         config = dataclasses.replace(
             config, heads=hf.copy_heads, head_dim=hf.copy_head_dim, qk_norm=hf.copy_qk_norm,
             norm_eps=hf.copy_norm_eps, gate_bias_init=hf.copy_gate_bias_init,
+            mixing=getattr(hf, "copy_mixing", "gate"),
         )
         for name, given, saved in (("copy heads", heads, hf.copy_heads), ("copy head dim", head_dim, hf.copy_head_dim)):
             if enabled and given is not None and given != saved:

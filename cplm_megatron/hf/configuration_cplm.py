@@ -8,7 +8,12 @@ from transformers import LlamaConfig
 
 
 class CPLMConfig(LlamaConfig):
-    """LlamaConfig + Copy-Paste head: ``copy_heads`` x ``copy_head_dim`` query/key heads and a gate."""
+    """LlamaConfig + Copy-Paste head: ``copy_heads`` x ``copy_head_dim`` query/key heads and a gate.
+
+    ``copy_mixing``: the mixing variant (``mixing.py``: gate, constant). ``copy_eod_token_id``: the
+    end-of-document id (default: ``eos_token_id``); with ``copy_reset_at_eod`` (default on) copy
+    candidates never cross it, as in training, where candidates stay inside a packed document.
+    """
 
     model_type = "cplm"
 
@@ -21,6 +26,9 @@ class CPLMConfig(LlamaConfig):
         copy_qk_norm: bool = False,
         copy_norm_eps: float = 1e-5,
         copy_gate_bias_init: float = -2.0,
+        copy_mixing: str = "gate",
+        copy_eod_token_id: int | None = None,
+        copy_reset_at_eod: bool = True,
         **kwargs,
     ) -> None:
         if not (isinstance(copy_heads, int) and copy_heads > 0):
@@ -34,4 +42,14 @@ class CPLMConfig(LlamaConfig):
         self.copy_qk_norm = bool(copy_qk_norm)
         self.copy_norm_eps = float(copy_norm_eps)
         self.copy_gate_bias_init = float(copy_gate_bias_init)
+        if not (isinstance(copy_mixing, str) and copy_mixing):
+            raise ValueError(f"CPLMConfig: copy_mixing must be a mixing variant name, got {copy_mixing!r}")
+        self.copy_mixing = copy_mixing
+        if copy_eod_token_id is None and isinstance(kwargs.get("eos_token_id"), int):
+            copy_eod_token_id = kwargs["eos_token_id"]
+        if copy_eod_token_id is not None and not (isinstance(copy_eod_token_id, int) and copy_eod_token_id >= 0):
+            raise ValueError(f"CPLMConfig: copy_eod_token_id must be a token id (int >= 0) or None, "
+                             f"got {copy_eod_token_id!r}")
+        self.copy_eod_token_id = copy_eod_token_id
+        self.copy_reset_at_eod = bool(copy_reset_at_eod)
         super().__init__(**kwargs)

@@ -163,7 +163,7 @@ def _override_value(value: object) -> str:
 # Fields that decide the checkpoint's shapes and numerics: printed explicitly, since a recipe's own
 # preset would otherwise fill them in.
 _MODEL_FIELDS_NOT_PRINTED = ("preset", "init_method_std", "layer_spec", "default_tp", "default_pp")
-_COPY_HEAD_FIELDS = ("enabled", "heads", "head_dim", "qk_norm", "norm_eps")
+_COPY_HEAD_FIELDS = ("enabled", "heads", "head_dim", "qk_norm", "norm_eps", "mixing")
 
 
 def continue_overrides(root: Path, run_config: dict) -> list[str]:

@@ -33,7 +33,13 @@ from cplm_megatron.hf.modeling_cplm import CPLMForCausalLM
 log = logging.getLogger(__name__)
 
 _HF_DIR = Path(__file__).resolve().parent
-CPLM_CODE_FILES = ("configuration_cplm.py", "modeling_cplm.py")
+# The self-contained model code shipped in every CPLM export: file name there -> source here. mixing.py is
+# the training side's own mixing module (cplm_megatron/model/mixing.py), so exports mix as training does.
+CPLM_CODE_FILES = {
+    "configuration_cplm.py": _HF_DIR / "configuration_cplm.py",
+    "modeling_cplm.py": _HF_DIR / "modeling_cplm.py",
+    "mixing.py": _HF_DIR.parent / "model" / "mixing.py",
+}
 CPLM_AUTO_MAP = {
     "AutoConfig": "configuration_cplm.CPLMConfig",
     "AutoModelForCausalLM": "modeling_cplm.CPLMForCausalLM",
@@ -62,7 +68,8 @@ def write_hf_checkpoint(
 
     CPLM configs get the copied model code and an `auto_map`; Llama and GPT-2 configs export as plain
     `LlamaForCausalLM` / `GPT2LMHeadModel`. With `tokenizer_dir`, its files are copied and the special
-    token ids (bos/eos/pad) in config.json and generation_config.json are taken from the tokenizer.
+    token ids (bos/eos/pad) in config.json and generation_config.json are taken from the tokenizer, as
+    is a CPLM's `copy_eod_token_id` (its EOS: the end-of-document id training packed documents with).
     """
     out = Path(out_dir)
     model_class = model_class_for(config)
@@ -125,6 +132,8 @@ def _adopt_tokenizer_special_ids(config: object, tokenizer: PreTrainedTokenizerB
     config.bos_token_id = tokenizer.bos_token_id
     config.eos_token_id = tokenizer.eos_token_id
     config.pad_token_id = tokenizer.pad_token_id
+    if getattr(config, "model_type", None) == "cplm":
+        config.copy_eod_token_id = tokenizer.eos_token_id  # the EOD that separated training documents
 
 
 def _output_embedding_name(model: PreTrainedModel) -> str | None:
@@ -239,8 +248,8 @@ def _write_config(out: Path, config: object, model_class: type[PreTrainedModel],
     config.dtype = dtype
     if model_class is CPLMForCausalLM:
         config.auto_map = dict(CPLM_AUTO_MAP)
-        for file_name in CPLM_CODE_FILES:
-            shutil.copyfile(_HF_DIR / file_name, out / file_name)
+        for file_name, source in CPLM_CODE_FILES.items():
+            shutil.copyfile(source, out / file_name)
     config.save_pretrained(out)
     config_path = out / "config.json"
     config_path.write_text(json.dumps(with_legacy_rope_fields(json.loads(config_path.read_text())), indent=2,

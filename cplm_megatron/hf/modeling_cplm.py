@@ -1,8 +1,14 @@
 """Hugging Face model code for Copy-Paste Language Models: a Llama backbone + the Copy-Paste head.
 
 Self-contained on purpose: this file is copied into every exported checkpoint directory and loaded
-there with ``trust_remote_code=True``; it imports only torch, transformers and its sibling
-``configuration_cplm.py``. It runs on transformers 4.5x and 5.x.
+there with ``trust_remote_code=True``; it imports only torch, transformers and its siblings
+``configuration_cplm.py`` and ``mixing.py`` (the mixing rule training uses, shipped with the export).
+It runs on transformers 4.5x and 5.x.
+
+Documents: with ``config.copy_reset_at_eod`` (default) copy candidates never cross an EOD token
+(``config.copy_eod_token_id``): position t only copies from earlier positions of its own document,
+a document's EOD belonging to it, exactly as training packs documents. Attention is not reset
+(the backbone sees the whole prompt, as in training without document masking).
 
 ``CPLMForCausalLM.forward`` returns as ``logits`` the log-probabilities of the mixture
 ``p = (1 - g) p_LM + g p_copy`` (fp32, ``[batch, positions, vocab]``), so ``generate()``, sampling
@@ -31,6 +37,7 @@ from transformers.models.llama.modeling_llama import (
 )
 
 from .configuration_cplm import CPLMConfig
+from .mixing import mix_log_probs, mixing_rule, mixture_weights
 
 # transformers renamed the cache argument `past_key_values` -> `cache` (5.2x); use what is installed.
 _CACHE_KWARG = "cache" if "cache" in inspect.signature(LlamaModel.forward).parameters else "past_key_values"
@@ -87,6 +94,7 @@ class CPLMCopyHead(nn.Module):
             self.q_norm = None
             self.k_norm = None
         self.gate = CopyGate(config.hidden_size, 1, bias=True)
+        self.rule = mixing_rule(config.copy_mixing)
 
     def _project(self, linear: nn.Linear, norm: nn.Module | None, hidden: torch.Tensor) -> torch.Tensor:
         batch, length, _ = hidden.shape
@@ -104,8 +112,8 @@ class CPLMCopyHead(nn.Module):
         return self._project(self.k_proj, self.k_norm, hidden)
 
     def gate_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Pre-sigmoid gate `w_g.h + b_g` per position, `[b, n]` (fp32)."""
-        return F.linear(hidden.float(), self.gate.weight.float(), self.gate.bias.float()).squeeze(-1)
+        """Logit of the copy weight g per position under the configured mixing rule, `[b, n]` (fp32)."""
+        return self.rule.gate_logit(hidden.float(), self.gate.weight.float(), self.gate.bias.float())
 
 
 def candidate_labels(token_ids: torch.Tensor) -> torch.Tensor:
@@ -113,12 +121,28 @@ def candidate_labels(token_ids: torch.Tensor) -> torch.Tensor:
     return F.pad(token_ids[:, 1:], (0, 1), value=0)
 
 
-def candidate_mask(valid: torch.Tensor, query_positions: torch.Tensor) -> torch.Tensor:
-    """Bool `[b, nq, L]`: j is a candidate for query t iff j < t and positions j, j+1 are real tokens."""
+def document_ids(token_ids: torch.Tensor, valid: torch.Tensor, eod_token_id: int | None) -> torch.Tensor | None:
+    """Document index `[b, L]` of each position: the number of real EOD tokens before it (an EOD belongs
+    to the document it ends); None without an EOD id (one document per row)."""
+    if eod_token_id is None:
+        return None
+    is_eod = ((token_ids == eod_token_id) & valid).long()
+    return torch.cumsum(is_eod, dim=1) - is_eod
+
+
+def candidate_mask(
+    valid: torch.Tensor, query_positions: torch.Tensor, documents: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Bool `[b, nq, L]`: j is a candidate for query t iff j < t, positions j, j+1 are real tokens and
+    (with `documents` `[b, L]`) j and t are in the same document."""
     labelled = F.pad(valid[:, :-1] & valid[:, 1:], (0, 1), value=False)
+    query_positions = query_positions.to(valid.device)
     key_positions = torch.arange(valid.shape[1], device=valid.device)
-    earlier = key_positions[None, :] < query_positions[:, None].to(valid.device)
-    return labelled[:, None, :] & earlier[None, :, :]
+    earlier = key_positions[None, :] < query_positions[:, None]
+    mask = labelled[:, None, :] & earlier[None, :, :]
+    if documents is not None:
+        mask = mask & (documents[:, query_positions, None] == documents[:, None, :])
+    return mask
 
 
 def copy_log_probs(
@@ -153,11 +177,9 @@ def mixture_log_probs(
     log_p_copy: torch.Tensor,
     has_candidate: torch.Tensor,
 ) -> torch.Tensor:
-    """log((1-g) p_LM + g p_copy) `[b, nq, V]` in fp32, with g = 0 exactly where t has no candidate."""
+    """log((1-g) p_LM + g p_copy) `[b, nq, V]` in fp32 (mixing.py), with g = 0 exactly where t has no candidate."""
     log_p_lm = torch.log_softmax(lm_logits.float(), dim=-1)
-    log_gate = torch.where(has_candidate, F.logsigmoid(gate_logits), torch.full_like(gate_logits, float("-inf")))
-    log_one_minus_gate = torch.where(has_candidate, F.logsigmoid(-gate_logits), torch.zeros_like(gate_logits))
-    return torch.logaddexp(log_one_minus_gate[..., None] + log_p_lm, log_gate[..., None] + log_p_copy)
+    return mix_log_probs(mixture_weights(gate_logits, has_candidate), log_p_lm, log_p_copy)
 
 
 def mixture_nll(log_probs: torch.Tensor, labels: torch.Tensor, num_items_in_batch: int | None = None) -> torch.Tensor:
@@ -322,11 +344,12 @@ class CPLMForCausalLM(LlamaForCausalLM):
 
         kept = _kept_positions(logits_to_keep, new_len, hidden.device)
         hidden_kept = hidden[:, kept]
+        eod = self.config.copy_eod_token_id if self.config.copy_reset_at_eod else None
         log_p_copy, has_candidate = copy_log_probs(
             self.copy_head.queries(hidden_kept),
             keys,
             candidate_labels(token_ids),
-            candidate_mask(valid, past_len + kept),
+            candidate_mask(valid, past_len + kept, document_ids(token_ids, valid, eod)),
             self.config.vocab_size,
         )
         log_probs = mixture_log_probs(

@@ -55,7 +55,7 @@ def backbone_params(m: ModelConfig) -> int:
 
 
 def copy_head_params(m: ModelConfig, c: Optional[CopyHeadShape]) -> int:
-    """DESIGN.md: 2·d·H_c·d_c + d + 1 (+ 2·d_c with q/k RMSNorm)."""
+    """docs/design.md: 2·d·H_c·d_c + d + 1 (+ 2·d_c with q/k RMSNorm)."""
     if c is None:
         return 0
     return 2 * m.hidden_size * c.heads * c.head_dim + m.hidden_size + 1 + (2 * c.head_dim if c.qk_norm else 0)

@@ -1,6 +1,6 @@
 """The Copy-Paste head: copy distribution over earlier labels, gated mixture with the LM head.
 
-Contract: DESIGN.md "The Copy-Paste head". Training never builds a vocabulary-sized copy tensor:
+Contract: docs/design.md ("The Copy-Paste head"). Training never builds a vocabulary-sized copy tensor:
 ``log p_LM(y_t) = -CE_t`` comes from Megatron's vocab-parallel cross entropy and
 ``log p_copy(y_t)`` from two log-sum-exps over candidates (cplm_kernels). The parameters are
 replicated on every TP rank; the head sees full (sequence-gathered) hidden states, so its gradients
@@ -8,18 +8,21 @@ are identical across TP ranks and need no reduction.
 """
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import dataclass
 from typing import Callable, Dict, Literal, Optional, Tuple
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 import cplm_kernels
+from cplm_kernels.configs import SUPPORTED_HEAD_DIMS
 from cplm_megatron.errors import ConfigError
+from cplm_megatron.model.mixing import MIXING_RULES, mix_log_probs, mixing_rule, mixture_weights
 
 NEG_INF = float("-inf")
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -32,7 +35,7 @@ class CopyHeadConfig:
     qk_norm: bool = False
     norm_eps: float = 1e-5
     gate_bias_init: float = -2.0
-    mixing: Literal["gate", "constant"] = "gate"  # constant: g = sigmoid(b_g), no dependence on h
+    mixing: str = "gate"  # a variant of cplm_megatron/model/mixing.py: gate (g = sigmoid(w.h + b)), constant
     lm_loss_weight: float = 0.0  # auxiliary LM-only cross entropy
     # true: the mixture loss treats log p_LM as a constant, so the LM head (and the backbone through it)
     # learns from its own cross entropy (lm_loss_weight) exactly as a baseline does; the mixture trains
@@ -53,8 +56,21 @@ class CopyHeadConfig:
         if self.decouple_lm and self.lm_loss_weight <= 0:
             raise ConfigError("copy_head.decouple_lm=true trains the LM head only through its own cross entropy: "
                               "set copy_head.lm_loss_weight > 0 (e.g. 1)")
+        if self.mixing not in MIXING_RULES:
+            raise ConfigError(f"copy_head.mixing={self.mixing!r} is not one of {sorted(MIXING_RULES)} "
+                              "(the variants of cplm_megatron/model/mixing.py)")
         if self.fp8 and self.impl not in ("fused", "auto"):
             raise ConfigError(f"copy_head.fp8=true needs copy_head.impl=fused (got {self.impl!r})")
+        if self.head_dim not in SUPPORTED_HEAD_DIMS and self.fused_possible():
+            via = "copy_head.impl=fused" if self.impl == "fused" else "copy_head.impl=auto picks it on this CUDA machine"
+            raise ConfigError(
+                f"copy_head.head_dim={self.head_dim}: the fused copy kernel ({via}) supports head_dim "
+                f"{'/'.join(map(str, SUPPORTED_HEAD_DIMS))}; choose one of them or set copy_head.impl=chunked"
+            )
+
+    def fused_possible(self) -> bool:
+        """Whether this config can run the fused kernel here: impl=fused, or impl=auto on a CUDA machine."""
+        return self.impl == "fused" or (self.impl == "auto" and torch.cuda.is_available() and _fused_available())
 
 
 LseFn = Callable[..., Tuple[torch.Tensor, torch.Tensor]]
@@ -129,6 +145,7 @@ class CopyPasteHead(nn.Module):
                  params_dtype: torch.dtype = torch.float32):
         super().__init__()
         self.cfg = cfg
+        self.rule = mixing_rule(cfg.mixing)
         inner = cfg.heads * cfg.head_dim
         self.q_proj = nn.Linear(hidden_size, inner, bias=False, dtype=params_dtype)
         self.k_proj = nn.Linear(hidden_size, inner, bias=False, dtype=params_dtype)
@@ -141,10 +158,22 @@ class CopyPasteHead(nn.Module):
             nn.init.normal_(self.k_proj.weight, std=init_std)
             nn.init.normal_(self.gate.weight, std=init_std)
             self.gate.bias.fill_(cfg.gate_bias_init)
-            if cfg.mixing == "constant":
+            if not self.rule.uses_gate_weight:
                 self.gate.weight.zero_()
                 self.gate.weight.requires_grad_(False)
         self.scale = 1.0 / math.sqrt(cfg.head_dim)
+        self._impl: Optional[Tuple[str, str]] = None  # (device type, implementation) resolved on first use
+
+    def impl_for(self, device: torch.device) -> str:
+        """copy_head.impl resolved for `device` (once per device type); says in the log when FP8 cannot apply."""
+        if self._impl is None or self._impl[0] != device.type:
+            impl = resolve_impl(self.cfg, device)
+            if self.cfg.fp8 and impl != "fused":
+                log.warning("copy_head.fp8=true is not applied: copy_head.impl=%s runs the %s path on %s, and FP8 "
+                            "copy scores exist only in the fused kernel (CUDA + triton)", self.cfg.impl, impl,
+                            device.type)
+            self._impl = (device.type, impl)
+        return self._impl[1]
 
     def queries_keys(self, hidden: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """[b, s, h] -> q, k as [b, H, s, d]."""
@@ -157,8 +186,8 @@ class CopyPasteHead(nn.Module):
         return q.transpose(1, 2), k.transpose(1, 2)
 
     def gate_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[b, s, h] -> [b, s] gate logits (fp32)."""
-        return _fp32(self.gate(hidden).squeeze(-1))
+        """[b, s, h] -> [b, s] logits of the copy weight under the configured mixing rule (fp32)."""
+        return _fp32(self.rule.gate_logit(hidden, self.gate.weight, self.gate.bias))
 
     def copy_lse(self, q, k, cand_labels, doc_ids, impl: str) -> Tuple[torch.Tensor, torch.Tensor]:
         """(lse_all, lse_match) [b, H, s] with the chosen implementation."""
@@ -184,9 +213,10 @@ class CopyPasteHead(nn.Module):
         """Mixture loss per token.
 
         hidden: final-normed [b, s, h] (full sequence); lm_ce: [b, s] = -log p_LM(y_t);
-        labels: [b, s]; loss_mask: [b, s] (0 = padded/ignored, never a candidate); doc_ids: [b, s] or None.
+        labels: [b, s]; loss_mask: [b, s] (0 = padded/ignored, never a candidate); doc_ids: [b, s]
+        (candidates stay inside a document) or None (one document per row).
         """
-        impl = impl or resolve_impl(self.cfg, hidden.device)
+        impl = impl or self.impl_for(hidden.device)
         cand = candidate_labels(labels, loss_mask)
         q, k = self.queries_keys(hidden)
         lse_all, lse_match = self.copy_lse(q, k, cand, doc_ids, impl)
@@ -195,21 +225,17 @@ class CopyPasteHead(nn.Module):
         log_p_copy = safe_logsumexp(log_p_head, dim=1) - math.log(self.cfg.heads)
         has_match = torch.isfinite(log_p_copy)
 
-        z = self.gate_logits(hidden)
-        log_g = torch.where(has_cand, F.logsigmoid(z), NEG_INF)
-        log_1mg = torch.where(has_cand, F.logsigmoid(-z), 0.0)
+        weights = mixture_weights(self.gate_logits(hidden), has_cand)
         lm_ce = _fp32(lm_ce)
-        copy_term = torch.where(has_match, log_g + torch.where(has_match, log_p_copy, 0.0), NEG_INF)
         lm_in_mixture = lm_ce.detach() if self.cfg.decouple_lm else lm_ce
-        mix_nll = -torch.logaddexp(log_1mg - lm_in_mixture, copy_term)
+        mix_nll = -mix_log_probs(weights, -lm_in_mixture, log_p_copy)
 
         loss = mix_nll
         if self.cfg.lm_loss_weight:
             loss = loss + self.cfg.lm_loss_weight * lm_ce
         if self.cfg.copy_loss_weight:
             loss = loss + self.cfg.copy_loss_weight * torch.where(has_match, -log_p_copy, 0.0)
-        gate = torch.where(has_cand, torch.sigmoid(z), 0.0)
-        return CopyHeadOutput(loss, lm_ce, mix_nll, gate, has_cand, has_match, log_p_copy)
+        return CopyHeadOutput(loss, lm_ce, mix_nll, weights.gate, has_cand, has_match, log_p_copy)
 
     def mixture_log_probs(
         self,
@@ -231,7 +257,5 @@ class CopyPasteHead(nn.Module):
         p_copy, has_cand = cplm_kernels.copy_distribution(
             q, k, cand, vocab_start, vocab_end, doc_ids, self.scale, self.cfg.block_size
         )
-        z = self.gate_logits(hidden)
-        log_g = torch.where(has_cand, F.logsigmoid(z), NEG_INF)[..., None]
-        log_1mg = torch.where(has_cand, F.logsigmoid(-z), 0.0)[..., None]
-        return torch.logaddexp(log_1mg + _fp32(lm_log_probs), log_g + torch.log(p_copy))
+        weights = mixture_weights(self.gate_logits(hidden), has_cand)
+        return mix_log_probs(weights, _fp32(lm_log_probs), torch.log(p_copy))

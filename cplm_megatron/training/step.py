@@ -29,7 +29,11 @@ def document_attention_mask(document_ids: torch.Tensor) -> torch.Tensor:
 
 
 def model_inputs(batch: Dict[str, torch.Tensor], device: torch.device, document_masking: bool) -> Dict:
-    """Batch dict (tokens/labels/loss_mask/position_ids/document_ids) -> model call arguments."""
+    """Batch dict (tokens/labels/loss_mask/position_ids/document_ids) -> model call arguments.
+
+    Document ids always reach the copy head (its candidates never cross a document, docs/design.md);
+    `document_masking` decides only the attention: per document, or plain causal over the packed row.
+    """
     tokens = batch["tokens"].to(device, non_blocking=True)
     labels = batch["labels"].to(device, non_blocking=True)
     loss_mask = batch["loss_mask"].to(device, non_blocking=True).float()
@@ -38,12 +42,9 @@ def model_inputs(batch: Dict[str, torch.Tensor], device: torch.device, document_
     else:
         position_ids = torch.arange(tokens.shape[1], device=device)[None].expand_as(tokens)
     doc_ids = batch.get("document_ids")
-    attention_mask = None
-    if document_masking and doc_ids is not None:
+    if doc_ids is not None:
         doc_ids = doc_ids.to(device, non_blocking=True)
-        attention_mask = document_attention_mask(doc_ids)
-    else:
-        doc_ids = None
+    attention_mask = document_attention_mask(doc_ids) if document_masking and doc_ids is not None else None
     return dict(input_ids=tokens, position_ids=position_ids, attention_mask=attention_mask,
                 labels=labels, loss_mask=loss_mask, document_ids=doc_ids)
 

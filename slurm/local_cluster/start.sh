@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The project's copy of shared/reference/start_local_slurm.sh (see slurm/README.md, "Local cluster").
+# Part of the local SLURM cluster for CI and tests (see slurm/README.md, "Local cluster").
 # Bring up a SLURM cluster on localhost for CI (Debian 12 slurm 22.05, root; no systemd, no cgroups).
 # Idempotent: installs packages if missing, reuses running daemons (restarts them if the config
 # changed), waits until every node is idle. Tested in a 2-core firecracker VM.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The project's copy of shared/reference/stop_local_slurm.sh (see slurm/README.md, "Local cluster").
-# Tear down the cluster started by start_local_slurm.sh: cancel jobs, then stop daemons by PID file.
+# Part of the local SLURM cluster for CI and tests (see slurm/README.md, "Local cluster").
+# Tear down the cluster started by start.sh: cancel jobs, then stop daemons by PID file.
 # SLURM_CI_KEEP_MUNGE=1 leaves munged running.
 set -uo pipefail
 ROOT=${SLURM_CI_ROOT:-${TMPDIR:-/tmp}/local-slurm}

@@ -18,14 +18,14 @@ def reference(window: list[int], num_tokens: int, document_masking: bool, eod_ma
     loss = [1.0 if i + 1 < num_tokens else 0.0 for i in range(seq_len)]
     if eod_mask_loss:
         loss = [0.0 if tokens[i] == EOD else m for i, m in enumerate(loss)]
-    positions, documents = list(range(seq_len)), [0] * seq_len
-    if document_masking:
-        doc, pos = 0, 0
-        for i in range(seq_len):
-            if i > 0 and tokens[i - 1] == EOD and i - 1 < num_tokens:  # after a real EOD (padding is one segment)
-                doc, pos = doc + 1, 0
-            positions[i], documents[i] = pos, doc
-            pos += 1
+    offsets, documents = [0] * seq_len, [0] * seq_len  # document ids are there with or without masking
+    doc, pos = 0, 0
+    for i in range(seq_len):
+        if i > 0 and tokens[i - 1] == EOD and i - 1 < num_tokens:  # after a real EOD (padding is one segment)
+            doc, pos = doc + 1, 0
+        offsets[i], documents[i] = pos, doc
+        pos += 1
+    positions = offsets if document_masking else list(range(seq_len))
     return {"tokens": tokens, "labels": labels, "loss_mask": loss, "position_ids": positions, "document_ids": documents}
 
 

@@ -14,6 +14,7 @@ import torch
 from cplm_megatron.training.run_config import RunConfig, load_run_config
 
 SEQ_LEN = 32
+EOD_ID = 0  # <|endoftext|> of the test tokenizer (hf_testing.BOS_EOS_ID): exports reset copy candidates at it
 
 
 def _generator(name: str, stage: str) -> torch.Generator:
@@ -52,9 +53,19 @@ def randomize_constant_init(chunk: torch.nn.Module, chunk_index: int = 0) -> Non
 
 
 def random_batches(count: int, batch: int, vocab_size: int, seed: int) -> list[torch.Tensor]:
-    """Input ids with many repeats (copy candidates match often) from the first 64 ids of the vocabulary."""
+    """Input ids with many repeats (copy candidates match often) from the first 64 ids of the vocabulary,
+    and an EOD in the middle of every row (a document boundary for the copy head)."""
     g = torch.Generator().manual_seed(seed)
-    return [torch.randint(0, min(64, vocab_size), (batch, SEQ_LEN), generator=g) for _ in range(count)]
+    batches = [torch.randint(0, min(64, vocab_size), (batch, SEQ_LEN), generator=g) for _ in range(count)]
+    for ids in batches:
+        ids[:, SEQ_LEN // 2] = EOD_ID
+    return batches
+
+
+def documents_at_eod(input_ids: torch.Tensor) -> torch.Tensor:
+    """Document ids as the training loader derives them from packed samples: a new document after each EOD."""
+    is_eod = (input_ids == EOD_ID).long()
+    return torch.cumsum(is_eod, dim=1) - is_eod
 
 
 def shifted_labels(input_ids: torch.Tensor) -> torch.Tensor:
@@ -90,7 +101,8 @@ def _forward_step(output: str, batches, model):
         labels = torch.cat([input_ids[:, 1:], input_ids[:, :1]], dim=1)
         out = model(input_ids, positions, None, labels=labels)
     else:
-        out = model(input_ids, positions, None, labels=shifted_labels(input_ids), output="log_probs_gathered")
+        out = model(input_ids, positions, None, labels=shifted_labels(input_ids), output="log_probs_gathered",
+                    document_ids=documents_at_eod(input_ids))
 
     def keep(tensor: torch.Tensor):
         return tensor.sum() * 0.0, torch.tensor(1), {"out": tensor.detach().clone()}

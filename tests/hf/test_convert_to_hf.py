@@ -51,13 +51,15 @@ def saved(tmp_path_factory: pytest.TempPathFactory, data_root: Path) -> dict:
     """Checkpoints saved at TP=2 and at PP=2 (2 processes) with the Megatron scores of their batches."""
     root = tmp_path_factory.mktemp("megatron")
     streams = [f"data.streams=[{data_root / 'train'}]"]
-    variants = {  # one pair of processes: the TP=2 layout first, then PP=2, then PP=2 x VPP=2
+    variants = {  # one pair of processes: the TP=2 layout first, then PP=2, then PP=2 x VPP=2, then TP=2 again
         "cplm_tp2": {**variant(CPLM + ["parallel.tp=2"] + streams, "log_probs", seed=1), "with_optimizer": True},
         "llama_untied_tp2": variant(LLAMA_UNTIED + ["parallel.tp=2"], "logits", seed=2, vocab=PADDED_VOCAB),
         "gpt2_tp2": variant(GPT2 + ["parallel.tp=2"], "logits", seed=3, vocab=PADDED_VOCAB),
         "gpt2_with_copy_head": variant(["model.preset=tiny-gpt2", "parallel.tp=2"], "logits", seed=4),
         "cplm_pp2": variant(CPLM + ["parallel.pp=2"], "log_probs", seed=5),
         "cplm_pp2_vpp2": variant(CPLM + ["parallel.pp=2", "parallel.vpp=2"], "log_probs", seed=7),
+        # random gate weights (randomize_constant_init) that the constant rule must ignore on both sides
+        "cplm_constant_tp2": variant(CPLM + ["copy_head.mixing=constant", "parallel.tp=2"], "log_probs", seed=8),
         "llama_untied_pp2": variant(LLAMA_UNTIED + ["parallel.pp=2"], "logits", seed=6, vocab=PADDED_VOCAB),
     }
     results = run_distributed(mw.save_and_score, 2, variants, str(root))
@@ -82,11 +84,16 @@ def max_diff(model: AutoModelForCausalLM, saved: dict, name: str, vocab: int) ->
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["cplm_tp2", "cplm_pp2", "cplm_pp2_vpp2"])
+@pytest.mark.parametrize("name", ["cplm_tp2", "cplm_pp2", "cplm_pp2_vpp2", "cplm_constant_tp2"])
 def test_cplm_logits_equal_megatron_mixture_log_probs(saved: dict, name: str, tmp_path: Path, tokenizer_dir: Path) -> None:
+    """Megatron scores with the loader's document ids (a new document after each EOD, id 0 here, frequent in
+    the batches); the export resets copy candidates at the tokenizer's EOD: the same distribution."""
     model = export(saved, name, tmp_path, tokenizer_dir)  # cplm_tp2 also holds optimizer state (not read)
     assert type(model).__name__ == "CPLMForCausalLM"
     assert (model.config.copy_heads, model.config.copy_head_dim, model.config.copy_qk_norm) == (3, 16, True)
+    assert (model.config.copy_eod_token_id, model.config.copy_reset_at_eod) == (mw.EOD_ID, True)
+    assert model.config.copy_mixing == ("constant" if "constant" in name else "gate")
+    assert all((ids == mw.EOD_ID).any() for ids in saved["variants"][name]["batches"])
     assert model.config.num_key_value_heads == 2 and model.config.tie_word_embeddings
     diff = max_diff(model, saved, name, 4096)
     print(f"{name}: max |HF - Megatron| mixture log-prob = {diff:.3g}")

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from hf_testing import PAD_ID, cplm_config, llama_config_like, repetitive_ids, tiny_cplm
+from hf_testing import BOS_EOS_ID, PAD_ID, cplm_config, llama_config_like, repetitive_ids, tiny_cplm
 from transformers import DynamicCache, LlamaForCausalLM
 
 from cplm_megatron.hf.modeling_cplm import COPY_STATE_ATTR, CPLMForCausalLM
@@ -37,6 +37,23 @@ def test_greedy_cached_equals_uncached_tokens_and_step_log_probs(model: CPLMForC
             torch.testing.assert_close(step_log_probs, full, atol=STEP_ATOL, rtol=0)
     # the copy head takes part: generated tokens are copies of earlier tokens under the repetitive prompt
     assert cached.logits[-1].exp().sum(-1).sub(1).abs().max() < 1e-5
+
+
+def test_generation_after_an_eod_copies_only_from_the_current_document(model: CPLMForCausalLM) -> None:
+    """Prompts whose last document follows an EOD: cached = uncached, every step equals the full forward, and
+    the copy head (reset at EOD) gives different steps than a model copying across the EOD."""
+    prompt = repetitive_ids(2, 12, seed=7)
+    prompt[:, 8] = BOS_EOS_ID  # the current document is the last 3 tokens
+    cached = generate(model, prompt, do_sample=False, use_cache=True, output_logits=True)
+    uncached = generate(model, prompt, do_sample=False, use_cache=False)
+    assert torch.equal(cached.sequences, uncached.sequences)
+    across = tiny_cplm(cplm_config(copy_qk_norm=True, copy_reset_at_eod=False), seed=3, gate_bias=1.0)
+    with torch.no_grad():
+        for step, step_log_probs in enumerate(cached.logits):
+            prefix = cached.sequences[:, : prompt.shape[1] + step]
+            torch.testing.assert_close(step_log_probs, model(prefix).logits[:, -1], atol=STEP_ATOL, rtol=0)
+        first = across(prompt).logits[:, -1]
+    assert (first - cached.logits[0]).abs().max() > 0.1
 
 
 def test_sampling_cached_equals_uncached(model: CPLMForCausalLM) -> None:

@@ -29,6 +29,7 @@ from transformers import (
 )
 
 from cplm_megatron.hf.export import with_legacy_rope_fields, write_hf_checkpoint
+from cplm_megatron.model import mixing
 
 LOADER = Path(__file__).with_name("hf_load_exported.py")
 TEXT = "the quick brown fox copy paste"
@@ -51,7 +52,7 @@ def tiny_gpt2() -> GPT2LMHeadModel:
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path) -> dict:
-    """Export five variants, reload all of them in one fresh offline process; return models, dirs, results."""
+    """Export six variants, reload all of them in one fresh offline process; return models, dirs, results."""
     root = tmp_path_factory.mktemp("export")
     torch.manual_seed(0)
     plain_llama = LlamaForCausalLM(llama_config_like(cplm_config(tie_word_embeddings=True))).eval()
@@ -59,6 +60,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path) -> d
         "cplm": tiny_cplm(cplm_config(copy_qk_norm=True, rope_theta=50000.0), seed=1),
         "cplm_tied_sharded": tiny_cplm(cplm_config(tie_word_embeddings=True), seed=2),
         "cplm_bf16": tiny_cplm(cplm_config(), seed=3),
+        "cplm_constant": tiny_cplm(cplm_config(copy_mixing="constant"), seed=6, gate_bias=1.0),
         "llama": plain_llama,
         "gpt2": tiny_gpt2(),
     }
@@ -68,6 +70,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path) -> d
         dirs[name] = write_hf_checkpoint(root / name, model.config, model.state_dict(), tokenizer_dir,
                                          **options.get(name, {}))
     input_ids = repetitive_ids(2, 12, seed=4)
+    input_ids[:, 6] = BOS_EOS_ID  # a document boundary: the reloaded code resets copy candidates there too
     request = {"dirs": [str(d) for d in dirs.values()], "input_ids": input_ids, "text": TEXT}
     torch.save(request, root / "request.pt")
     proc = subprocess.run(
@@ -94,6 +97,10 @@ def test_cplm_reloads_with_remote_code_and_identical_logits(exported: dict, toke
     assert config["architectures"] == ["CPLMForCausalLM"] and config["model_type"] == "cplm"
     assert config["rope_theta"] == 50000.0  # also readable by transformers 4.x, which ignores rope_parameters
     assert (model_dir / "modeling_cplm.py").is_file() and (model_dir / "configuration_cplm.py").is_file()
+    # the mixing rule ships as training's own module; the EOD of the tokenizer resets copy candidates
+    assert (model_dir / "mixing.py").read_bytes() == Path(mixing.__file__).read_bytes()
+    assert (config["copy_mixing"], config["copy_eod_token_id"], config["copy_reset_at_eod"]) == ("gate", BOS_EOS_ID,
+                                                                                                 True)
     generation = json.loads((model_dir / "generation_config.json").read_text())
     assert (generation["bos_token_id"], generation["eos_token_id"], generation["pad_token_id"]) == (
         BOS_EOS_ID, BOS_EOS_ID, PAD_ID)
@@ -134,6 +141,19 @@ def test_bf16_export_stores_bf16_and_reloads(exported: dict) -> None:
         expected = reference(exported["input_ids"]).logits
     assert result["logits"].dtype == torch.float32  # the mixture log-probs are fp32 whatever the weights
     torch.testing.assert_close(result["logits"], expected, atol=0, rtol=0)
+
+
+def test_constant_mixing_exports_and_reloads_with_equal_log_probs(exported: dict) -> None:
+    model, model_dir, result = (exported[k]["cplm_constant"] for k in ("models", "dirs", "results"))
+    assert json.loads((model_dir / "config.json").read_text())["copy_mixing"] == "constant"
+    with torch.no_grad():
+        expected = model(exported["input_ids"]).logits
+        as_gate = copy.deepcopy(model)
+        as_gate.copy_head.rule = mixing.mixing_rule("gate")  # what an export without the mixing field computed
+        wrong = as_gate(exported["input_ids"]).logits
+    # same code and fp32 weights in another process: equal up to summation-order rounding (|log p| < 20)
+    torch.testing.assert_close(result["logits"], expected, atol=1e-5, rtol=0)
+    assert (wrong - expected).abs().max() > 0.05  # the random gate weight that the constant rule ignores
 
 
 @pytest.mark.parametrize("name, architecture", [("llama", "LlamaForCausalLM"), ("gpt2", "GPT2LMHeadModel")])

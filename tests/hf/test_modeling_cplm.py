@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 from hf_testing import (
+    BOS_EOS_ID,
     PAD_ID,
     VOCAB_SIZE,
     cplm_config,
@@ -29,8 +30,11 @@ def reference_log_probs(
     input_ids: torch.Tensor,
     attention_mask: torch.Tensor | None = None,
     position_ids: torch.Tensor | None = None,
+    eod: int | None = None,
 ) -> torch.Tensor:
-    """log p of the mixture: a plain fp32 LlamaForCausalLM for h and p_LM, float64 loops for the copy head."""
+    """log p of the mixture: a plain fp32 LlamaForCausalLM for h and p_LM, float64 loops for the copy head.
+
+    With `eod`, a candidate j must be in t's document: no real `eod` token among positions j .. t-1."""
     config = model.config
     plain = LlamaForCausalLM(llama_config_like(config))
     backbone = {k: v for k, v in model.state_dict().items() if not k.startswith("copy_head.")}
@@ -54,7 +58,8 @@ def reference_log_probs(
     out = torch.empty(batch, length, VOCAB_SIZE, dtype=torch.float64)
     for b in range(batch):
         for t in range(length):
-            candidates = [j for j in range(t) if valid[b, j] and valid[b, j + 1]]
+            candidates = [j for j in range(t) if valid[b, j] and valid[b, j + 1]
+                          and not any(input_ids[b, i] == eod and valid[b, i] for i in range(j, t))]
             if not candidates:
                 out[b, t] = p_lm[b, t].log()
                 continue
@@ -202,7 +207,8 @@ def test_parameter_names_shapes_and_init() -> None:
 
 
 @pytest.mark.parametrize(
-    "field, value", [("copy_heads", 0), ("copy_head_dim", -1), ("copy_norm_eps", 0.0), ("copy_heads", 2.5)]
+    "field, value", [("copy_heads", 0), ("copy_head_dim", -1), ("copy_norm_eps", 0.0), ("copy_heads", 2.5),
+                     ("copy_mixing", ""), ("copy_eod_token_id", -1)]
 )
 def test_config_rejects_bad_copy_fields(field: str, value: object) -> None:
     with pytest.raises(ValueError, match=field):
@@ -218,3 +224,59 @@ def test_bad_inputs_raise_clear_errors() -> None:
         model(ids, attention_mask=torch.ones(1, 1, 6, 6))
     with pytest.raises(ValueError, match="logits_to_keep=0"):
         model(ids, labels=ids, logits_to_keep=1)
+    with pytest.raises(ValueError, match="unknown copy-head mixing 'nope'; choose one of"):
+        CPLMForCausalLM(cplm_config(copy_mixing="nope"))
+
+
+def prompt_with_documents(batch: int, length: int, seed: int) -> torch.Tensor:
+    """Repetitive prompts in which every row holds EOD tokens (the second document repeats the first's ids)."""
+    ids = repetitive_ids(batch, length, seed=seed)
+    ids[:, length // 2:] = ids[:, : length - length // 2]
+    ids[:, length // 2 - 1] = BOS_EOS_ID
+    ids[0, 3] = BOS_EOS_ID  # row 0: a short first document too
+    return ids
+
+
+@pytest.mark.parametrize("padding", [None, "left"])
+def test_copy_candidates_reset_at_eod(padding: str | None) -> None:
+    """A prompt with EOD: candidates stay in their document (the reference with documents), the gate is 0 at
+    each document's first position; `copy_reset_at_eod=False` copies across (so the difference is visible)."""
+    model = tiny_cplm(cplm_config(copy_qk_norm=True), seed=12)
+    assert (model.config.copy_eod_token_id, model.config.copy_reset_at_eod) == (BOS_EOS_ID, True)
+    ids = prompt_with_documents(2, 18, seed=13)
+    mask = positions = None
+    if padding == "left":
+        ids, mask, positions = left_padded(ids, [18, 12])
+    real = torch.ones_like(ids, dtype=torch.bool) if mask is None else mask.bool()
+    with torch.no_grad():
+        got = model(ids, attention_mask=mask, position_ids=positions).logits
+        hidden = model.model(ids, attention_mask=mask, position_ids=positions).last_hidden_state
+        lm_only = torch.log_softmax(model.lm_head(hidden).float(), dim=-1)
+    torch.testing.assert_close(got[real], reference_log_probs(model, ids, mask, positions, eod=BOS_EOS_ID)[real]
+                               .float(), atol=ATOL, rtol=0)
+    after_eod = torch.zeros_like(real)
+    after_eod[:, 1:] = (ids[:, :-1] == BOS_EOS_ID) & real[:, :-1]
+    assert after_eod.sum() >= 3 and torch.equal(got[after_eod], lm_only[after_eod])
+    across = tiny_cplm(cplm_config(copy_qk_norm=True, copy_reset_at_eod=False), seed=12)
+    with torch.no_grad():
+        crossing = across(ids, attention_mask=mask, position_ids=positions).logits
+    torch.testing.assert_close(crossing[real], reference_log_probs(across, ids, mask, positions)[real].float(),
+                               atol=ATOL, rtol=0)
+    assert (crossing - got).abs()[real].max() > 0.1
+
+
+def test_cached_forward_over_an_eod_equals_the_uncached_forward() -> None:
+    """The EOD arrives in a later cached call (and earlier in the cache): documents are counted over all
+    cached and new token ids."""
+    from transformers import DynamicCache
+
+    model = tiny_cplm(cplm_config(), seed=14)
+    ids = prompt_with_documents(2, 20, seed=15)
+    with torch.no_grad():
+        full = model(ids).logits
+        cache = DynamicCache()
+        parts = [model(ids[:, :2], past_key_values=cache, use_cache=True).logits,  # row 0's EOD at 3: later
+                 model(ids[:, 2:12], past_key_values=cache, use_cache=True).logits,
+                 model(ids[:, 12:], past_key_values=cache, use_cache=True).logits]
+    # fp32 attention over a cache vs over the whole prompt: rounding only (~1e-6), as in test_cplm_generation
+    torch.testing.assert_close(torch.cat(parts, dim=1), full, atol=1e-5, rtol=0)

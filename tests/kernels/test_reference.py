@@ -14,7 +14,7 @@ from tests.kernels.copy_cases import (
 
 
 def loop_reference(q, k, labels, doc_ids, scale):
-    """Definition of DESIGN.md written as loops over (b, h, t, j), in fp64."""
+    """Definition of docs/design.md written as loops over (b, h, t, j), in fp64."""
     b, H, T, _ = q.shape
     lse_all = torch.full((b, H, T), -math.inf, dtype=torch.float64)
     lse_match = lse_all.clone()

@@ -63,6 +63,7 @@ def distribution(rank: int, tp: int) -> Dict:
     """Vocab-sharded mixture log-probs: sum of exp over all shards, and value at y_t vs the loss."""
     from megatron.core import parallel_state as ps
 
+    from cplm_megatron.model.cplm_gpt import labels_from_inputs
     from cplm_megatron.training.weights import load_weights
 
     parallel = ParallelConfig(tp=tp)
@@ -74,6 +75,11 @@ def distribution(rank: int, tp: int) -> Dict:
         loss = model(x, pos, None, labels=y, loss_mask=mask)
         logp = model(x, pos, None, labels=y, loss_mask=mask, output="log_probs")  # [b, s, V/tp]
         gathered = model(x, pos, None, labels=y, loss_mask=mask, output="log_probs_gathered")
+        without_labels = model(x, pos, None)  # where GPTModel returns logits
+        from_inputs = model(x, pos, None, labels=labels_from_inputs(x), output="log_probs")
+        head, model.copy_head = model.copy_head, None
+        lm_only = model(x, pos, None, labels=y, output="log_probs")  # the LM head's log-probs alone
+        model.copy_head = head
     mass = logp.exp().sum(-1)
     if tp > 1:
         torch.distributed.all_reduce(mass, group=ps.get_tensor_model_parallel_group())
@@ -84,7 +90,9 @@ def distribution(rank: int, tp: int) -> Dict:
         torch.distributed.all_reduce(at_target, group=ps.get_tensor_model_parallel_group())
     del load_weights
     return {"mass": mass, "at_target": at_target, "loss": loss, "mask": mask, "gathered_shape": tuple(gathered.shape),
-            "gathered_at_target": gathered.gather(-1, y[..., None])[..., 0]}
+            "gathered_at_target": gathered.gather(-1, y[..., None])[..., 0],
+            "without_labels_is_the_mixture": torch.equal(without_labels, from_inputs),
+            "mixture_differs_from_lm": bool((without_labels - lm_only).abs().max() > 0.1)}
 
 
 def disabled_is_plain_backbone(rank: int) -> Dict:
@@ -151,3 +159,57 @@ def spamlang_learning(rank: int, steps: int) -> Dict:
                 total += b["labels"][:, 1:].numel()
             acc.append(hits / total)
     return {"acc": acc, "vocab": cfg.vocab_size, "hidden": cfg.hidden_size}
+
+
+def training_batch_path(rank: int, overrides: list) -> Dict:
+    """Run pretrain_cplm.py's training path (Trainer: streaming loader -> collate -> train_step ->
+    forward_step -> model_inputs -> CPLMGPTModel) for one step and record, on the last pipeline stage,
+    what the model and its copy head received and what the head returned."""
+    from pathlib import Path
+
+    from cplm_megatron.training.run_config import load_run_config
+    from cplm_megatron.training.trainer import Trainer
+
+    repo = Path(__file__).resolve().parents[2]
+    trainer = Trainer(load_run_config(str(repo / "configs" / "tiny.yaml"), overrides))
+    calls = []
+    for chunk in trainer.chunks:
+        model = chunk.module  # DDP -> CPLMGPTModel
+        if model.copy_head is None:
+            continue
+
+        def model_call(_module, _args, kwargs):
+            calls.append({"tokens": kwargs["input_ids"].clone(), "attention_mask": kwargs["attention_mask"],
+                          "position_ids": kwargs["position_ids"].clone()})
+
+        def head_call(_module, args, out):
+            calls[-1].update(document_ids=args[4], gate=out.gate.detach().clone(),
+                             has_candidate=out.has_candidate.clone())
+
+        model.register_forward_pre_hook(model_call, with_kwargs=True)
+        model.copy_head.register_forward_hook(head_call)
+    trainer.run()
+    return {"calls": calls}
+
+
+def native_inference(rank: int) -> Dict:
+    """Megatron's own inference path (a static inference context): refused with the copy head, served without."""
+    from megatron.core.inference.contexts import StaticInferenceContext
+
+    x, _, pos = _inputs(2, 16, 4096)
+    results = {}
+    for name, copy in (("cplm", CopyHeadConfig(**COPY)), ("baseline", CopyHeadConfig(enabled=False))):
+        if name == "baseline":
+            from megatron.core import parallel_state as ps
+
+            ps.destroy_model_parallel()
+        _, [model] = _model(ParallelConfig(), copy)
+        model.eval()
+        context = StaticInferenceContext(max_batch_size=2, max_sequence_length=64)
+        try:
+            with torch.no_grad():
+                out = model(x, pos, None, inference_context=context, runtime_gather_output=True)
+            results[name] = ("ok", tuple(out.shape))
+        except NotImplementedError as err:
+            results[name] = ("refused", str(err))
+    return results

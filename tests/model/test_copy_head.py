@@ -1,4 +1,4 @@
-"""The Copy-Paste head against its contract (DESIGN.md): implementations, causality, edge positions."""
+"""The Copy-Paste head against its contract (docs/design.md): implementations, causality, edge positions."""
 import math
 
 import pytest
@@ -53,7 +53,7 @@ def test_chunked_equals_naive_values_and_gradients(qk_norm, aux):
 
 
 def test_loss_matches_a_direct_implementation_of_the_contract():
-    """An independent, loop-based computation of DESIGN.md's formulas (float64)."""
+    """An independent, loop-based computation of the formulas of docs/design.md (float64)."""
     head = _head().double()
     hidden, lm_ce, labels, mask, doc = _case(seed=1, b=1, s=30)
     hidden, lm_ce = hidden.double(), lm_ce.double()
@@ -114,3 +114,71 @@ def test_decouple_lm_needs_an_lm_loss_weight():
 
     with pytest.raises(ConfigError, match="lm_loss_weight > 0"):
         CopyHeadConfig(decouple_lm=True).validate()
+
+
+def _two_documents(seed: int, n: int = 20):
+    """A packed row of two documents as the loader gives it (tokens d0 EOD d1 ...), the second repeating the
+    first: without document ids, every position of the second document would find its label in the first.
+
+    Segment ids: the EOD closes document 0 (its label, the next document's first token, must never be
+    proposed to document 1), document 1 starts right after it."""
+    g = torch.Generator().manual_seed(seed)
+    eod = 0
+    first = torch.randint(1, 6, (n,), generator=g)
+    stream = torch.cat([first, torch.tensor([eod]), first, torch.tensor([eod])])
+    tokens, labels = stream[:-1], stream[1:]
+    doc = torch.zeros_like(tokens)
+    doc[n + 1:] = 1  # the token after the EOD starts document 1
+    hidden_doc = torch.randn(n + 1, HID, generator=g)
+    hidden = torch.cat([hidden_doc, hidden_doc[:n]])  # document 1 looks exactly like document 0
+    return hidden[None], labels[None], doc[None], n
+
+
+@pytest.mark.parametrize("impl", ["naive", "chunked", "fused"])
+def test_candidates_never_come_from_an_earlier_document(impl):
+    """Changing document 0's hidden states and labels leaves loss and gate of document 1 bit-identical when
+    document ids reach the head; without them the change shows (document 1 copies from document 0)."""
+    torch.manual_seed(0)
+    head = CopyPasteHead(HID, CopyHeadConfig(heads=2, head_dim=32, block_size=7), init_std=0.5)
+    hidden, labels, doc, n = _two_documents(seed=3)
+    lm_ce = torch.full(labels.shape, 3.0)
+    changed_hidden, changed_labels = hidden.clone(), labels.clone()
+    changed_hidden[:, :n + 1] = torch.randn(1, n + 1, HID)
+    changed_labels[:, :n] = torch.randint(6, 12, (1, n))  # document 0's labels, not its EOD's
+    second = slice(n + 1, None)
+    with torch.no_grad():
+        base = head(hidden, lm_ce, labels, None, doc, impl=impl)
+        changed = head(changed_hidden, lm_ce, changed_labels, None, doc, impl=impl)
+        no_docs = head(hidden, lm_ce, labels, None, None, impl=impl)
+        no_docs_changed = head(changed_hidden, lm_ce, changed_labels, None, None, impl=impl)
+    assert torch.equal(changed.loss[:, second], base.loss[:, second])
+    assert torch.equal(changed.gate[:, second], base.gate[:, second])
+    assert base.gate[0, n + 1] == 0 and not base.has_candidate[0, n + 1]  # document 1's first position
+    assert base.has_match[:, second][:, 1:].any()  # document 1 copies from its own earlier positions
+    assert not torch.equal(no_docs_changed.loss[:, second], no_docs.loss[:, second])
+    assert no_docs.has_candidate[0, n + 1]  # the EOD (label: document 1's first token) and all of doc 0
+
+
+def test_fused_head_dim_is_checked_at_config_validation(monkeypatch):
+    from cplm_megatron.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"copy_head.head_dim=48: the fused copy kernel \(copy_head.impl=fused\) "
+                                          r"supports head_dim 32/64/128; .* copy_head.impl=chunked"):
+        CopyHeadConfig(head_dim=48, impl="fused").validate()
+    CopyHeadConfig(head_dim=48, impl="chunked").validate()
+    if not torch.cuda.is_available():
+        CopyHeadConfig(head_dim=48, impl="auto").validate()  # auto resolves to chunked without CUDA
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the check as it runs on a GPU node
+    with pytest.raises(ConfigError, match="impl=auto picks it on this CUDA machine"):
+        CopyHeadConfig(head_dim=48, impl="auto").validate()
+
+
+def test_fp8_that_cannot_apply_is_stated_in_the_log(caplog):
+    head = CopyPasteHead(HID, CopyHeadConfig(heads=2, head_dim=32, fp8=True))
+    with caplog.at_level("WARNING", logger="cplm_megatron.model.copy_head"):
+        impl = head.impl_for(torch.device("cpu"))
+        head.impl_for(torch.device("cpu"))  # once per device type
+    assert impl == "chunked"
+    assert [r.getMessage() for r in caplog.records] == [
+        "copy_head.fp8=true is not applied: copy_head.impl=auto runs the chunked path on cpu, and FP8 copy "
+        "scores exist only in the fused kernel (CUDA + triton)"]

@@ -1,14 +1,14 @@
 """CPLMGPTModel (Megatron GPTModel + Copy-Paste head): causality, edge positions, full distribution,
-the disabled head as the exact baseline, and learning SpamLang."""
+the disabled head as the exact baseline, document ids through the training batch path, gradients
+across TP ranks, Megatron-native inference, the megatron-core signature it relies on, learning SpamLang."""
 import pytest
 import torch
 
 from tests.dist_utils import run_distributed
 from tests.model import copy_workers as w
 
-pytestmark = pytest.mark.slow
 
-
+@pytest.mark.slow
 def test_causality_exact():
     [res] = run_distributed(w.causality, 1)
     for t, earlier_equal, later_changed in res["results"]:
@@ -16,6 +16,7 @@ def test_causality_exact():
         assert later_changed
 
 
+@pytest.mark.slow
 def test_positions_without_candidates_have_zero_gate_and_lm_loss():
     [r] = run_distributed(w.no_candidate_positions, 1)
     none = ~r["has_candidate"]
@@ -26,6 +27,7 @@ def test_positions_without_candidates_have_zero_gate_and_lm_loss():
     assert r["has_candidate"].sum() > 0 and (r["gate"][r["has_candidate"]] > 0).all()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("tp", [1, 2])
 def test_full_distribution_sums_to_one_and_matches_the_loss(tp):
     results = run_distributed(w.distribution, tp, tp)
@@ -35,17 +37,128 @@ def test_full_distribution_sums_to_one_and_matches_the_loss(tp):
         torch.testing.assert_close(r["at_target"].exp()[valid], (-r["loss"][valid]).exp(), rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(r["gathered_at_target"], r["at_target"], rtol=0, atol=1e-6)
         assert r["gathered_shape"][-1] == 4096
+        assert r["without_labels_is_the_mixture"] and r["mixture_differs_from_lm"]
 
 
+@pytest.mark.slow
 def test_disabled_head_is_the_plain_backbone_bit_for_bit():
     [r] = run_distributed(w.disabled_is_plain_backbone, 1)
     assert r["names_equal"] and r["params_equal"] and r["n_params"] == r["n_plain"]
     assert r["loss_equal"] and r["grads_equal"]
 
 
+@pytest.mark.slow
 def test_tiny_cplm_learns_spamlang():
     [r] = run_distributed(w.spamlang_learning, 1, 40)
     assert r["vocab"] >= 64 * r["hidden"]
     assert max(r["acc"]) >= 0.99, r["acc"]
     first = next(i for i, a in enumerate(r["acc"]) if a >= 0.99)
     assert first < 40, r["acc"]
+
+
+EOD = 0
+
+
+@pytest.fixture(scope="module")
+def short_documents(tmp_path_factory) -> str:
+    """A packed dataset of short documents (3-12 tokens from a 12-token alphabet: many copy matches, several
+    document boundaries in every 32-token sample), EOD id 0."""
+    from tests.data_fixtures import write_synthetic_dataset
+
+    g = torch.Generator().manual_seed(11)
+    docs = [torch.randint(1, 13, (int(torch.randint(3, 13, (1,), generator=g)),), generator=g).tolist()
+            for _ in range(80)]
+    path = tmp_path_factory.mktemp("short-docs") / "train"
+    write_synthetic_dataset(path, docs, seq_len=32)
+    return str(path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", [{"tp": 1}, {"tp": 2, "sp": "true"}, {"pp": 2}], ids=["tp1", "tp2-sp", "pp2"])
+def test_training_batch_path_gives_the_head_document_ids_without_document_masking(layout, short_documents, tmp_path,
+                                                                                   isolated_streaming):
+    """data.document_masking=false (plain causal attention, as the SmolLM2/Llama recipes): the packed samples'
+    document ids still reach the copy head, so the gate is exactly 0 at every document's first position."""
+    overrides = [f"run.dir={tmp_path / 'run'}", f"data.streams=[{short_documents}]", "data.val_streams=[]",
+                 "data.document_masking=false", "data.eod_mask_loss=false", "train.iters=1", "train.seq_len=32",
+                 "train.micro_batch=2", "train.global_batch=4", "train.eval_interval=0", "train.log_interval=1",
+                 "checkpoint.enabled=false", "logging.wandb=false", "copy_head.head_dim=16",
+                 *[f"parallel.{key}={value}" for key, value in layout.items()]]
+    world = layout.get("tp", 1) * layout.get("pp", 1)
+    calls = [call for r in run_distributed(w.training_batch_path, world, overrides) for call in r["calls"]]
+    assert len(calls) == 2 * (layout.get("tp", 1))  # two micro-batches on each rank holding the head
+    boundaries = 0
+    for call in calls:
+        tokens = call["tokens"]
+        assert call["attention_mask"] is None  # plain causal attention over the packed row
+        assert torch.equal(call["position_ids"], torch.arange(32).expand_as(tokens))
+        starts = torch.zeros_like(tokens, dtype=torch.bool)  # from the tokens themselves: after an EOD
+        starts[:, 0] = True
+        starts[:, 1:] = tokens[:, :-1] == EOD
+        boundaries += int(starts[:, 1:].sum())
+        assert call["document_ids"] is not None
+        assert (call["gate"][starts] == 0).all() and not call["has_candidate"][starts].any()
+        inside = ~starts & call["has_candidate"]
+        assert inside.sum() > tokens.numel() // 2 and (call["gate"][inside] > 0).all()
+    assert boundaries >= 4 * len(calls)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sp", [False, True], ids=["tp2", "tp2-sp"])
+def test_copy_head_gradients_are_bitwise_identical_across_tp_ranks(sp, tmp_path):
+    """The head is replicated and its gradients are not reduced across TP ranks: every rank must compute
+    exactly the same ones (same gathered hidden states, same all-reduced LM cross entropy) in a real step."""
+    from tests.parallel.layouts import one_step
+
+    copy = {"heads": 2, "head_dim": 16, "impl": "chunked"}
+    r0, r1 = run_distributed(one_step, 2, {"tp": 2, "sp": sp}, str(tmp_path / "init"), None, copy, 4, True)
+    assert r0["layout"] == (2, 1, 1)
+    assert set(r0["head_grads"]) == {"copy_head.q_proj.weight", "copy_head.k_proj.weight", "copy_head.gate.weight",
+                                     "copy_head.gate.bias"}
+    for name, grad in r0["head_grads"].items():
+        assert grad.abs().sum() > 0, name
+        assert torch.equal(grad, r1["head_grads"][name]), name
+
+
+@pytest.mark.slow
+def test_megatron_native_inference_is_refused_with_the_copy_head():
+    [r] = run_distributed(w.native_inference, 1)
+    status, message = r["cplm"]
+    assert status == "refused" and "not supported with the Copy-Paste head" in message and "convert_to_hf" in message
+    assert r["baseline"][0] == "ok"  # the plain backbone keeps Megatron's inference path
+
+
+def test_installed_megatron_core_has_a_supported_postprocess_signature():
+    """Fails when a megatron-core release changes GPTModel._postprocess (run under every CI megatron-core)."""
+    import inspect
+
+    from megatron.core.models.gpt import GPTModel
+
+    from cplm_megatron.model.cplm_gpt import POSTPROCESS_SIGNATURES, check_megatron_postprocess
+
+    check_megatron_postprocess()
+    params = tuple(inspect.signature(GPTModel._postprocess).parameters)[1:]
+    assert params in POSTPROCESS_SIGNATURES.values()
+    # the arguments the override reads by name exist in every supported release
+    for known in POSTPROCESS_SIGNATURES.values():
+        assert {"hidden_states", "input_ids", "labels", "loss_mask", "inference_context",
+                "runtime_gather_output"} <= set(known)
+
+
+def test_a_changed_postprocess_signature_stops_model_building_with_a_clear_error(monkeypatch):
+    from megatron.core.models.gpt import GPTModel
+
+    from cplm_megatron.errors import UserError
+    from cplm_megatron.model.cplm_gpt import CPLMGPTModel, UnsupportedMegatronError
+
+    def renamed(self, hidden_states, input_ids, position_ids, target_ids, rotary_pos_emb, rotary_pos_cos,
+                rotary_pos_sin, mtp_in_postprocess=None, loss_mask=None):
+        raise AssertionError("never called")
+
+    monkeypatch.setattr(GPTModel, "_postprocess", renamed)
+    with pytest.raises(UnsupportedMegatronError) as err:
+        CPLMGPTModel(config=None, transformer_layer_spec=None, vocab_size=8, max_sequence_length=8)
+    message = str(err.value)
+    print(message)
+    assert isinstance(err.value, UserError)
+    assert "megatron-core" in message and "0.16.1 ... 0.19.x" in message and "target_ids" in message

@@ -20,6 +20,10 @@ def test_demo_smoke_runs_every_step(stdlib_corpus, tmp_path):
     assert Path(summary["report"]).is_file() and (Path(summary["hf_model"]) / "config.json").is_file()
     assert summary["sample"].startswith(summary["prompt"]) and len(summary["sample"]) > len(summary["prompt"])
     assert summary["spamlang"] and "SpamLang vocab 4096" in summary["spamlang"][0]
+    assert [r["model"] for r in summary["headline"]] == ["baseline", "CPLM"]
+    assert all(r["val_loss"] > 0 and 0 <= r["copy_accuracy"] <= 1 for r in summary["headline"])
+    summary_part = proc.stdout[proc.stdout.index("=== 5. summary ==="):]
+    assert summary_part.splitlines()[1].split() == ["model", "val", "loss", "copy", "acc.", "passkey", "(key", "tokens)"]
     report = Path(summary["report"]).read_text()
     assert "corpus-cplm" in report and "tp=2" in report
     hf_config = json.loads((Path(summary["hf_model"]) / "config.json").read_text())
