@@ -16,6 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from cplm_megatron.data.tokenizer import describe_tokenizer
+from cplm_megatron.errors import CheckpointError
 from cplm_megatron.hf.config_mapping import ConversionError, check_exportable
 from cplm_megatron.hf.convert import convert_to_hf
 from cplm_megatron.model.config import load_preset
@@ -147,9 +148,10 @@ def test_missing_tokenizer_is_a_clear_error(saved: dict, tmp_path: Path) -> None
 
 def test_not_a_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
-    with pytest.raises(ConversionError, match="is not a checkpoint: no metadata.json"):
+    # the one checkpoint lookup of training, evaluation and conversion (training/checkpoint_lookup.py)
+    with pytest.raises(CheckpointError, match="no complete checkpoint under .*did the training run save one"):
         convert_to_hf(tmp_path / "empty", tmp_path / "out")
-    with pytest.raises(ConversionError, match="does not exist"):
+    with pytest.raises(CheckpointError, match="does not exist"):
         convert_to_hf(tmp_path / "nowhere", tmp_path / "out")
 
 
