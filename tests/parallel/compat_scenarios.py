@@ -47,7 +47,8 @@ def _distopt_resume(rank: int, root: str) -> dict:
 
 
 def _distopt_load(rank: int, root: str) -> dict:
-    from cplm_megatron.training.checkpointing import Checkpointer, read_latest
+    from cplm_megatron.training.checkpoint_lookup import read_latest
+    from cplm_megatron.training.checkpointing import Checkpointer
     from cplm_megatron.training.step import train_step
 
     _, m, chunks, opt, sched = build(ParallelConfig(), distributed_optimizer=True)
