@@ -1,39 +1,58 @@
 # The README's commands. Each target does its own set-up on a fresh machine.
-#   make setup   create .venv (CPU torch 2.13.0 on machines without a GPU) and install the project (+dev)
-#   make test    setup + the embedded corpus + the full test suite (what CI runs)
-#   make demo    setup + the end-to-end demo (corpus, TP=2 training, eval vs baseline, HF export)
-#   make data    the embedded corpus: tokenizer + MDS shards from the Python stdlib sources
+#   make setup              create .venv and install the project (+dev): CPU torch 2.13.0 on machines
+#                           without a GPU; on GPU machines (nvidia-smi -L lists one) the gpu extra, pinned
+#                           by requirements/constraints-gpu.txt; megatron-core per constraints-megatron-core.txt
+#   make test               setup + the embedded corpus + the full test suite (what CI runs first)
+#   make test-mcore-latest  a second venv (.venv-mcore-latest) with the newest tested megatron-core, and
+#                           every test that touches megatron-core (pytest marker `mcore`) on it
+#   make demo               setup + the end-to-end demo (corpus, TP=2 training, eval vs baseline, HF export)
+#   make data               the embedded corpus: tokenizer + MDS shards from the Python stdlib sources
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.cplm-setup-stamp
 HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
+MCORE_CONSTRAINTS := requirements/constraints-megatron-core.txt
 ifeq ($(HAS_GPU),1)
-  PIP_CONSTRAINT_ARGS :=
+  PIP_CONSTRAINT_ARGS := -c requirements/constraints-gpu.txt -c $(MCORE_CONSTRAINTS)
   TORCH_REQ :=
   EXTRAS := dev,gpu
 else
-  PIP_CONSTRAINT_ARGS := -c requirements/constraints-cpu.txt
+  PIP_CONSTRAINT_ARGS := -c requirements/constraints-cpu.txt -c $(MCORE_CONSTRAINTS)
   TORCH_REQ := torch==2.13.0
   EXTRAS := dev
 endif
-PIP := $(BIN)/python -m pip -q --disable-pip-version-check
+# The newest megatron-core we test (the Python >= 3.12 line), installed into a CPU venv of this Python:
+# its metadata asks for Python >= 3.12, but its cp311 wheel imports and passes the mcore tests on 3.11.
+LATEST_VENV ?= .venv-mcore-latest
+LATEST_STAMP := $(LATEST_VENV)/.cplm-setup-stamp
+MCORE_LATEST := $(shell sed -n 's/^megatron-core==\([0-9.]*\); python_version >= "3.12"$$/\1/p' $(MCORE_CONSTRAINTS))
+$(LATEST_STAMP): PIP_CONSTRAINT_ARGS := -c requirements/constraints-cpu.txt
+$(LATEST_STAMP): TORCH_REQ := torch==2.13.0
+$(LATEST_STAMP): EXTRAS := dev
+$(LATEST_STAMP): MCORE_REQ := megatron-core==$(MCORE_LATEST)
+PIP = $(@D)/bin/python -m pip -q --disable-pip-version-check
 DATA_DIR ?= data/stdlib
 PYTEST_ARGS ?=
 
-.PHONY: setup test demo data lint clean-data
+.PHONY: setup setup-mcore-latest test test-mcore-latest demo data lint clean-data
 
 setup: $(STAMP)
 
-$(STAMP): setup.py requirements/constraints-cpu.txt
-	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+setup-mcore-latest: $(LATEST_STAMP)
+
+# One recipe for both venvs ($(@D) is the venv); the latest one installs its megatron-core first,
+# past pip's Python check, and the project install then keeps it.
+$(STAMP) $(LATEST_STAMP): setup.py requirements/constraints-cpu.txt requirements/constraints-gpu.txt $(MCORE_CONSTRAINTS)
+	@test -x $(@D)/bin/python || $(PYTHON) -m venv $(@D)
 	$(PIP) install --upgrade pip setuptools wheel
-	@if [ -n "$(TORCH_REQ)" ]; then $(PIP) install $(PIP_CONSTRAINT_ARGS) "$(TORCH_REQ)"; fi
+	$(if $(TORCH_REQ),$(PIP) install $(PIP_CONSTRAINT_ARGS) "$(TORCH_REQ)")
 	$(PIP) install $(PIP_CONSTRAINT_ARGS) --no-deps mosaicml-streaming==0.13.0
+	$(if $(MCORE_REQ),$(PIP) install --no-deps --ignore-requires-python "$(MCORE_REQ)")
 	DS_BUILD_OPS=0 $(PIP) install $(PIP_CONSTRAINT_ARGS) --no-build-isolation -e ".[$(EXTRAS)]"
 	@touch $@
-	@echo "[setup] environment ready in $(VENV)"
+	@echo "[setup] environment ready in $(@D)"
 
 data: setup
 	$(BIN)/python tools/build_stdlib_corpus.py --output $(DATA_DIR)
@@ -42,12 +61,17 @@ test: setup data
 	@set +e; $(BIN)/python -m pytest tests $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "[test] pytest collected no tests"; fi; exit $$rc
 
+test-mcore-latest: data $(LATEST_STAMP)
+	@$(LATEST_VENV)/bin/python -c "from importlib.metadata import version as v; \
+	  assert v('megatron-core') == '$(MCORE_LATEST)', v('megatron-core'); print('[test-mcore-latest] megatron-core', v('megatron-core'))"
+	$(LATEST_VENV)/bin/python -m pytest tests -m mcore $(PYTEST_ARGS)
+
 demo: setup data
 	$(BIN)/python tools/demo.py --data $(DATA_DIR)
 
 lint: setup
 	$(BIN)/ruff check cplm_megatron kernels pretrain tools tests benchmarks
-	$(BIN)/shellcheck slurm/*.sh slurm/local_cluster/*.sh .ci/run
+	$(BIN)/shellcheck slurm/*.sh slurm/local_cluster/*.sh benchmarks/gpu/*.sh .ci/run
 
 clean-data:
 	rm -rf $(DATA_DIR)

@@ -13,7 +13,7 @@ from setuptools import setup
 
 CORE = [
     "torch>=2.4",
-    "megatron-core>=0.16.1",
+    "megatron-core>=0.16.1,<0.20",  # tested: requirements/constraints-megatron-core.txt
     "psutil",  # undeclared by megatron-core; async checkpoint saves hang without it
     "numpy",
     "pyyaml",

@@ -9,7 +9,9 @@ shape (all H_c heads; attention additionally does the P @ V product).
 On CPU it times the torch implementations at T <= 4k in fp32 (memory: torch's MemTracker) and runs the fused kernels in the
 Triton interpreter at tiny T (labelled: correctness path, not a speed measurement).
 
-    python benchmarks/copy_kernel.py [--json OUT.json] [--quick] [--sweep-tiles]
+    python benchmarks/copy_kernel.py [--json OUT.json] [--quick] [--sweep-tiles] [--seq-lens T ...] [--head-dims d ...]
+    python benchmarks/copy_kernel.py --gpu-row-set --seq-lens 64 128 --head-dims 32   # the GPU table's rows on CPU
+        (fused kernels interpreted): a dry run of the GPU benchmark, not a measurement
 """
 from __future__ import annotations
 
@@ -222,7 +224,14 @@ class Plan:
     max_reps: int
 
 
-def make_plan(quick: bool) -> Plan:
+def make_plan(quick: bool, seq_lens: tuple[int, ...] | None = None, head_dims: tuple[int, ...] | None = None) -> Plan:
+    """The default sizes for this device (`quick`: the smallest), with explicit sizes replacing them."""
+    plan = _default_plan(quick)
+    return Plan(seq_lens or plan.seq_lens, head_dims or plan.head_dims, plan.interp_seq_lens, plan.budget_s,
+                plan.max_reps)
+
+
+def _default_plan(quick: bool) -> Plan:
     if HAS_CUDA:
         return Plan(GPU_SEQ_LENS[:2] if quick else GPU_SEQ_LENS, (64,) if quick else (64, 128), (), 0.2, 50)
     return Plan((256,) if quick else (256, 1024, 4096), (64,) if quick else (64, 128), (64,) if quick else (64, 128),
@@ -231,7 +240,7 @@ def make_plan(quick: bool) -> Plan:
 
 def gpu_rows(plan: Plan, log: Callable[[Row], None]) -> list[Row]:
     rows: list[Row] = []
-    device = torch.device("cuda")
+    device = torch.device("cuda" if HAS_CUDA else "cpu")  # CPU: --gpu-row-set dry run, fused kernels interpreted
     impls = [("naive", naive), ("chunked", chunked), ("fused", fused), ("sdpa-flash", sdpa_flash)]
     for d in plan.head_dims:
         for T in plan.seq_lens:
@@ -335,7 +344,8 @@ def _find(rows: list[Row], **key) -> Row | None:
 
 
 def ratios(rows: list[Row]) -> dict[str, object]:
-    """fused/SDPA (fwd+bwd), bf16/FP8 forward speed-up, fused extra memory as % of naive at 32k, chunked/naive."""
+    """fused/SDPA (fwd+bwd), bf16/FP8 forward speed-up, fused extra memory as % of naive at the largest
+    T (32k on GPUs), chunked/naive."""
     out: dict[str, object] = {}
     for row in rows:
         if row.impl != "fused" or row.dtype != "bf16" or row.status != "ok":
@@ -349,8 +359,9 @@ def ratios(rows: list[Row]) -> dict[str, object]:
             fp8 = _find(rows, impl="fused", dtype="fp8", T=row.T, d=row.d, mode="fwd")
             if fp8:
                 out[f"fp8_fwd_speedup_over_bf16[{key}]"] = round(row.time_ms / fp8.time_ms, 3)
+    memory_t = max((r.T for r in rows if r.impl == "fused"), default=MEMORY_TARGET_T)  # 32k in the GPU run
     for row in rows:
-        if (row.impl, row.dtype, row.mode, row.T) == ("fused", "bf16", "fwd+bwd", MEMORY_TARGET_T) and row.status == "ok":
+        if (row.impl, row.dtype, row.mode, row.T) == ("fused", "bf16", "fwd+bwd", memory_t) and row.status == "ok":
             naive_row = _find(rows, impl="naive", T=row.T, d=row.d, mode="fwd+bwd")
             if naive_row and naive_row.extra_mem_bytes:
                 base, how = naive_row.extra_mem_bytes, "measured naive peak"
@@ -404,9 +415,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=str, default=None, help="write all rows and ratios to this file")
     parser.add_argument("--quick", action="store_true", help="smallest sizes only (CPU smoke run: < 1 min)")
     parser.add_argument("--sweep-tiles", action="store_true", help="GPU: also time alternative tile configs")
+    parser.add_argument("--seq-lens", type=int, nargs="+", help="sequence lengths T (replace the default set)")
+    parser.add_argument("--head-dims", type=int, nargs="+", help="head dims d_c (replace the default set)")
+    parser.add_argument("--gpu-row-set", action="store_true",
+                        help="on CPU, run the GPU table's rows (bf16, SDPA flash, fused + FP8 interpreted): a dry run")
     args = parser.parse_args(argv)
 
-    plan = make_plan(args.quick)
+    plan = make_plan(args.quick, tuple(args.seq_lens or ()), tuple(args.head_dims or ()))
     env = environment()
     print(f"# copy kernel benchmark on {env['device']} (torch {env['torch']}, triton {env['triton']}); "
           f"b={BATCH}, H_c={HEADS}; extra memory = peak during the call beyond the inputs", flush=True)
@@ -416,7 +431,7 @@ def main(argv: list[str] | None = None) -> int:
         print(format_row(row), flush=True)
         return row
 
-    rows = gpu_rows(plan, log) if HAS_CUDA else cpu_rows(plan, log)
+    rows = gpu_rows(plan, log) if HAS_CUDA or args.gpu_row_set else cpu_rows(plan, log)
     summary = ratios(rows)
     print("\n# ratios" + (" (targets: fused/SDPA <= 1.2, FP8 fwd speed-up >= 1.3, extra memory <= 1% of naive)"
                            if HAS_CUDA else " (CPU: the torch paths; the fused kernel's speed is measured on GPUs)"))

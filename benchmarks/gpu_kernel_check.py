@@ -8,19 +8,27 @@ Also: one-document (no doc_ids) case, strided q/k views, bitwise determinism, no
 Tolerances (max |fused - ref| / max |ref|, per tensor): fp32 1e-5 (tl.dot in ieee fp32),
 bf16 2e-2 and FP8 2e-2 (bf16 dS in the gradient matmuls; fp8 tensor-core accumulation).
 
-    python benchmarks/gpu_kernel_check.py
+    python benchmarks/gpu_kernel_check.py [--json OUT.json]
+    python benchmarks/gpu_kernel_check.py --tiny   # CPU dry run: T=64, b=1, kernels in the Triton interpreter
 """
 from __future__ import annotations
 
+import argparse
+import json
+import os
 import sys
 import time
 from collections.abc import Callable
 
 import torch
 
-import cplm_kernels as ck
+if "--tiny" in sys.argv[1:]:
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before cplm_kernels defines the kernels
 
-T, HEADS, BATCH, N_LABELS = 4096, 4, 2, 64
+import cplm_kernels as ck  # noqa: E402
+
+HEADS, N_LABELS = 4, 64
+T, BATCH, DEVICE = 4096, 2, "cuda"  # --tiny: 64, 1, "cpu"
 TOLERANCE = {"fp32": 1e-5, "bf16": 2e-2, "fp8": 2e-2}
 
 
@@ -36,15 +44,15 @@ def rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
 
 
 def make_inputs(d: int, dtype: torch.dtype, with_docs: bool, seed: int):
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    q = torch.randn(BATCH, HEADS, T, d, device="cuda", generator=gen).to(dtype)
-    k = torch.randn(BATCH, HEADS, T, d, device="cuda", generator=gen).to(dtype)
-    labels = torch.randint(0, N_LABELS, (BATCH, T), device="cuda", generator=gen)
-    labels[torch.rand(BATCH, T, device="cuda", generator=gen) < 0.05] = -100
+    gen = torch.Generator(device=DEVICE).manual_seed(seed)
+    q = torch.randn(BATCH, HEADS, T, d, device=DEVICE, generator=gen).to(dtype)
+    k = torch.randn(BATCH, HEADS, T, d, device=DEVICE, generator=gen).to(dtype)
+    labels = torch.randint(0, N_LABELS, (BATCH, T), device=DEVICE, generator=gen)
+    labels[torch.rand(BATCH, T, device=DEVICE, generator=gen) < 0.05] = -100
     doc_ids = None
     if with_docs:
-        doc_ids = torch.cumsum(torch.rand(BATCH, T, device="cuda", generator=gen) < 1 / 700, dim=1)
-    grads = torch.randn(2, BATCH, HEADS, T, device="cuda", generator=gen)
+        doc_ids = torch.cumsum(torch.rand(BATCH, T, device=DEVICE, generator=gen) < min(1 / 700, 4 / T), dim=1)
+    grads = torch.randn(2, BATCH, HEADS, T, device=DEVICE, generator=gen)
     return q, k, labels, doc_ids, grads[0], grads[1]
 
 
@@ -78,7 +86,8 @@ def check_case(d: int, kind: str, with_docs: bool, strided: bool = False) -> dic
     fused_fn = ck.copy_lse_fused_fp8 if kind == "fp8" else ck.copy_lse_fused
     start = time.perf_counter()
     fused = outputs_and_grads(fused_fn, q, k, labels, doc_ids, g_all, g_match)
-    torch.cuda.synchronize()
+    if DEVICE == "cuda":
+        torch.cuda.synchronize()
     seconds = time.perf_counter() - start
     again = outputs_and_grads(fused_fn, q, k, labels, doc_ids, g_all, g_match)
     deterministic = all(torch.equal(a, b) for a, b in zip(fused, again))
@@ -99,27 +108,43 @@ CASES: list[tuple[int, str, bool, bool]] = [
 
 
 def main(argv: list[str] | None = None) -> int:
-    if not torch.cuda.is_available():
-        print("gpu_kernel_check needs a CUDA device", file=sys.stderr)
+    global T, BATCH, DEVICE
+    parser = argparse.ArgumentParser(description="fused copy kernels vs the naive reference at real sizes (GPU)")
+    parser.add_argument("--json", help="write every case's errors and verdict to this file")
+    parser.add_argument("--tiny", action="store_true",
+                        help="CPU dry run of this script: T=64, b=1, kernels in the Triton interpreter")
+    args = parser.parse_args(argv)
+    if args.tiny:
+        T, BATCH, DEVICE = 64, 1, "cpu"
+    elif not torch.cuda.is_available():
+        print("gpu_kernel_check needs a CUDA device (or --tiny for a CPU dry run)", file=sys.stderr)
         return 2
     torch.backends.cuda.matmul.allow_tf32 = False  # the fp32 reference must be fp32, not tf32
-    print(f"# fused copy kernels vs naive reference on {torch.cuda.get_device_name()}, T={T}, b={BATCH}, "
+    device_name = torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (Triton interpreter)"
+    print(f"# fused copy kernels vs naive reference on {device_name}, T={T}, b={BATCH}, "
           f"H_c={HEADS}; tolerances {TOLERANCE}", flush=True)
     started = time.perf_counter()
-    failures = 0
+    results: list[dict[str, object]] = []
     for d, kind, docs, strided in CASES:
         try:
             result = check_case(d, kind, docs, strided)
         except Exception as err:  # noqa: BLE001 -- report and continue: the other cases still tell something
-            failures += 1
-            print(f"FAIL d={d} {kind} docs={docs} strided={strided}: {type(err).__name__}: {err}", flush=True)
+            result = {"d": d, "kind": kind, "docs": docs, "strided": strided, "ok": False,
+                      "error": f"{type(err).__name__}: {err}"}
+            print(f"FAIL d={d} {kind} docs={docs} strided={strided}: {result['error']}", flush=True)
+            results.append(result)
             continue
-        failures += not result["ok"]
+        results.append(result)
         errs = " ".join(f"{k}={v:.2e}" for k, v in result["errors"].items())
         print(f"{'PASS' if result['ok'] else 'FAIL'} d={d:3d} {kind:4s} docs={docs!s:5s} strided={strided!s:5s} "
               f"{errs} deterministic={result['deterministic']} empty_rows_ok={result['empty_rows_ok']} "
               f"(first call {result['first_call_s']:.1f} s incl. compile)", flush=True)
+    failures = sum(not r["ok"] for r in results)
     print(f"# {'PASS' if failures == 0 else f'FAIL ({failures} cases)'} in {time.perf_counter() - started:.1f} s")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": device_name, "T": T, "batch": BATCH, "heads": HEADS, "tolerance": TOLERANCE,
+                       "cases": results, "passed": failures == 0}, f, indent=2)
     return 1 if failures else 0
 
 

@@ -12,3 +12,8 @@ class UserError(ValueError):
 
 class ConfigError(UserError):
     """A bad config key or value; the message names the dotted key and the fix."""
+
+
+class CheckpointError(UserError):
+    """A checkpoint that cannot be used as asked (missing, damaged, or from another model); the message
+    names the checkpoint, what is wrong, and the fix."""

@@ -7,7 +7,9 @@ One process per device, launched by torchrun or srun:
       --set parallel.tp=2 train.iters=50 run.dir=runs/x
 
 Exit codes: 0 done; 75 stopped early with a checkpoint (SIGTERM/SIGUSR1 or train.exit_after_iters):
-relaunch the same command to resume from run.dir/checkpoints/latest; 2 bad config; 1 failure.
+relaunch the same command to resume from run.dir/checkpoints/latest; 2 bad input (config, data,
+checkpoint: one line on stderr naming the fix); 1 failure. torchrun turns every worker exit code
+other than 0 into 1: launch with pretrain/launch_torchrun.py to keep 75 and 2.
 """
 from __future__ import annotations
 
@@ -15,11 +17,8 @@ import argparse
 import sys
 from typing import List, Optional
 
-from cplm_megatron.cli import quiet_known_warnings
-from cplm_megatron.errors import ConfigError
-from cplm_megatron.config.schema import load_run_config, overrides_from_args
-
-EXIT_BAD_CONFIG = 2
+from cplm_megatron.training.exit_status import BAD_INPUT_EXIT_CODE, record_exit_status
+from cplm_megatron.training.signals import defer_stop_signals
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
@@ -32,34 +31,49 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def run(args: argparse.Namespace) -> int:
+    """Resolve the config, then print it or train; bad input is one line on stderr and exit code 2."""
+    from cplm_megatron.cli import quiet_known_warnings
+    from cplm_megatron.errors import UserError
+
     quiet_known_warnings()
-    args = parse_args(argv)
-    config_path = args.config[-1] if args.config else None
     try:
+        from cplm_megatron.training.run_config import load_run_config, overrides_from_args
+
+        config_path = args.config[-1] if args.config else None
         cfg = load_run_config(config_path, overrides_from_args(args.set))
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return EXIT_BAD_CONFIG
-    if args.print_config:
-        import io
+        if args.print_config:
+            import io
 
-        import yaml
+            import yaml
 
-        buf = io.StringIO()
-        yaml.safe_dump(cfg.to_dict(), buf, sort_keys=False)
-        print(buf.getvalue())
-        return 0
-    from cplm_megatron.training.trainer import NonFiniteLossError, train
+            buf = io.StringIO()
+            yaml.safe_dump(cfg.to_dict(), buf, sort_keys=False)
+            print(buf.getvalue())
+            return 0
+        from cplm_megatron.training.trainer import NonFiniteLossError, train
 
+        try:
+            return train(cfg)
+        except NonFiniteLossError as e:
+            print(f"error: {e}", file=sys.stderr, flush=True)
+            return 1
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return BAD_INPUT_EXIT_CODE
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    defer_stop_signals()  # before the heavy imports: a stop signal during start-up is not lost
+    code = 1  # an exception escaping is a failure
     try:
-        return train(cfg)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr, flush=True)
-        return EXIT_BAD_CONFIG
-    except NonFiniteLossError as e:
-        print(f"error: {e}", file=sys.stderr, flush=True)
-        return 1
+        code = run(parse_args(argv))
+    except SystemExit as e:  # argparse: --help (0) or a usage error (2)
+        code = e.code if isinstance(e.code, int) else 1
+        raise
+    finally:
+        record_exit_status(code)  # for pretrain/launch_torchrun.py (torchrun reports only 0 or 1)
+    return code
 
 
 if __name__ == "__main__":

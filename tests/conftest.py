@@ -1,6 +1,9 @@
-"""Suite-wide fixtures: data fixtures (tests/data_fixtures.py) and repo paths."""
+"""Suite-wide fixtures: data fixtures (tests/data_fixtures.py) and repo paths; the `mcore` marker."""
 import os
 import shutil
+from pathlib import Path
+
+import pytest
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("WANDB_MODE", "offline")
@@ -9,3 +12,23 @@ if shutil.which("nvidia-smi") is None:
     os.environ.setdefault("TRITON_INTERPRET", "1")  # fused copy kernels run in Triton's CPU interpreter
 
 pytest_plugins = ["tests.data_fixtures"]
+
+# Tests whose outcome depends on megatron-core (model building, parallel state, schedules, optimizer,
+# checkpoints, conversion): `make test-mcore-latest` runs them (`-m mcore`) on the newest release too.
+# Whole directories, two tools tests, minus the modules there that never reach megatron-core (pure HF
+# model code, report writing, path resolution, the copy-head math). Not here: data, kernels, config (no
+# megatron-core), slurm (real SLURM), and tools/test_ablate.py + test_demo.py, whose megatron-core use is
+# the tiny Trainer runs that tests/training already covers.
+MCORE_DIRS = ("model", "parallel", "training", "hf", "evaluation")
+MCORE_MODULES = ("tools/test_model_info.py", "tools/test_evaluate.py")
+MCORE_FREE = ("model/test_copy_head.py", "hf/test_modeling_cplm.py", "hf/test_cplm_generation.py",
+              "hf/test_hf_export.py", "hf/test_lm_eval_export.py", "evaluation/test_report.py",
+              "evaluation/test_checkpoints.py")
+TESTS = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        rel = item.path.resolve().relative_to(TESTS).as_posix()
+        if (rel.split("/")[0] in MCORE_DIRS or rel in MCORE_MODULES) and rel not in MCORE_FREE:
+            item.add_marker(pytest.mark.mcore)

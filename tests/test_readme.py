@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cplm_megatron.config.schema import load_run_config, overrides_from_args
+from cplm_megatron.training.run_config import load_run_config, overrides_from_args
 
 REPO = Path(__file__).resolve().parents[1]
 SHELL_VALUES = {"$copy": "true"}  # loop variables in the README's examples

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from cplm_megatron.cli import quiet_known_warnings
-from cplm_megatron.config.schema import load_run_config
+from cplm_megatron.training.run_config import load_run_config
 
 REPO = Path(__file__).resolve().parents[1]
 

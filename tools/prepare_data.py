@@ -8,7 +8,10 @@ tokens that overlap by one token (every token is a label once); document boundar
 sample. The last window is padded with EOD; the loader gives those labels loss-mask 0. The output
 directory holds index.json, shard.*.mds.zstd and manifest.json (documents, tokens, samples,
 tokenizer name/sha256/vocab size/EOD id, seq_len, source files). It appears only when complete; a
-rerun with the same inputs (paths, sizes, mtimes), tokenizer and settings prints "up to date".
+rerun with the same inputs (paths, sizes, mtimes), tokenizer and settings checks the shards against
+index.json (sizes, hashes) and prints "up to date", or rebuilds a damaged dataset ("repaired"). Input
+files that are mostly not text (binary, UTF-16, Latin-1) are refused; see --max-invalid-utf8.
+Bad input: one `error:` line on stderr, exit code 2.
 """
 from __future__ import annotations
 
@@ -17,12 +20,10 @@ import json
 import os
 import sys
 
-from cplm_megatron.data.atomic_output import OutputError
-from cplm_megatron.data.documents import SPLIT_MODES, InputError
-from cplm_megatron.data.manifest import DatasetError
+from cplm_megatron.data.documents import DEFAULT_MAX_INVALID_FRACTION, SPLIT_MODES
 from cplm_megatron.data.prepare import prepare_dataset
 from cplm_megatron.data.shards import DEFAULT_SHARD_SIZE_LIMIT
-from cplm_megatron.data.tokenizer import TokenizerError
+from cplm_megatron.errors import UserError
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -37,6 +38,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="documents of plain-text files: whole file, each line, or blank-line paragraphs")
     parser.add_argument("--text-field", default="text", help="JSON field / parquet column holding the text")
     parser.add_argument("--shard-size", default=DEFAULT_SHARD_SIZE_LIMIT, help="uncompressed bytes per shard, e.g. 64mb")
+    parser.add_argument("--max-invalid-utf8", type=float, default=DEFAULT_MAX_INVALID_FRACTION, metavar="FRACTION",
+                        help="refuse an input file whose share of invalid-UTF-8/NUL bytes is larger (binary data, "
+                             "another encoding); 1 accepts anything (bad bytes are replaced). Default: %(default)s")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     return parser.parse_args(argv)
 
@@ -48,14 +52,17 @@ def main(argv: list[str] | None = None) -> int:
         result = prepare_dataset(
             args.input, args.tokenizer, args.output, seq_len=args.seq_len, workers=args.workers,
             split_by=args.split_by, text_field=args.text_field, shard_size_limit=args.shard_size,
-            show_progress=not args.quiet,
+            show_progress=not args.quiet, max_invalid_fraction=args.max_invalid_utf8,
         )
-    except (InputError, TokenizerError, DatasetError, OutputError) as e:
+    except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     manifest = result.manifest
+    if result.damage:
+        print(f"[prepare_data] the existing dataset was damaged and has been rebuilt: {result.damage}",
+              file=sys.stderr)
     summary = {
-        "status": "written" if result.rebuilt else "up to date",
+        "status": ("repaired" if result.damage else "written") if result.rebuilt else "up to date",
         "output": str(result.output),
         "documents": manifest.documents,
         "tokens": manifest.tokens,

@@ -15,9 +15,10 @@ import argparse
 import json
 import sys
 
-from cplm_megatron.data.documents import SPLIT_MODES, InputError
-from cplm_megatron.data.tokenizer import DEFAULT_EOD_TOKEN, TokenizerError
+from cplm_megatron.data.documents import DEFAULT_MAX_INVALID_FRACTION, SPLIT_MODES
+from cplm_megatron.data.tokenizer import DEFAULT_EOD_TOKEN
 from cplm_megatron.data.tokenizer_training import train_tokenizer_from_files
+from cplm_megatron.errors import UserError
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -30,6 +31,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--split-by", choices=SPLIT_MODES, default="file", help="documents of plain-text files")
     parser.add_argument("--text-field", default="text", help="JSON field / parquet column holding the text")
     parser.add_argument("--min-frequency", type=int, default=2, help="minimum pair count for a merge")
+    parser.add_argument("--max-invalid-utf8", type=float, default=DEFAULT_MAX_INVALID_FRACTION, metavar="FRACTION",
+                        help="refuse an input file whose share of invalid-UTF-8/NUL bytes is larger (binary data, "
+                             "another encoding); 1 accepts anything (bad bytes are replaced). Default: %(default)s")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     return parser.parse_args(argv)
 
@@ -41,8 +45,9 @@ def main(argv: list[str] | None = None) -> int:
         result = train_tokenizer_from_files(
             args.input, args.vocab_size, args.output, eod_token=args.eod_token, split_by=args.split_by,
             text_field=args.text_field, min_frequency=args.min_frequency, show_progress=not args.quiet,
+            max_invalid_fraction=args.max_invalid_utf8,
         )
-    except (InputError, TokenizerError) as e:
+    except UserError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     status = "trained" if result.rebuilt else "up to date"

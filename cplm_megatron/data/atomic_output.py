@@ -4,7 +4,8 @@ A build writes into a hidden temporary sibling (``.NAME.tmp-PID``); its last act
 marker file (a JSON record holding the build's ``fingerprint``). Only then is the directory renamed
 into place. So a directory at the output path is always complete, an interrupted build leaves only
 a hidden temporary (removed by the next build), and a rerun whose fingerprint matches the marker's
-is a no-op. Builds of one output are serialized by an exclusive lock on ``.NAME.lock``.
+is a no-op, unless an optional `check` finds the existing output damaged: then it is rebuilt. Builds of
+one output are serialized by an exclusive lock on ``.NAME.lock``.
 """
 from __future__ import annotations
 
@@ -18,8 +19,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from cplm_megatron.errors import UserError
 
-class OutputError(ValueError):
+# Raises (any UserError, naming what is wrong) when an up-to-date output is damaged.
+OutputCheck = Callable[[Path], None]
+
+
+class OutputError(UserError):
     """The output path cannot be (re)built; the message names it and the fix."""
 
 
@@ -74,9 +80,11 @@ def _remove_stale_temporaries(output: Path) -> None:
 
 
 def build_atomically(
-    output: Path, marker: str, build_fingerprint: str, build: Callable[[Path], None]
+    output: Path, marker: str, build_fingerprint: str, build: Callable[[Path], None],
+    check: OutputCheck | None = None, on_damage: Callable[[str], None] | None = None,
 ) -> bool:
-    """Run `build(tmp_dir)` and move its result to `output`; False (and no work) if up to date.
+    """Run `build(tmp_dir)` and move its result to `output`; False (and no work) if up to date and, when
+    `check` is given, intact (a damaged output is rebuilt; `on_damage` hears why).
 
     `build` must write the marker file (with ``"fingerprint": build_fingerprint``) last.
     """
@@ -84,7 +92,13 @@ def build_atomically(
     output.parent.mkdir(parents=True, exist_ok=True)
     with _exclusive_lock(output):
         if is_up_to_date(output, marker, build_fingerprint):
-            return False
+            try:
+                if check is not None:
+                    check(output)
+                return False
+            except UserError as damage:
+                if on_damage is not None:
+                    on_damage(str(damage))
         if output.exists() and not output.is_dir():
             raise OutputError(f"output path {output} exists and is not a directory; pick another path")
         if output.exists() and read_marker(output, marker) is None and any(output.iterdir()):

@@ -99,8 +99,8 @@ class DataConfig:
         per_step = self.micro_batch * dp_size
         if dp_size < 1 or self.global_batch % per_step:
             raise ConfigError(
-                f"data.global_batch={self.global_batch} must be a multiple of data.micro_batch * dp_size "
-                f"= {self.micro_batch} * {dp_size} = {per_step}"
+                f"train.global_batch={self.global_batch} must be a multiple of train.micro_batch * data-parallel "
+                f"size = {self.micro_batch} * {dp_size} = {per_step}; change train.global_batch or the layout"
             )
         return self.global_batch // per_step
 
@@ -112,7 +112,8 @@ def _as_stream(value: Any) -> StreamConfig:
     if isinstance(value, dict):
         unknown = set(value) - {"path", "name", "proportion", "repeat", "choose"}
         if unknown:
-            raise ConfigError(f"data stream entry has unknown keys {sorted(unknown)} (valid: path, name, proportion, repeat, choose)")
+            raise ConfigError(f"data stream entry has unknown keys {sorted(unknown)} "
+                              f"(valid: path, name, proportion, repeat, choose)")
         return StreamConfig(**value)
     if isinstance(value, str):
         return StreamConfig(path=value)

@@ -8,7 +8,9 @@ Supported inputs (optionally compressed with ``.gz`` or ``.zst``):
 * Parquet (``.parquet``): one document per row of the ``text_field`` column (needs pyarrow).
 
 Directories are searched recursively for these suffixes and visited in sorted path order, so
-the same inputs always give the same document sequence. Empty documents are skipped.
+the same inputs always give the same document sequence. Empty documents are skipped. A file whose
+bytes are mostly not text (invalid UTF-8 or NUL: binary data, UTF-16, Latin-1) is refused unless
+`max_invalid_fraction` allows it; the few bad bytes of an accepted file are replaced (and counted).
 """
 from __future__ import annotations
 
@@ -20,17 +22,22 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from cplm_megatron.errors import UserError
+
 PLAIN_TEXT_SUFFIXES = (".txt", ".text", ".md", ".rst", ".py")
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
 PARQUET_SUFFIXES = (".parquet",)
 COMPRESSION_SUFFIXES = (".gz", ".zst")
 SPLIT_MODES = ("file", "line", "paragraph")
 
+DEFAULT_MAX_INVALID_FRACTION = 0.1  # binary files measure 0.25-0.55, UTF-8 text 0
+
 PathLike = str | Path
 _PARAGRAPH_BREAK = re.compile(r"\n(?:[ \t]*\n)+")
+_ESCAPED_BYTE = re.compile("[\udc80-\udcff]")  # an undecodable byte after errors="surrogateescape"
 
 
-class InputError(ValueError):
+class InputError(UserError):
     """Bad or unreadable corpus input; the message names the file and the fix."""
 
 
@@ -112,18 +119,22 @@ class ReadStats:
     files: int = 0
     documents: int = 0
     empty_skipped: int = 0
-    decode_errors: int = 0  # documents whose bytes were not valid UTF-8 (bad bytes replaced)
+    decode_errors: int = 0  # files (or records) whose bytes were not valid UTF-8 (bad bytes replaced)
 
 
 class DocumentReader:
     """Iterates the documents of a list of files; `stats` counts what was read."""
 
-    def __init__(self, files: Sequence[Path], split_by: str = "file", text_field: str = "text"):
+    def __init__(self, files: Sequence[Path], split_by: str = "file", text_field: str = "text",
+                 max_invalid_fraction: float = DEFAULT_MAX_INVALID_FRACTION):
         if split_by not in SPLIT_MODES:
             raise InputError(f"split_by={split_by!r} is not one of {list(SPLIT_MODES)}")
+        if not 0.0 <= max_invalid_fraction <= 1.0:
+            raise InputError(f"max_invalid_fraction must be in [0, 1], got {max_invalid_fraction}")
         self.files = list(files)
         self.split_by = split_by
         self.text_field = text_field
+        self.max_invalid_fraction = max_invalid_fraction
         self.stats = ReadStats()
 
     def __iter__(self) -> Iterator[str]:
@@ -133,6 +144,7 @@ class DocumentReader:
                 pieces = self._parquet_texts(path)
             else:
                 data = _read_bytes(path)
+                self._check_is_text(path, data)
                 pieces = self._jsonl_texts(path, data) if kind == "jsonl" else self._text_pieces(data)
             for text in pieces:
                 if text.strip():
@@ -141,6 +153,20 @@ class DocumentReader:
                 else:
                     self.stats.empty_skipped += 1
             self.stats.files += 1
+
+    def _check_is_text(self, path: Path, data: bytes) -> None:
+        """Refuse a file whose share of invalid-UTF-8 and NUL bytes exceeds `max_invalid_fraction`."""
+        if not data:
+            return
+        escaped = data.decode("utf-8", errors="surrogateescape")
+        bad = len(escaped) - len(_ESCAPED_BYTE.sub("", escaped)) + data.count(b"\x00")
+        if bad / len(data) > self.max_invalid_fraction:
+            raise InputError(
+                f"{path}: {bad / len(data):.0%} of its {len(data):,} bytes are not text (invalid UTF-8 or NUL): "
+                f"binary data, or text in another encoding (UTF-16, Latin-1)? Convert it to UTF-8 or leave it "
+                f"out; --max-invalid-utf8 {min(1.0, round(bad / len(data) + 0.005, 2))} accepts it (bad bytes "
+                f"are replaced)"
+            )
 
     def _decode(self, data: bytes) -> str:
         try:
@@ -166,6 +192,9 @@ class DocumentReader:
                 record = json.loads(line)
             except json.JSONDecodeError as e:
                 raise InputError(f"{path}:{lineno}: invalid JSON ({e.msg})") from e
+            except UnicodeDecodeError as e:
+                raise InputError(f"{path}:{lineno}: not valid UTF-8 ({e.reason} at byte {e.start}); "
+                                 f"convert the file to UTF-8") from e
             if not isinstance(record, dict) or self.text_field not in record:
                 raise InputError(
                     f"{path}:{lineno}: record has no {self.text_field!r} field "

@@ -11,7 +11,9 @@ proportion/repeat/choose. Sharding follows the data-parallel rank and size given
 RANK/WORLD_SIZE (see streaming_world.py): TP/PP peers get identical batches, DP ranks disjoint ones.
 
 Every rank must build the same loaders in the same order (construction runs collectives on the
-default process group) and draw the same number of micro-batches.
+default process group) and draw the same number of micro-batches. Every micro-batch's token ids are
+checked against the tokenizer's vocabulary (and positions against seq_len), also with
+`data.verify_shards=false`: a corrupt shard is a DatasetError, never an out-of-range embedding lookup.
 """
 from __future__ import annotations
 
@@ -184,8 +186,30 @@ class _Loader:
             raise DatasetError(
                 f"{what} has {self.epoch_size} samples per epoch, fewer than micro_batch * dp_size = "
                 f"{self.micro_batch} * {self.dp_size}: no full micro-batch per rank; use more data or a "
-                f"smaller micro_batch"
+                f"smaller train.micro_batch"
             )
+
+    def _checked(self, batch: dict[str, torch.Tensor], what: str, index: int) -> dict[str, torch.Tensor]:
+        """The batch, if its token ids fit the tokenizer's vocabulary and its positions the sequence."""
+        vocab = self.tokenizer.vocab_size
+        ids = torch.stack([batch["tokens"], batch["labels"]])
+        low, high = int(ids.min()), int(ids.max())
+        if low < 0 or high >= vocab:
+            bad = low if low < 0 else high
+            raise DatasetError(
+                f"{what}: micro-batch {index} holds token id {bad}, outside the vocabulary of the dataset's "
+                f"tokenizer ({self.tokenizer.name!r}, {vocab} tokens): a shard is corrupt; re-run "
+                f"tools/prepare_data.py (it checks the shards and rebuilds damaged ones) or set "
+                f"data.verify_shards=true to find it at start"
+            )
+        positions = batch.get("position_ids")
+        seq_len = batch["tokens"].shape[1]
+        if positions is not None and (int(positions.min()) < 0 or int(positions.max()) >= seq_len):
+            raise DatasetError(
+                f"{what}: micro-batch {index} has position ids outside [0, {seq_len}) (corrupt document "
+                f"boundaries in a shard); re-run tools/prepare_data.py, which checks and rebuilds damaged shards"
+            )
+        return batch
 
 
 class TrainBatchIterator(_Loader):
@@ -221,7 +245,7 @@ class TrainBatchIterator(_Loader):
             batch = _next_batch(self._pass, f"training epoch {self.epoch}", self._pass_batches)
             if batch is not None:
                 self._pass_batches += 1
-                return batch
+                return self._checked(batch, f"training epoch {self.epoch}", self._pass_batches - 1)
             expected = _batches_per_pass(self.epoch_size, self._pass_start, self.dp_size, self.micro_batch)
             if self._pass_batches != expected:
                 raise _short_pass_error(f"training epoch {self.epoch}", self._pass_batches, expected)
@@ -241,6 +265,8 @@ class TrainBatchIterator(_Loader):
             "seed": self.seed,
             "micro_batch": self.micro_batch,
             "dp_size": self.dp_size,
+            "tokenizer": self.tokenizer.name,
+            "tokenizer_sha256": self.tokenizer.sha256,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -248,7 +274,16 @@ class TrainBatchIterator(_Loader):
         if self._started:
             raise RuntimeError("load_state_dict must be called before the first batch is drawn; build a new loader")
         if state.get("format") != STATE_FORMAT:
-            raise ValueError(f"not a training data-loader state (format {state.get('format')!r}, expected {STATE_FORMAT!r})")
+            raise DatasetError(f"the checkpoint's data position is not a training data-loader state (format "
+                               f"{state.get('format')!r}, expected {STATE_FORMAT!r})")
+        saved_sha256 = state.get("tokenizer_sha256")  # absent in checkpoints written before it was recorded
+        if saved_sha256 is not None and saved_sha256 != self.tokenizer.sha256:
+            raise DatasetError(
+                f"the checkpoint was trained on data tokenized with {state.get('tokenizer')!r} (sha256 "
+                f"{saved_sha256[:12]}) but data.streams use {self.tokenizer.name!r} (sha256 "
+                f"{self.tokenizer.sha256[:12]}): the token ids would mean other text; point data.streams at data "
+                f"prepared with the checkpoint's tokenizer"
+            )
         if state["epoch_size"] != self.epoch_size:
             raise DatasetError(
                 f"the checkpoint's data epoch had {state['epoch_size']} samples, the configured streams give "
@@ -260,7 +295,8 @@ class TrainBatchIterator(_Loader):
                 f"another seed would change the sample order (set data.seed={state['seed']})"
             )
         if not 0 <= state["sample_in_epoch"] <= self.epoch_size:
-            raise ValueError(f"sample_in_epoch={state['sample_in_epoch']} is outside [0, {self.epoch_size}]")
+            raise DatasetError(f"the checkpoint's data position sample_in_epoch={state['sample_in_epoch']} is "
+                               f"outside [0, {self.epoch_size}]")
         self.epoch = int(state["epoch"])
         self._pass_start = int(state["sample_in_epoch"])
         self._pass_batches = 0
@@ -289,7 +325,7 @@ class ValBatchLoader(_Loader):
         batches = iter(self._dataloader)
         while (batch := _next_batch(batches, "the validation pass", count)) is not None:
             count += 1
-            yield batch
+            yield self._checked(batch, "the validation pass", count - 1)
         if count != len(self):
             raise _short_pass_error("the validation pass", count, len(self))
 

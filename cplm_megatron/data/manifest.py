@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from cplm_megatron.data.tokenizer import TokenizerInfo
+from cplm_megatron.errors import UserError
 
 MANIFEST_NAME = "manifest.json"
 FORMAT = "cplm-packed-mds/1"
@@ -24,7 +25,7 @@ PACKING = (
 )
 
 
-class DatasetError(ValueError):
+class DatasetError(UserError):
     """A dataset that cannot be used as configured; the message names the file/values and the fix."""
 
 
@@ -132,20 +133,20 @@ def check_compatible(
         if manifest.seq_len != seq_len:
             raise DatasetError(
                 f"{location}: shards hold samples of seq_len {manifest.seq_len} but the config has "
-                f"seq_len {seq_len}; set the data seq_len to {manifest.seq_len} or re-run "
+                f"seq_len {seq_len}; set train.seq_len={manifest.seq_len} or re-run "
                 f"tools/prepare_data.py --seq-len {seq_len}"
             )
         if manifest.tokenizer.sha256 != first.tokenizer.sha256:
             raise DatasetError(
-                f"{location} was tokenized with {manifest.tokenizer.name} "
+                f"{location} was tokenized with {manifest.tokenizer.name!r} "
                 f"(sha256 {manifest.tokenizer.sha256[:12]}) but {first_location} with "
-                f"{first.tokenizer.name} (sha256 {first.tokenizer.sha256[:12]}); all streams must share "
+                f"{first.tokenizer.name!r} (sha256 {first.tokenizer.sha256[:12]}); all streams must share "
                 f"one tokenizer"
             )
         if model_vocab_size is not None and manifest.tokenizer.vocab_size > model_vocab_size:
             raise DatasetError(
-                f"{location}: tokenizer {manifest.tokenizer.name} has {manifest.tokenizer.vocab_size} "
-                f"tokens but the model's vocabulary has only {model_vocab_size}; raise the model's "
-                f"vocab_size to at least {manifest.tokenizer.vocab_size} or use a smaller tokenizer"
+                f"{location}: its tokenizer ({manifest.tokenizer.name!r}) has {manifest.tokenizer.vocab_size} "
+                f"tokens but the model's vocabulary has only {model_vocab_size}; set model.vocab_size to at "
+                f"least {manifest.tokenizer.vocab_size} or use a smaller tokenizer"
             )
     return first.tokenizer

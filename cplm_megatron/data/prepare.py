@@ -1,8 +1,9 @@
 """Prepare a training dataset: read documents, tokenize them, pack them, write MDS shards + manifest.
 
 The output directory appears only when complete (see `atomic_output`); a rerun with the same
-inputs (paths, sizes, modification times), tokenizer and settings is a no-op, anything else
-rebuilds. The output is identical for any number of workers.
+inputs (paths, sizes, modification times), tokenizer and settings is a no-op once its shards check
+out against index.json (sizes and hashes); damaged shards or anything else changed rebuilds. The
+output is identical for any number of workers.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from cplm_megatron.data.atomic_output import (
     file_signatures,
     fingerprint,
 )
-from cplm_megatron.data.documents import DocumentReader, expand_inputs
+from cplm_megatron.data.documents import DEFAULT_MAX_INVALID_FRACTION, DocumentReader, expand_inputs
 from cplm_megatron.data.manifest import (
     FORMAT,
     MANIFEST_NAME,
@@ -28,6 +29,7 @@ from cplm_megatron.data.parallel_tokenize import tokenize_documents
 from cplm_megatron.data.shards import (
     DEFAULT_SHARD_SIZE_LIMIT,
     make_manifest,
+    verify_local_shards,
     write_packed_samples,
 )
 from cplm_megatron.data.tokenizer import (
@@ -47,6 +49,7 @@ class PrepareResult:
     output: Path
     manifest: DatasetManifest
     rebuilt: bool  # False: the output was already up to date
+    damage: str | None = None  # why an up-to-date output was rebuilt (damaged shards)
 
 
 def prepare_dataset(
@@ -59,8 +62,11 @@ def prepare_dataset(
     text_field: str = "text",
     shard_size_limit: str | int = DEFAULT_SHARD_SIZE_LIMIT,
     show_progress: bool = True,
+    max_invalid_fraction: float = DEFAULT_MAX_INVALID_FRACTION,
 ) -> PrepareResult:
-    """Tokenize `inputs` with the tokenizer in `tokenizer_dir` into a packed dataset at `output`."""
+    """Tokenize `inputs` with the tokenizer in `tokenizer_dir` into a packed dataset at `output`.
+
+    `max_invalid_fraction`: a file with a larger share of invalid-UTF-8/NUL bytes is refused (InputError)."""
     if seq_len < 1:
         raise ValueError(f"seq_len must be >= 1, got {seq_len}")
     files = expand_inputs(inputs)
@@ -79,7 +85,8 @@ def prepare_dataset(
     def build(tmp_dir: Path) -> None:
         from tqdm import tqdm
 
-        reader = DocumentReader(files, split_by=split_by, text_field=text_field)
+        reader = DocumentReader(files, split_by=split_by, text_field=text_field,
+                                max_invalid_fraction=max_invalid_fraction)
         tokenizer = load_tokenizer(tokenizer_dir)
         tokenizer_info = describe_tokenizer(tokenizer_dir, tokenizer)
         tokenizer_json = backend_json(tokenizer, tokenizer_dir)
@@ -99,5 +106,8 @@ def prepare_dataset(
         write_manifest(tmp_dir, manifest)
 
     output = Path(output).resolve()
-    rebuilt = build_atomically(output, MANIFEST_NAME, build_fingerprint, build)
-    return PrepareResult(output=output, manifest=read_manifest(str(output)), rebuilt=rebuilt)
+    damage: list[str] = []
+    rebuilt = build_atomically(output, MANIFEST_NAME, build_fingerprint, build,
+                               check=lambda out: verify_local_shards(out, check_hashes=True), on_damage=damage.append)
+    return PrepareResult(output=output, manifest=read_manifest(str(output)), rebuilt=rebuilt,
+                         damage=damage[0] if damage else None)

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from cplm_megatron.data.atomic_output import write_marker
+from cplm_megatron.errors import UserError
 
 DEFAULT_EOD_TOKEN = "<|endoftext|>"
 TRAINING_RECORD = "cplm_tokenizer.json"  # written last by train_bpe_tokenizer: how it was made
@@ -31,7 +32,7 @@ TOKENIZER_DEFINING_FILES = (
 PathLike = str | Path
 
 
-class TokenizerError(ValueError):
+class TokenizerError(UserError):
     """A tokenizer directory that cannot be used; the message names it and the fix."""
 
 

@@ -11,7 +11,7 @@ from cplm_megatron.data.atomic_output import (
     fingerprint,
     read_marker,
 )
-from cplm_megatron.data.documents import DocumentReader, InputError, expand_inputs
+from cplm_megatron.data.documents import DEFAULT_MAX_INVALID_FRACTION, DocumentReader, InputError, expand_inputs
 from cplm_megatron.data.tokenizer import (
     DEFAULT_EOD_TOKEN,
     TRAINING_RECORD,
@@ -40,6 +40,7 @@ def train_tokenizer_from_files(
     text_field: str = "text",
     min_frequency: int = 2,
     show_progress: bool = True,
+    max_invalid_fraction: float = DEFAULT_MAX_INVALID_FRACTION,
 ) -> TrainedTokenizer:
     """Byte-level BPE over the documents of `inputs`, saved as an HF tokenizer directory `output`.
 
@@ -59,7 +60,8 @@ def train_tokenizer_from_files(
     output = Path(output).resolve()
 
     def build(tmp_dir: Path) -> None:
-        reader = DocumentReader(files, split_by=split_by, text_field=text_field)
+        reader = DocumentReader(files, split_by=split_by, text_field=text_field,
+                                max_invalid_fraction=max_invalid_fraction)
         record = {"fingerprint": build_fingerprint, "settings": settings, "source_files": [str(f) for f in files]}
         train_bpe_tokenizer(
             _non_empty(reader), vocab_size, tmp_dir, eod_token=eod_token, min_frequency=min_frequency,

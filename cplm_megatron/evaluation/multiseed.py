@@ -89,8 +89,9 @@ class StudySettings:
     @classmethod
     def smoke(cls) -> StudySettings:
         """Three arms at the tiny scale, 2 seeds, a few steps: exercises the whole pipeline in CI."""
-        return cls(arms=("baseline", "mixture", "decoupled"), seeds=(1, 2), scales=("tiny",), iters={"tiny": 8}, eval_interval=4, eval_iters=2,
-                   eval_sequences=4, passkey_lengths=(64, 128), passkey_depths=(0.5,), warmup_iters=2)
+        return cls(arms=("baseline", "mixture", "decoupled"), seeds=(1, 2), scales=("tiny",), iters={"tiny": 8},
+                   eval_interval=4, eval_iters=2, eval_sequences=4, passkey_lengths=(64, 128), passkey_depths=(0.5,),
+                   warmup_iters=2)
 
     def scale(self, name: str) -> Scale:
         base = SCALES[name]

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 import torch
 
-from cplm_megatron.evaluation.checkpoints import CheckpointRef, resolve_checkpoint
+from cplm_megatron.training.checkpoint_lookup import CheckpointRef, read_saved_config, resolve_checkpoint
 
 Batch = dict[str, torch.Tensor]
 
@@ -108,15 +108,9 @@ def _require_single_process_state() -> None:
 
 def saved_run_config(checkpoint: Path):
     """The resolved RunConfig stored in a checkpoint's common state."""
-    from megatron.core import dist_checkpointing
+    from cplm_megatron.training.run_config import build_run_config
 
-    from cplm_megatron.config.schema import build_run_config
-
-    common = dist_checkpointing.load_common_state_dict(str(checkpoint))
-    if "config" not in common:
-        raise ValueError(f"checkpoint {checkpoint} carries no run config in its common state (key 'config'); "
-                         f"it was not written by cplm_megatron's trainer")
-    tree = dict(common["config"])
+    tree = dict(read_saved_config(checkpoint))
     # The resolved config repeats train.{seq_len, micro_batch, global_batch} under data.*, which
     # build_run_config refuses as user input; they are derived again from train.* here.
     tree["data"] = {k: v for k, v in tree.get("data", {}).items() if k not in _DERIVED_DATA_KEYS}

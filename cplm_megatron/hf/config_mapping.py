@@ -14,7 +14,7 @@ from typing import Any
 
 from transformers import GPT2Config, LlamaConfig, PretrainedConfig
 
-from cplm_megatron.errors import ConfigError
+from cplm_megatron.errors import ConfigError, UserError
 from cplm_megatron.hf.configuration_cplm import CPLMConfig
 from cplm_megatron.model.config import ModelConfig, load_preset
 from cplm_megatron.model.copy_head import CopyHeadConfig
@@ -39,7 +39,7 @@ _GPT2_BACKBONE = {"position_embedding": "learned_absolute", "normalization": "La
 _NO_SPECIAL_TOKENS = {"bos_token_id": None, "eos_token_id": None, "pad_token_id": None}
 
 
-class ConversionError(ValueError):
+class ConversionError(UserError):
     """A checkpoint or config that cannot be converted exactly; the message names the field and the fix."""
 
 

@@ -18,7 +18,6 @@ from pathlib import Path
 import torch
 
 from cplm_megatron.config.loader import to_dict
-from cplm_megatron.config.schema import RunConfig, build_run_config
 from cplm_megatron.hf.config_mapping import (
     ConversionError,
     check_exportable,
@@ -48,6 +47,7 @@ from cplm_megatron.hf.weight_mapping import (
 )
 from cplm_megatron.model.config import ModelConfig
 from cplm_megatron.model.copy_head import CopyHeadConfig
+from cplm_megatron.training.run_config import RunConfig, build_run_config
 
 log = logging.getLogger(__name__)
 

@@ -26,12 +26,15 @@ from cplm_megatron.errors import ConfigError
 from cplm_megatron.hf.config_mapping import ConversionError
 from cplm_megatron.model.config import ModelConfig
 from cplm_megatron.model.copy_head import CopyHeadConfig
-from cplm_megatron.training.checkpointing import LATEST, STATE_JSON, read_latest
+from cplm_megatron.training.checkpoint_lookup import (
+    DIST_METADATA,
+    read_record,
+    read_saved_config,
+    resolve_checkpoint,
+)
 
 log = logging.getLogger(__name__)
 
-CHECKPOINTS_DIR = "checkpoints"
-METADATA = "metadata.json"
 _LAYER_NAME = re.compile(r"^decoder\.layers\.(\d+)\.")
 
 
@@ -51,30 +54,12 @@ class MegatronCheckpoint:
         return self.path.parent
 
 
-def locate_checkpoint(path: str | Path) -> Path:
-    """The iter_* directory meant by a run dir, its checkpoints/ root (via `latest`) or an iter_* dir."""
-    path = Path(path)
-    if not path.is_dir():
-        raise ConversionError(f"checkpoint path {path} does not exist or is not a directory")
-    if (path / METADATA).is_file():
-        return path
-    for root in (path, path / CHECKPOINTS_DIR):
-        if (root / LATEST).is_file():
-            return read_latest(root)
-    raise ConversionError(
-        f"{path} is not a checkpoint: no {METADATA} (an iter_* directory), no {LATEST} (a checkpoint root) and "
-        f"no {CHECKPOINTS_DIR}/{LATEST} (a run directory)"
-    )
-
-
 def open_checkpoint(path: str | Path) -> MegatronCheckpoint:
-    """Locate a checkpoint and read its saved config (model + copy-head sections) and record."""
-    from megatron.core.dist_checkpointing import load_common_state_dict
-
-    iter_dir = locate_checkpoint(path)
-    common = load_common_state_dict(str(iter_dir))
-    config = common.get("config") if isinstance(common, dict) else None
-    if not isinstance(config, dict) or not isinstance(config.get("model"), dict):
+    """Locate a checkpoint (`checkpoint_lookup.resolve_checkpoint`: a run dir, its checkpoints/ root or an
+    iter_* dir) and read its saved config (model + copy-head sections) and record."""
+    iter_dir = resolve_checkpoint(Path(path), say=log.warning).path
+    config = read_saved_config(iter_dir)
+    if not isinstance(config.get("model"), dict):
         raise ConversionError(
             f"{iter_dir} holds no saved run config (common state 'config' with a 'model' section); only "
             "checkpoints written by the trainer's Checkpointer (or tools/convert_from_hf.py) can be converted"
@@ -84,9 +69,7 @@ def open_checkpoint(path: str | Path) -> MegatronCheckpoint:
         copy_head = build_dataclass(CopyHeadConfig, config.get("copy_head") or {}, "copy_head")
     except ConfigError as err:
         raise ConversionError(f"{iter_dir}: the saved config is not readable by this version: {err}") from err
-    record_path = iter_dir / STATE_JSON
-    record = json.loads(record_path.read_text()) if record_path.is_file() else {}
-    return MegatronCheckpoint(iter_dir, model, copy_head if copy_head.enabled else None, config, record)
+    return MegatronCheckpoint(iter_dir, model, copy_head if copy_head.enabled else None, config, read_record(iter_dir))
 
 
 def read_tensors(iter_dir: Path, keys: list[str]) -> dict[str, torch.Tensor]:
@@ -94,9 +77,9 @@ def read_tensors(iter_dir: Path, keys: list[str]) -> dict[str, torch.Tensor]:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    backend = json.loads((iter_dir / METADATA).read_text()).get("sharded_backend")
+    backend = json.loads((iter_dir / DIST_METADATA).read_text()).get("sharded_backend")
     if backend != "torch_dist":
-        raise ConversionError(f"{iter_dir / METADATA}: sharded_backend={backend!r}; only torch_dist checkpoints "
+        raise ConversionError(f"{iter_dir / DIST_METADATA}: sharded_backend={backend!r}; only torch_dist checkpoints "
                               "(the trainer's format) can be read")
     reader = dcp.FileSystemReader(str(iter_dir))
     saved = reader.read_metadata().state_dict_metadata
@@ -116,12 +99,8 @@ def single_process_megatron(model: ModelConfig, seed: int) -> Iterator[None]:
     """Megatron parallel state for one process (TP=PP=1, gloo); torn down again if created here."""
     import torch.distributed as dist
 
-    from cplm_megatron.parallel.distributed import (
-        ParallelConfig,
-        destroy_distributed,
-        detect_env,
-        init_distributed,
-    )
+    from cplm_megatron.parallel.config import ParallelConfig
+    from cplm_megatron.parallel.distributed import destroy_distributed, detect_env, init_distributed
 
     env = detect_env()
     if env.world_size != 1:
@@ -180,7 +159,7 @@ def write_weights_checkpoint(
     Copy-head parameters absent from `tensors` keep Megatron's fresh initialization (seeded by `seed`).
     """
     from cplm_megatron.model.builder import build_model
-    from cplm_megatron.parallel.distributed import ParallelConfig
+    from cplm_megatron.parallel.config import ParallelConfig
     from cplm_megatron.training.checkpointing import Checkpointer, TrainState
 
     root = Path(root)

@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from cplm_megatron.errors import ConfigError
 from cplm_megatron.model.config import ModelConfig
 from cplm_megatron.model.copy_head import CopyHeadConfig
-from cplm_megatron.parallel.distributed import ParallelConfig
+from cplm_megatron.parallel.config import ParallelConfig
 
 
 @dataclass

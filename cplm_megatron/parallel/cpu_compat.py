@@ -3,22 +3,38 @@
 megatron-core assumes CUDA (and Apex or Transformer Engine). Each patch below names the megatron-core
 code it replaces and why (PLATFORM.md lists the measurements). Two scopes:
 
-* ``cpu``        — applied only when CUDA is absent (``torch.cuda.is_available()`` is False);
-                   these never touch a GPU run.
-* ``no_apex_te`` — megatron-core bugs on its own no-Apex/TE code path (torch Adam, torch norms);
-                   applied whenever neither Apex nor Transformer Engine is importable, GPU or not.
+* ``cpu``            — applied only when CUDA is absent (``torch.cuda.is_available()`` is False);
+                       these never touch a GPU run.
+* ``torch_fallback`` — fixes for megatron-core bugs on its own fallback path for installs without
+                       Apex and Transformer Engine (torch Adam, torch norms); applied whenever neither
+                       is importable, on GPU machines too (an H200 image without TE takes this path).
 
-``apply_compat()`` is idempotent (each patch marks what it patched) and returns the patch names in
-effect. Tests apply all patches but one in a fresh process to show each one is needed.
+A patch may also depend on the megatron-core version (``Patch.needed``): it is applied only where the
+code it replaces exists. ``apply_compat()`` is idempotent (each patch marks what it patched) and
+returns the patch names in effect; ``describe_compat()`` turns them into the line rank 0 logs. Tests
+apply all patches but one in a fresh process to show each one is needed.
+
+``check_cuda_expected()`` guards the CPU path itself: where the environment promises GPUs but CUDA
+is unusable, falling back to CPU over gloo would go unnoticed for hours, so it is an error.
 """
 from __future__ import annotations
 
 import contextlib
+import inspect
 import os
 from dataclasses import dataclass
-from typing import Callable, Iterable, List
+from importlib import metadata
+from typing import Callable, Dict, Iterable, List, Mapping, Optional
 
 import torch
+
+from cplm_megatron.errors import UserError
+
+SCOPES = {
+    "cpu": "CPU patches (CUDA absent)",
+    "torch_fallback": "fixes for megatron-core's no-Apex/TE fallback path (GPU machines without Apex/TE too)",
+}
+ALLOW_CPU_ENV = "CPLM_ALLOW_CPU"
 
 _MARK = "__cplm_compat__"
 
@@ -29,8 +45,9 @@ class Patch:
 
     name: str
     replaces: str
-    scope: str  # "cpu" or "no_apex_te"
+    scope: str  # a key of SCOPES
     apply: Callable[[], None]
+    needed: Callable[[], bool] = lambda: True  # False on megatron-core versions without the code it fixes
 
 
 def _mark(obj: object, name: str) -> bool:
@@ -219,6 +236,20 @@ def _patch_grad_norm_precision() -> None:
         cg.l2_norm_impl = _l2_norm_fp64
 
 
+# --- 10 --------------------------------------------------------------------------------------------
+def _grad_sync_calls_current_stream() -> bool:
+    """megatron-core >= 0.18.2: DDP's bucket group fetches the current CUDA stream on every grad sync
+    (to wait on CUDA-graph events); earlier releases only on a multi-instance path CPU runs never take."""
+    from megatron.core.distributed.param_and_grad_buffer import _ParamAndGradBucketGroup as G
+
+    return "current_stream = torch.cuda.current_stream()" in inspect.getsource(G.start_grad_sync)
+
+
+def _patch_current_stream() -> None:
+    if _mark(torch.cuda, "current_stream"):
+        torch.cuda.current_stream = lambda device=None: torch.cpu.current_stream()
+
+
 PATCHES: List[Patch] = [
     Patch("rng_tracker", "tensor_parallel/random.py: CUDA RNG state get/set + CudaRNGStatesTracker",
           "cpu", _patch_rng_tracker),
@@ -230,15 +261,18 @@ PATCHES: List[Patch] = [
     Patch("synchronize", "torch.cuda.synchronize() -> no-op", "cpu", _patch_synchronize),
     Patch("missing_state_keys", "optimizer/distrib_optimizer.py "
           "DistributedOptimizer._set_main_param_and_optimizer_states: KeyError 'step' on load",
-          "no_apex_te", _patch_distopt_missing_state_keys),
+          "torch_fallback", _patch_distopt_missing_state_keys),
     Patch("shared_step", "optimizer/distrib_optimizer.py DistributedOptimizer.load_state_dict: one "
           "`step` tensor shared by all params (wrong Adam bias correction after resume)",
-          "no_apex_te", _patch_distopt_shared_step),
+          "torch_fallback", _patch_distopt_shared_step),
     Patch("sp_norm", "transformer/torch_norm.py WrappedTorchNorm: asserts no sequence parallel",
-          "no_apex_te", _patch_torch_norm_sequence_parallel),
+          "torch_fallback", _patch_torch_norm_sequence_parallel),
     Patch("grad_norm_precision", "optimizer/clip_grads.py l2_norm_impl (utils.local_multi_tensor_l2_norm): "
           "torch.norm on CPU fp32 is off by ~1e-4 relative for large tensors, so the grad norm (and "
           "clipping) depended on the TP layout; accumulate in fp64", "cpu", _patch_grad_norm_precision),
+    Patch("current_stream", "distributed/param_and_grad_buffer.py _ParamAndGradBucketGroup.start_grad_sync: "
+          "torch.cuda.current_stream() (waits on CUDA-graph events) -> torch.cpu.current_stream()",
+          "cpu", _patch_current_stream, _grad_sync_calls_current_stream),
 ]
 
 
@@ -254,20 +288,61 @@ def apex_or_te_present() -> bool:
     return bool(getattr(distrib_optimizer, "HAVE_APEX_OR_TE", False))
 
 
+def active_scopes() -> List[str]:
+    """The scopes that hold on this machine."""
+    return [scope for scope, holds in (("cpu", cuda_absent()), ("torch_fallback", not apex_or_te_present()))
+            if holds]
+
+
 def apply_compat(skip: Iterable[str] = ()) -> List[str]:
-    """Apply every patch whose scope holds on this machine (minus `skip`); returns their names."""
+    """Apply every patch whose scope holds on this machine and that this megatron-core needs (minus
+    `skip`, and CPLM_COMPAT_SKIP=a,b); returns their names."""
     skip = set(skip) | set(filter(None, os.environ.get("CPLM_COMPAT_SKIP", "").split(",")))
     unknown = skip - {p.name for p in PATCHES}
     if unknown:
         raise ValueError(f"unknown compat patch(es) {sorted(unknown)}; known: {[p.name for p in PATCHES]}")
-    scopes = set()
-    if cuda_absent():
-        scopes.add("cpu")
-    if not apex_or_te_present():
-        scopes.add("no_apex_te")
+    scopes = set(active_scopes())
     applied = []
     for patch in PATCHES:
-        if patch.scope in scopes and patch.name not in skip:
+        if patch.scope in scopes and patch.name not in skip and patch.needed():
             patch.apply()
             applied.append(patch.name)
     return applied
+
+
+def describe_compat(applied: Iterable[str]) -> str:
+    """One log line: the megatron-core version and the applied patches by scope."""
+    applied = set(applied)
+    parts = []
+    for scope, title in SCOPES.items():
+        names = [p.name for p in PATCHES if p.scope == scope and p.name in applied]
+        if names:
+            parts.append(f"{title}: {', '.join(names)}")
+    return f"[compat] megatron-core {metadata.version('megatron-core')}; " + ("; ".join(parts) or "no patches applied")
+
+
+def gpus_expected(env: Mapping[str, str]) -> Dict[str, str]:
+    """The variables by which the launcher promises GPUs to this process (empty if none does)."""
+    promised = {}
+    visible = env.get("CUDA_VISIBLE_DEVICES", "").strip()
+    if visible and visible not in ("-1", "NoDevFiles"):  # "" / -1 hide every GPU on purpose
+        promised["CUDA_VISIBLE_DEVICES"] = visible
+    if env.get("SLURM_JOB_GPUS", "").strip():
+        promised["SLURM_JOB_GPUS"] = env["SLURM_JOB_GPUS"]
+    if env.get("SLURM_GPUS_ON_NODE", "0").strip() not in ("", "0"):
+        promised["SLURM_GPUS_ON_NODE"] = env["SLURM_GPUS_ON_NODE"]
+    return promised
+
+
+def check_cuda_expected(env: Optional[Mapping[str, str]] = None) -> None:
+    """Raise UserError if GPUs are promised but CUDA is unusable (unless CPLM_ALLOW_CPU=1)."""
+    env = os.environ if env is None else env
+    promised = gpus_expected(env)
+    if not promised or torch.cuda.is_available() or env.get(ALLOW_CPU_ENV) == "1":
+        return
+    why = ("this torch is a CPU build" if torch.version.cuda is None
+           else f"torch {torch.__version__} (CUDA {torch.version.cuda}) finds no usable GPU/driver")
+    raise UserError(
+        f"GPUs are expected here ({', '.join(f'{k}={v}' for k, v in promised.items())}) but CUDA is unavailable: "
+        f"{why}. Refusing to run on CPU over gloo. Install a CUDA build of torch (`make setup` on the GPU node), "
+        f"or set {ALLOW_CPU_ENV}=1 to run on CPU on purpose.")

@@ -1,7 +1,8 @@
 """Process-group and Megatron parallel-state setup from torchrun or SLURM environments.
 
 `init_distributed` validates the layout against the model first (so a bad layout fails before any
-rendezvous), applies the CPU-compat layer where it is needed, picks nccl on CUDA and gloo on CPU,
+rendezvous), refuses to fall back to CPU where GPUs were promised, applies the CPU-compat layer where
+it is needed (rank 0 logs which patches), picks nccl on CUDA and gloo on CPU,
 initializes Megatron's parallel state (tp, pp, virtual pp, sp; dp derived) and seeds every RNG the
 way Megatron-LM does.
 """
@@ -11,42 +12,19 @@ import os
 import random
 import re
 import socket
+import sys
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import List, Mapping, Optional
+from typing import TYPE_CHECKING, List, Mapping, Optional
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from cplm_megatron.errors import ConfigError
-from cplm_megatron.model.config import ModelConfig
+from cplm_megatron.parallel.config import ParallelConfig, validate_layout
 
-
-@dataclass
-class ParallelConfig:
-    """The `parallel.*` section: model-parallel sizes; data parallelism is what remains."""
-
-    tp: int = 1
-    pp: int = 1
-    vpp: Optional[int] = None  # virtual pipeline stages (model chunks) per pipeline rank
-    sp: bool = False
-    cp: int = 1
-    backend: str = "auto"  # auto | nccl | gloo
-    timeout_minutes: int = 30
-
-    def validate(self) -> None:
-        for name in ("tp", "pp", "cp", "timeout_minutes"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"parallel.{name} must be >= 1, got {getattr(self, name)}")
-        if self.vpp is not None and (self.vpp < 1 or self.pp < 2):
-            raise ConfigError(f"parallel.vpp={self.vpp} needs parallel.pp >= 2 (got pp={self.pp}) and vpp >= 1")
-        if self.sp and self.tp < 2:
-            raise ConfigError("parallel.sp=true needs parallel.tp >= 2 (sequence parallelism shards over TP)")
-        if self.cp != 1:
-            raise ConfigError(f"parallel.cp={self.cp}: context parallelism is not supported yet; use cp=1")
-        if self.backend not in ("auto", "nccl", "gloo"):
-            raise ConfigError(f"parallel.backend must be auto|nccl|gloo, got {self.backend!r}")
+if TYPE_CHECKING:  # type-only: the model package imports this one
+    from cplm_megatron.model.config import ModelConfig
 
 
 @dataclass
@@ -150,38 +128,6 @@ def detect_env(env: Optional[Mapping[str, str]] = None) -> DistEnv:
     return DistEnv(0, 1, 0, 1, "127.0.0.1", int(env.get("MASTER_PORT", 0)) or free_port(), "single")
 
 
-def validate_layout(world_size: int, parallel: ParallelConfig, model: ModelConfig) -> int:
-    """Check the layout against the world and the model; returns the data-parallel size."""
-    parallel.validate()
-    mp = parallel.tp * parallel.pp * parallel.cp
-    if world_size % mp:
-        raise ConfigError(
-            f"world size {world_size} is not divisible by parallel.tp*parallel.pp*parallel.cp = "
-            f"{parallel.tp}*{parallel.pp}*{parallel.cp} = {mp}; change the layout or the number of processes"
-        )
-    if model.num_attention_heads % parallel.tp:
-        raise ConfigError(
-            f"model.num_attention_heads={model.num_attention_heads} is not divisible by "
-            f"parallel.tp={parallel.tp}"
-        )
-    if model.kv_heads % parallel.tp:
-        raise ConfigError(
-            f"KV heads (model.num_query_groups={model.kv_heads}) are not divisible by parallel.tp={parallel.tp}"
-        )
-    stages = parallel.pp * (parallel.vpp or 1)
-    if model.num_layers % stages:
-        raise ConfigError(
-            f"model.num_layers={model.num_layers} is not divisible by parallel.pp={parallel.pp}"
-            + (f" x parallel.vpp={parallel.vpp}" if parallel.vpp else "")
-        )
-    if model.padded_vocab_size % parallel.tp:
-        raise ConfigError(
-            f"padded vocab {model.padded_vocab_size} (model.vocab_size={model.vocab_size}, "
-            f"model.vocab_pad_multiple={model.vocab_pad_multiple}) is not divisible by parallel.tp={parallel.tp}"
-        )
-    return world_size // mp
-
-
 def set_seed(seed: int) -> None:
     """Megatron-LM's seeding: seed + 100 * pipeline rank for python/numpy/torch, then the TP RNG tracker."""
     from megatron.core import parallel_state as ps
@@ -198,11 +144,15 @@ def init_distributed(
     parallel: ParallelConfig, model: ModelConfig, seed: int = 1234, env: Optional[DistEnv] = None
 ) -> Layout:
     """Initialize torch.distributed + Megatron parallel state for this process."""
-    from cplm_megatron.parallel.cpu_compat import apply_compat
+    from cplm_megatron.parallel.cpu_compat import apply_compat, check_cuda_expected, describe_compat
 
     env = env or detect_env()
     dp = validate_layout(env.world_size, parallel, model)
-    apply_compat()
+    if parallel.backend == "auto":  # an explicit gloo (e.g. CPU-side conversion) is a choice, not an accident
+        check_cuda_expected()
+    applied = apply_compat()
+    if env.rank == 0:
+        print(describe_compat(applied), file=sys.stderr, flush=True)
     cuda = torch.cuda.is_available()
     backend = parallel.backend if parallel.backend != "auto" else ("nccl" if cuda else "gloo")
     if cuda:

@@ -9,8 +9,11 @@ Layout under `<run.dir>/checkpoints/`:
                        finished writing; auto-resume reads it
 
 A crash during a save leaves `latest` on the previous complete checkpoint; the partial directory is
-removed by the next successful save. Model and optimizer states reshard to any TP/PP/DP layout
-(optimizer: Megatron's `fully_reshardable` format); RNG states are restored only under the saving layout.
+removed by the next successful save. Pruning (keep the newest `keep`) only ever deletes checkpoints of this
+run's own history: the ones this launch wrote and the ones up to the checkpoint it resumed from. Model and
+optimizer states reshard to any TP/PP/DP layout (optimizer: Megatron's `fully_reshardable` format); RNG
+states are restored only under the saving layout. Finding and checking checkpoints on disk:
+`checkpoint_lookup`.
 """
 from __future__ import annotations
 
@@ -20,16 +23,23 @@ import random
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, Optional
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
+from cplm_megatron.errors import CheckpointError
+from cplm_megatron.training.checkpoint_lookup import (
+    LATEST,
+    STATE_JSON,
+    iter_dir_name,
+    iteration_of,
+    list_checkpoints,
+    read_record,
+)
 from cplm_megatron.training.weights import load_model_state, model_sharded_state_dict
 
-LATEST = "latest"
-STATE_JSON = "cplm_state.json"
 OPTIM_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
 # Fault-injection hook for the crash-during-save test: exit hard after writing shards, before finalize.
 CRASH_ENV = "CPLM_FAULT_CRASH_DURING_SAVE_ITER"
@@ -42,24 +52,6 @@ class TrainState:
     iteration: int = 0
     consumed_tokens: int = 0
     skipped_steps: int = 0
-
-
-def iter_dir_name(iteration: int) -> str:
-    return f"iter_{iteration:07d}"
-
-
-def read_latest(ckpt_root: Path) -> Optional[Path]:
-    """The checkpoint `latest` points at, or None (a dangling marker is an error naming the fix)."""
-    marker = Path(ckpt_root) / LATEST
-    if not marker.is_file():
-        return None
-    name = marker.read_text().strip()
-    path = Path(ckpt_root) / name
-    if not (path / "metadata.json").is_file() or not (path / STATE_JSON).is_file():
-        raise FileNotFoundError(
-            f"{marker} points at {name}, which is missing or incomplete; restore it or delete {marker} to start over"
-        )
-    return path
 
 
 def _layout() -> Dict[str, int]:
@@ -109,11 +101,16 @@ def _restore_rng(state: Dict[str, Any]) -> None:
 class Checkpointer:
     """Save/resume of the full training state for one run directory (all methods are collective)."""
 
-    def __init__(self, ckpt_root: Path, keep: int = 2, async_save: bool = False, log: Callable[[str], None] = print):
+    def __init__(self, ckpt_root: Path, keep: int = 2, async_save: bool = False, log: Callable[[str], None] = print,
+                 resumed_from: Optional[int] = None):
+        """`resumed_from`: the iteration this launch resumed from in `ckpt_root` (None: a fresh start). The
+        checkpoints up to it are this run's history; later ones and those of other runs are never pruned."""
         self.root = Path(ckpt_root)
         self.keep = keep
         self.async_save = async_save
         self.log = log
+        self._own = {p.name for p in list_checkpoints(self.root)
+                     if resumed_from is not None and iteration_of(p) <= resumed_from}
         self._queue = None
         if async_save:
             from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
@@ -138,7 +135,7 @@ class Checkpointer:
         target = self.root / iter_dir_name(train_state.iteration)
         rank = dist.get_rank()
         if rank == 0:
-            if target.exists():  # a partial leftover of a crashed save of the same iteration
+            if target.exists():  # a leftover of a crashed save, or a damaged checkpoint `latest` was moved past
                 shutil.rmtree(target)
             target.mkdir(parents=True)
         dist.barrier()
@@ -169,17 +166,22 @@ class Checkpointer:
             record = {**vars(train_state), "layout": _layout(), **extra}
             _atomic_write(target / STATE_JSON, json.dumps(record, indent=2))
             _atomic_write(self.root / LATEST, target.name + "\n")
+            self._own.add(target.name)
             self._prune(keep_name=target.name)
             self.log(f"[checkpoint] saved {target} (iteration {train_state.iteration})")
         dist.barrier()
 
     def _prune(self, keep_name: str) -> None:
-        complete = sorted(p for p in self.root.glob("iter_*") if (p / STATE_JSON).is_file())
-        for old in complete[: max(0, len(complete) - self.keep)]:
+        """Keep the newest `keep` checkpoints of this run's history; remove older unfinished saves."""
+        own = [p for p in list_checkpoints(self.root) if p.name in self._own]
+        for old in own[: max(0, len(own) - self.keep)]:
             if old.name != keep_name:
                 shutil.rmtree(old, ignore_errors=True)
+                self._own.discard(old.name)
+        newest = iteration_of(Path(keep_name))
         for partial in self.root.glob("iter_*"):  # newer partials may be async saves still being written
-            if partial.name < keep_name and not (partial / STATE_JSON).is_file():
+            it = iteration_of(partial)
+            if it is not None and it < newest and not (partial / STATE_JSON).exists():
                 shutil.rmtree(partial, ignore_errors=True)
 
     def poll(self) -> None:
@@ -205,10 +207,12 @@ class Checkpointer:
         'same_layout': bool}.
         """
         from megatron.core import dist_checkpointing
+        from megatron.core.dist_checkpointing.core import CheckpointingException
+        from torch.distributed.checkpoint.api import CheckpointException
 
-        record = json.loads((Path(path) / STATE_JSON).read_text())
+        record = read_record(path)
         if load_optimizer and optimizer is not None and not record.get("has_optimizer", True):
-            raise ValueError(
+            raise CheckpointError(
                 f"checkpoint {path} holds weights only (converted or exported), no optimizer state; "
                 f"start from it with checkpoint.load={Path(path).parent} checkpoint.load_optimizer=false"
             )
@@ -219,7 +223,11 @@ class Checkpointer:
                     opt._init_optimizer_states_with_dummy_values()  # a never-stepped distributed optimizer
         with_rng = same_layout and load_optimizer  # weights-only loads (fine-tuning, conversions) keep fresh RNG
         state = self._sharded_state(chunks, optimizer if load_optimizer else None, load=True, with_rng=with_rng)
-        loaded = dist_checkpointing.load(state, str(path))
+        try:
+            loaded = dist_checkpointing.load(state, str(path))
+        except (CheckpointingException, CheckpointException) as e:
+            raise CheckpointError(f"cannot load checkpoint {path} into this model: {type(e).__name__}: "
+                                  f"{str(e).splitlines()[0] if str(e) else ''}") from e
         load_model_state(chunks, loaded)
         if optimizer is not None and load_optimizer:
             optimizer.load_state_dict(loaded["optimizer"])
@@ -240,7 +248,3 @@ def _atomic_write(path: Path, text: str) -> None:
         os.fsync(f.fileno())
     os.replace(tmp, path)
 
-
-def list_checkpoints(ckpt_root: Path) -> List[Path]:
-    """Complete checkpoints, oldest first."""
-    return sorted(p for p in Path(ckpt_root).glob("iter_*") if (p / STATE_JSON).is_file())

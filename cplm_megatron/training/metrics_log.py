@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any, Dict, Optional
 
-from cplm_megatron.config.schema import LoggingConfig
+from cplm_megatron.training.run_config import LoggingConfig
 
 
 def format_line(rec: Dict[str, Any], total_iters: int) -> str:

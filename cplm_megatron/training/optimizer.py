@@ -156,7 +156,8 @@ def build_scheduler(optimizer, opt: OptimizerConfig, sched: ScheduleConfig, trai
         end_wd=opt.weight_decay,
         wd_incr_steps=max(1, train_iters),
         wd_incr_style="constant",
-        use_checkpoint_opt_param_scheduler=True,
-        override_opt_param_scheduler=False,
+        # resuming with a changed schedule (train.iters, lr, schedule.*) follows the new values
+        use_checkpoint_opt_param_scheduler=False,
+        override_opt_param_scheduler=True,
         **kwargs,
     )

@@ -2,18 +2,25 @@
 
 SLURM sends USR1 ahead of the time limit (`--signal=B:USR1@...`, forwarded by slurm/launch.sh) and TERM
 on preemption/scancel. The handler only records the signal; `StopSignal.requested()` agrees on it
-across all ranks (a MAX all-reduce), so every rank saves and exits on the same step.
+across all ranks (a MAX all-reduce), so every rank saves and exits on the same step. Entry points
+call `defer_stop_signals()` first, so a signal during start-up waits for the handler instead of
+killing the process.
 """
 from __future__ import annotations
 
 import signal
 from typing import Optional
 
-import torch
-import torch.distributed as dist
-
 # sysexits.h EX_TEMPFAIL: "temporary failure; the user is invited to retry". Launchers requeue on it.
 RESUME_EXIT_CODE = 75
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+def defer_stop_signals() -> None:
+    """Block the stop signals until `StopSignal` installs its handlers (it unblocks them): a signal that
+    arrives while the process starts up then stops the run at its first step boundary instead of killing it
+    (call first thing in an entry point; the main thread's mask is inherited by threads started later)."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, set(STOP_SIGNALS))
 
 
 def _start_resource_tracker_without(signals) -> None:
@@ -32,7 +39,7 @@ def _start_resource_tracker_without(signals) -> None:
 class StopSignal:
     """Installs the handlers; remembers the first signal received."""
 
-    SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+    SIGNALS = STOP_SIGNALS
 
     def __init__(self) -> None:
         self.received: Optional[int] = None
@@ -40,6 +47,7 @@ class StopSignal:
         _start_resource_tracker_without(self.SIGNALS)
         for sig in self.SIGNALS:
             self._previous[sig] = signal.signal(sig, self._handle)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, set(self.SIGNALS))  # deferred ones are delivered now
 
     def _handle(self, signum, frame) -> None:  # noqa: ARG002 - signal handler signature
         if self.received is None:
@@ -47,6 +55,9 @@ class StopSignal:
 
     def requested(self) -> bool:
         """Collective: True on every rank if any rank received a signal."""
+        import torch
+        import torch.distributed as dist
+
         flag = torch.tensor([1 if self.received is not None else 0], dtype=torch.int32)
         if dist.is_initialized():
             backend = dist.get_backend()

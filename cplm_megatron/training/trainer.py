@@ -13,10 +13,11 @@ from typing import Dict, Optional
 
 import torch
 
-from cplm_megatron.config.schema import RunConfig, dump_run_config
 from cplm_megatron.model.accounting import CopyHeadShape, train_flops_per_token
-from cplm_megatron.training.checkpointing import Checkpointer, TrainState, read_latest
+from cplm_megatron.training.checkpointing import Checkpointer, TrainState
 from cplm_megatron.training.metrics_log import MetricsLogger, format_line, rank0_print
+from cplm_megatron.training.resume import StartPlan, plan_start
+from cplm_megatron.training.run_config import RunConfig, dump_run_config
 from cplm_megatron.training.signals import RESUME_EXIT_CODE, StopSignal
 from cplm_megatron.training.step import eval_step, setup_model_config, take, train_step
 from cplm_megatron.training.throughput import SpeedMonitor, default_peak_tflops
@@ -61,18 +62,21 @@ class Trainer:
     """Owns the model chunks, optimizer, data and bookkeeping of one run (one per process)."""
 
     def __init__(self, cfg: RunConfig):
-        from cplm_megatron.model.builder import build_model
-        from cplm_megatron.parallel.distributed import init_distributed
+        from cplm_megatron.model.builder import build_model, use_te_spec
+        from cplm_megatron.parallel.distributed import detect_env, init_distributed
         from cplm_megatron.training.optimizer import build_optimizer, build_scheduler, wrap_ddp
 
         self.cfg = cfg
         self.run_dir = Path(cfg.run.dir)
         self.stop = StopSignal()  # first: a signal during set-up is acted on at the first step boundary
-        self.layout = init_distributed(cfg.parallel, cfg.model, cfg.run.seed)
+        # Everything that can refuse the launch runs before any process group exists and before any write.
+        env = detect_env()
+        cfg.validate_world(env.world_size)
+        use_te_spec(cfg.model, cfg.precision)
+        plan = plan_start(cfg)
+        self.layout = init_distributed(cfg.parallel, cfg.model, cfg.run.seed, env)
         self.is_logger = self.layout.rank == 0
-        if self.is_logger:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            dump_run_config(cfg, self.run_dir / "config.yaml")
+        self._prepare_run_dir(plan)
         self.total_iters = cfg.train.total_iters()
         chunks = build_model(cfg.model, cfg.copy_head, cfg.parallel, cfg.precision, cfg.recompute,
                              max_seq_len=cfg.train.seq_len)
@@ -83,10 +87,12 @@ class Trainer:
         setup_model_config(self.chunks, self.optimizer)
         self.train_data, self.val_data = build_data(cfg, self.layout.dp_rank, self.layout.dp)
         self.num_micro = cfg.data.num_microbatches(self.layout.dp)
+        resumed_from = plan.checkpoint.iteration if plan.resumed else None
         self.checkpointer = Checkpointer(self.run_dir / "checkpoints", cfg.checkpoint.keep,
-                                         cfg.checkpoint.async_save, log=rank0_print)
+                                         cfg.checkpoint.async_save, log=rank0_print, resumed_from=resumed_from)
         self.state = TrainState()
-        self._resume()
+        self._load(plan)
+        self.saved_at = resumed_from  # the checkpoint resumed from is not saved again
         self.logger = MetricsLogger(self.run_dir, cfg.logging, cfg.to_dict(), self.is_logger,
                                     resume_iteration=self.state.iteration, run_name=cfg.run.name)
         flops = train_flops_per_token(cfg.model, cfg.train.seq_len, copy_shape(cfg), cfg.recompute.granularity)
@@ -103,27 +109,39 @@ class Trainer:
                     f"{self.num_micro} micro-batches/step; {self.total_iters} iterations; "
                     f"copy head {'on' if cfg.copy_head.enabled else 'off'}")
 
-    def _resume(self) -> None:
-        ckpt = self.cfg.checkpoint
-        path, load_optimizer = None, True
-        if ckpt.resume:
-            path = read_latest(self.checkpointer.root)
-        if path is None and ckpt.load:
-            path, load_optimizer = read_latest(Path(ckpt.load)) or Path(ckpt.load), ckpt.load_optimizer
-        if path is None:
+    def _prepare_run_dir(self, plan: StartPlan) -> None:
+        """Rank 0: delete old checkpoints if checkpoint.overwrite asked for it, write config.yaml (only now
+        that the config is known to fit the checkpoint), report the plan's notes."""
+        import shutil
+
+        import torch.distributed as dist
+
+        if self.is_logger:
+            if plan.delete_existing:
+                shutil.rmtree(self.run_dir / "checkpoints")
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            dump_run_config(self.cfg, self.run_dir / "config.yaml")
+            for note in plan.notes:
+                print(note, flush=True)
+        dist.barrier()  # nobody saves into run.dir before it is ready
+
+    def _load(self, plan: StartPlan) -> None:
+        if plan.checkpoint is None:
             return
-        restored = self.checkpointer.load(path, self.chunks, self.optimizer, self.scheduler, load_optimizer)
+        path = plan.checkpoint.path
+        restored = self.checkpointer.load(path, self.chunks, self.optimizer, self.scheduler, plan.load_optimizer)
         self.state = restored["train_state"]
         if restored["data"] is not None:
             self.train_data.load_state_dict(restored["data"])
-        rank0_print(f"[train] resumed from {path} at iteration {self.state.iteration} "
-                    f"({'same' if restored['same_layout'] else 'new'} layout)")
+        rank0_print(f"[train] {'resumed from' if plan.resumed else 'started from'} {path} at iteration "
+                    f"{self.state.iteration} ({'same' if restored['same_layout'] else 'new'} layout)")
 
     def save(self) -> None:
         if not self.cfg.checkpoint.enabled:
             return
         self.checkpointer.save(self.chunks, self.optimizer, self.scheduler, self.state,
                                self.train_data.state_dict(), self.cfg.to_dict())
+        self.saved_at = self.state.iteration
 
     def evaluate(self) -> Dict[str, float]:
         """Validation over train.eval_iters micro-batches per DP rank (the same batches each time).
@@ -147,7 +165,6 @@ class Trainer:
         nonfinite_in_a_row = 0
         launch_start = self.state.iteration
         self.speed.start()
-        saved_at = None
         try:
             while self.state.iteration < self.total_iters:
                 batches = take(self.train_data, self.num_micro)
@@ -182,12 +199,11 @@ class Trainer:
                 interval = cfg.checkpoint.interval
                 if (interval and it % interval == 0) or stop_now or exit_now:
                     self.save()
-                    saved_at = it
                 if stop_now or exit_now:
                     reason = f"signal {stop.received}" if stop_now else "train.exit_after_iters"
                     rank0_print(f"[train] stopping at iteration {it} ({reason}); exit code {RESUME_EXIT_CODE} = resume me")
                     return RESUME_EXIT_CODE
-            if saved_at != self.state.iteration:
+            if self.saved_at != self.state.iteration:
                 self.save()
             self._write_summary()
             rank0_print(f"[train] done: {self.state.iteration} iterations, {self.state.consumed_tokens:,} tokens")

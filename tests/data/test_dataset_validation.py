@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from cplm_megatron.errors import ConfigError
 from cplm_megatron.data.config import DataConfig
 from cplm_megatron.data.loader import build_train_loader, build_val_loader
 from cplm_megatron.data.manifest import DatasetError
+from cplm_megatron.errors import ConfigError
 from tests.data_fixtures import (
     numbered_docs,
     synthetic_tokenizer,
@@ -30,7 +30,8 @@ def good_dataset(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def copy_of(dataset: Path, tmp_path: Path) -> Path:
-    return Path(shutil.copytree(dataset, tmp_path / "copy"))
+    # *.tmp: a shard an earlier test's loader may still be decompressing in streaming's background thread
+    return Path(shutil.copytree(dataset, tmp_path / "copy", ignore=shutil.ignore_patterns("*.tmp")))
 
 
 def train_cfg(*paths: Path, **overrides) -> DataConfig:
@@ -102,20 +103,21 @@ def test_missing_shard_is_named(good_dataset: Path, tmp_path: Path) -> None:
 
 
 def test_tokenizer_larger_than_model_vocab(good_dataset: Path) -> None:
-    with pytest.raises(DatasetError, match=r"ds: tokenizer synthetic has 4096 tokens but the model's vocabulary has "
-                                           r"only 1000; raise the model's vocab_size to at least 4096"):
+    with pytest.raises(DatasetError, match=r"ds: its tokenizer \('synthetic'\) has 4096 tokens but the model's "
+                                           r"vocabulary has only 1000; set model\.vocab_size to at least 4096"):
         build_train_loader(train_cfg(good_dataset), 0, 1, model_vocab_size=1000)
 
 
 def test_seq_len_mismatch(good_dataset: Path) -> None:
-    with pytest.raises(DatasetError, match=r"ds: shards hold samples of seq_len 16 but the config has seq_len 32"):
+    with pytest.raises(DatasetError, match=r"ds: shards hold samples of seq_len 16 but the config has seq_len 32; "
+                                           r"set train\.seq_len=16 or re-run tools/prepare_data\.py --seq-len 32"):
         build_val_loader(DataConfig(val_streams=[{"path": str(good_dataset)}], seq_len=32), 0, 1)
 
 
 def test_streams_with_different_tokenizers(good_dataset: Path, tmp_path: Path) -> None:
     other = tmp_path / "other"
     write_synthetic_dataset(other, numbered_docs(8, SEQ, doc_len=21), SEQ, tokenizer=synthetic_tokenizer(name="other"))
-    with pytest.raises(DatasetError, match=r"other was tokenized with other .* but .*ds with synthetic .*one tokenizer"):
+    with pytest.raises(DatasetError, match=r"other was tokenized with 'other' .* but .*ds with 'synthetic' .*one tokenizer"):
         build_train_loader(train_cfg(good_dataset, other), 0, 1)
 
 
@@ -123,7 +125,7 @@ def test_validation_and_training_streams_must_share_a_tokenizer(good_dataset: Pa
     other = tmp_path / "other"
     write_synthetic_dataset(other, numbered_docs(8, SEQ, doc_len=21), SEQ, tokenizer=synthetic_tokenizer(name="other"))
     cfg = train_cfg(good_dataset, val_streams=[{"path": str(other), "name": "heldout"}])
-    with pytest.raises(DatasetError, match=r"ds was tokenized with synthetic .* but heldout with other"):
+    with pytest.raises(DatasetError, match=r"ds was tokenized with 'synthetic' .* but heldout with 'other'"):
         build_val_loader(cfg, 0, 1)
 
 
@@ -134,7 +136,8 @@ def test_too_little_data_for_one_micro_batch(tmp_path: Path) -> None:
 
 
 def test_config_errors_name_the_key(good_dataset: Path) -> None:
-    with pytest.raises(ConfigError, match=r"data.global_batch=6 must be a multiple of data.micro_batch \* dp_size"):
+    with pytest.raises(ConfigError, match=r"train\.global_batch=6 must be a multiple of train\.micro_batch \* "
+                                          r"data-parallel size = 2 \* 2 = 4"):
         build_train_loader(train_cfg(good_dataset, micro_batch=2, global_batch=6), 0, 2)
     with pytest.raises(ConfigError, match=r"data.streams\[1\]: give at most one of proportion/repeat/choose"):
         DataConfig(streams=[{"path": "a"}, {"path": "b", "repeat": 2, "choose": 3}]).validate()
@@ -146,3 +149,35 @@ def test_config_errors_name_the_key(good_dataset: Path) -> None:
         DataConfig(streams=[{"path": "a", "weight": 1}])
     with pytest.raises(DatasetError, match="val_streams is empty"):
         build_val_loader(train_cfg(good_dataset), 0, 1)
+
+
+def test_token_ids_outside_the_vocabulary_are_an_error_even_without_verification(tmp_path: Path) -> None:
+    """A shard whose bytes were altered at the same size passes the size check; with data.verify_shards=false
+    (no hashes) the loader still refuses ids the tokenizer cannot produce instead of handing them to the
+    embedding (an IndexError on CPU, undefined behaviour on GPU)."""
+    import numpy as np
+    import zstd
+
+    ds = tmp_path / "ds"
+    write_synthetic_dataset(ds, numbered_docs(8, SEQ, doc_len=21), SEQ, shard_size_limit=1 << 16)
+    [shard] = json.loads((ds / "index.json").read_text())["shards"]
+    raw = zstd.decompress((ds / shard["zip_data"]["basename"]).read_bytes())
+    tokens_7_8 = np.array([7, 8], dtype=np.uint16).tobytes()  # ids 7, 8 follow each other in the first document
+    assert raw.count(tokens_7_8) == 1
+    (ds / shard["raw_data"]["basename"]).write_bytes(raw.replace(tokens_7_8, np.array([7, 60000], np.uint16).tobytes()))
+    loader = build_train_loader(train_cfg(ds, verify_shards=False, shuffle=False), 0, 1, model_vocab_size=4096)
+    with pytest.raises(DatasetError, match=r"training epoch 0: micro-batch 0 holds token id 60000, outside the "
+                                           r"vocabulary of the dataset's tokenizer \('synthetic', 4096 tokens\)"):
+        next(loader)
+
+
+def test_resume_position_from_data_with_another_tokenizer_is_refused(good_dataset: Path, tmp_path: Path) -> None:
+    state = build_train_loader(train_cfg(good_dataset), 0, 1).state_dict()
+    other = tmp_path / "other"  # the same shape of data, tokenized with another tokenizer
+    write_synthetic_dataset(other, numbered_docs(48, SEQ, doc_len=21), SEQ, tokenizer=synthetic_tokenizer(name="other"),
+                            shard_size_limit=1 << 9)
+    with pytest.raises(DatasetError, match=r"the checkpoint was trained on data tokenized with 'synthetic' \(sha256 "
+                                           r"[0-9a-f]{12}\) but data.streams use 'other'"):
+        build_train_loader(train_cfg(other), 0, 1).load_state_dict(state)
+    del state["tokenizer"], state["tokenizer_sha256"]  # saved before the tokenizer was recorded: accepted as before
+    build_train_loader(train_cfg(other), 0, 1).load_state_dict(state)

@@ -49,10 +49,29 @@ def test_split_modes_and_empty_documents(tmp_path: Path) -> None:
     assert list(reader) == [] and reader.stats.documents == 0 and reader.stats.empty_skipped == 1
 
 
-def test_invalid_utf8_is_replaced_and_counted(tmp_path: Path) -> None:
-    reader = DocumentReader([_write(tmp_path / "bad.txt", b"ok \xff\xfe bytes")])
-    assert list(reader) == ["ok \ufffd\ufffd bytes"]
+def test_a_few_invalid_utf8_bytes_are_replaced_and_counted(tmp_path: Path) -> None:
+    text = "mostly fine text, " * 20  # 360 bytes, 2 of them bad: 0.6% < the 10% default
+    reader = DocumentReader([_write(tmp_path / "bad.txt", text.encode() + b"ok \xff\xfe bytes")])
+    assert list(reader) == [text + "ok \ufffd\ufffd bytes"]
     assert reader.stats.decode_errors == 1
+
+
+def test_binary_input_named_txt_is_refused_naming_the_share_and_the_flag(tmp_path: Path) -> None:
+    binary = _write(tmp_path / "model.txt", bytes(range(256)) * 40)  # 128 invalid + 1 NUL byte per 256: 50%
+    with pytest.raises(InputError, match=r"model\.txt: 50% of its 10,240 bytes are not text \(invalid UTF-8 or NUL\)"
+                                         r".*--max-invalid-utf8 0\.51 accepts it"):
+        list(DocumentReader([binary]))
+    utf16 = _write(tmp_path / "utf16.txt", "plain ASCII saved as UTF-16".encode("utf-16-le"))  # every 2nd byte NUL
+    with pytest.raises(InputError, match=r"utf16\.txt: 50% .*another encoding \(UTF-16, Latin-1\)"):
+        list(DocumentReader([utf16]))
+    accepted = DocumentReader([binary], max_invalid_fraction=0.51)  # the override
+    assert len(list(accepted)) == 1 and accepted.stats.decode_errors == 1
+
+
+def test_invalid_utf8_in_jsonl_names_the_line(tmp_path: Path) -> None:
+    data = b'{"text": "fine"}\n' * 30 + b'{"text": "caf\xe9"}\n'
+    with pytest.raises(InputError, match=r"c\.jsonl:31: not valid UTF-8"):
+        list(DocumentReader([_write(tmp_path / "c.jsonl", data)]))
 
 
 def test_directories_expand_sorted_and_skip_unsupported_files(tmp_path: Path) -> None:

@@ -49,6 +49,7 @@ def test_batches_on_a_real_corpus_follow_the_contract(tiny_corpus: TinyCorpus) -
     assert {k: (tuple(v.shape), v.dtype) for k, v in batch.items()} == {
         "tokens": ((8, 64), torch.int64), "labels": ((8, 64), torch.int64), "loss_mask": ((8, 64), torch.float32),
         "position_ids": ((8, 64), torch.int64), "document_ids": ((8, 64), torch.int64)}
+    # integer tokens and boolean masks: exact
     assert torch.equal(batch["tokens"][:, 1:], batch["labels"][:, :-1])
     eod = tiny_corpus.tokenizer.eod_id
     follows_eod = torch.zeros_like(batch["tokens"], dtype=torch.bool)

@@ -19,6 +19,8 @@ def test_outside_span_fraction_against_least_squares():
     g = torch.Generator().manual_seed(0)
     w = torch.randn(50, 5, generator=g, dtype=torch.float64)
     inside = torch.randn(7, 5, generator=g, dtype=torch.float64) @ w.T  # rows in span(W)
+    # fp64 projections of 7 x 50 matrices onto a 5-dim span: ~50 * 2^-53 ~ 6e-15 times a condition number O(10);
+    # 1e-12 leaves room and catches any wrong projection
     assert outside_span_fraction(inside, w) == pytest.approx(0.0, abs=1e-12)
     x = torch.randn(7, 50, generator=g, dtype=torch.float64)
     coef = torch.linalg.lstsq(w, x.T).solution  # least-squares projection onto span(W), independent of QR
@@ -61,14 +63,20 @@ def test_head_split_sums_to_the_models_hidden_gradient(megatron, name):
     batch = copy_batch()
     grads = megatron_head_gradients(scorer, batch)
     loss, reference = full_model_hidden_grad(scorer, batch)
+    # the same fp32 forward reached through two code paths (head split vs full model): a few roundings of the
+    # mean over 192 tokens (~2^-24 each)
     assert grads.loss == pytest.approx(loss, rel=1e-6)
     total = grads.hidden_grad_lm + (grads.hidden_grad_copy if grads.hidden_grad_copy is not None else 0)
+    # the split recomputes dL/dh in fp32 from the same logits: 512-term vocab sums, ~sqrt(512) * 2^-24 ~ 1.3e-6
+    # relative -> 1e-5; atol 1e-9 for entries near zero (per-token gradients are ~1e-3 after the 192-token mean)
     torch.testing.assert_close(total, reference, rtol=1e-5, atol=1e-9)
     # the LM path is exactly G W (the backward of logits = h W^T)
+    # the same 512-term product by autograd and explicitly: ~sqrt(512) * 2^-24 relative -> 1e-5
     torch.testing.assert_close(grads.hidden_grad_lm, grads.logit_grad @ grads.lm_weight, rtol=1e-5, atol=1e-10)
     assert grads.logit_grad.shape == (3 * 64, VOCAB) and grads.lm_weight.shape == (VOCAB, 64)
     figures = gradient_figures(grads)
     assert 0.9 < figures["logit_grad_outside_span"] < 1.0  # d=64 of V=512 dimensions
+    # fp64 arithmetic on the same figure: pytest.approx's default rel 1e-6 is far above its rounding
     assert figures["logit_grad_inside_span"] == pytest.approx((1 - figures["logit_grad_outside_span"] ** 2) ** 0.5)
     if name == "baseline":
         assert grads.hidden_grad_copy is None and figures["copy_grad_share"] == 0.0
@@ -80,6 +88,9 @@ def test_head_split_sums_to_the_models_hidden_gradient(megatron, name):
 def test_hf_gradients_match_megatron(megatron, hf, name):
     batch = copy_batch()
     got, want = hf_head_gradients(hf[name], batch), megatron_head_gradients(megatron[name], batch)
+    # two independent fp32 implementations (HF vs Megatron, see BACKEND_ATOL in test_scorers.py): ~1e-5 relative on
+    # the loss; the gradients (softmax minus one-hot: differences of probabilities near 0 and 1) magnify relative
+    # error on small entries -> rtol 1e-3, atol 1e-8 for entries near zero
     assert got.loss == pytest.approx(want.loss, rel=1e-5)
     torch.testing.assert_close(got.logit_grad, want.logit_grad, rtol=1e-3, atol=1e-8)
     torch.testing.assert_close(got.hidden_grad_lm, want.hidden_grad_lm, rtol=1e-3, atol=1e-8)

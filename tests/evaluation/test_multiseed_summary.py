@@ -31,6 +31,7 @@ def _run(scale: str, arm: str, seed: int, losses: list[float], lm_losses: list[f
 
 def test_tokens_to_reach_interpolates_between_evaluations():
     curve = [(100, 6.0), (200, 5.0), (300, 4.0)]
+    # fp64 arithmetic of a few operations: pytest.approx's default rel 1e-6 is far above its rounding (~1e-16)
     assert tokens_to_reach(curve, 4.5) == pytest.approx(250 * TOKENS_PER_STEP)
     assert tokens_to_reach(curve, 6.5) == 100 * TOKENS_PER_STEP  # already reached at the first evaluation
     assert tokens_to_reach(curve, 3.9) is None
@@ -53,6 +54,7 @@ def _study(arm_offsets: dict[str, list[float]], scales=("tiny", "4x")) -> list[R
 def test_summary_paired_differences_efficiency_and_spread():
     summary = summarize(_study({"aux1": [-0.5, -0.3, -0.1], "mixture": [0.2, -0.1, 0.1]}))
     aux = summary["scales"]["tiny"]["arms"]["aux1"]
+    # fp64 means, standard deviations and ratios of a few numbers: pytest.approx's default rel 1e-6 (below as well)
     assert aux["mean_std"]["val_loss"]["mean"] == pytest.approx(4.0 - 0.3)
     assert aux["mean_std"]["val_loss"]["std"] == pytest.approx(0.2)  # sample std of -0.5, -0.3, -0.1
     paired = aux["paired_vs_baseline"]["val_loss"]

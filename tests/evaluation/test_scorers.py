@@ -19,7 +19,10 @@ from cplm_megatron.evaluation.scorers import (
 from cplm_megatron.evaluation.tasks import val
 from tests.evaluation.runs import LR, VOCAB
 
-BACKEND_ATOL = 1e-4  # fp32 log-probs of two implementations (Megatron vs HF modules)
+# fp32 log-probs of two independent implementations (Megatron vs HF modules) of a hidden-64 model with a 512-token
+# vocabulary: other summation orders in every matmul and softmax plus separately computed RoPE tables give ~1e-5
+# relative on |log p| <~ 10 -> 1e-4
+BACKEND_ATOL = 1e-4
 
 
 def copy_batch(n: int = 4, length: int = 64) -> dict:
@@ -39,9 +42,11 @@ def test_megatron_log_probs_are_normalized_and_match_the_training_loss(megatron,
     batch = copy_batch()
     log_probs = scorer.log_probs(batch)
     assert log_probs.shape == (4, 64, VOCAB)
+    # fp32 logsumexp over 512 entries: ~sqrt(512) * 2^-24 ~ 1.3e-6, plus the rounding of |log p| <~ 10 -> 1e-5
     assert torch.allclose(torch.logsumexp(log_probs, dim=-1), torch.zeros(4, 64), atol=1e-5)
     with torch.no_grad():
         loss = scorer.model(**scorer.model_inputs(batch), output="loss")  # the training objective's code path
+    # the same fp32 log p(y) from the scorer's and the training objective's code paths (|log p| <~ 10): 1e-5
     assert torch.allclose(-target_log_probs(log_probs, batch["labels"]), loss, atol=1e-5)
     assert scorer.has_copy_head == (name == "cplm")
     assert scorer.config.copy_head.enabled == (name == "cplm") and scorer.iteration == 2
@@ -63,9 +68,12 @@ def test_initial_model_is_where_training_started(runs: dict[str, Path]):
     for name in runs:
         distance = {it: max(float((initial[name][k] - steps[name, it][k]).abs().max()) for k in initial[name])
                     for it in (1, 2)}
+        # AdamW moves a weight by at most lr per step (|m / sqrt(v)| <= 1); the 1% margin is for rounding the
+        # updated fp32 weight (half an ulp, ~1e-9 at |w| ~ 0.02, next to LR = 1e-6)
         assert distance[1] <= LR * 1.01 and 0 < distance[2] <= 2 * LR * 1.01, (name, distance)
     backbone = {k for k in initial["cplm"] if not k.startswith("copy_head.")}
     assert backbone == set(initial["baseline"])
+    # bitwise: the same seed initializes the same backbone tensors
     assert all(torch.equal(initial["cplm"][k], initial["baseline"][k]) for k in backbone)
 
 
@@ -95,4 +103,5 @@ def test_every_task_agrees_across_backends(megatron, hf, packed_val: Path, isola
     got, want = evaluate(hf[name], tasks, opts), evaluate(megatron[name], tasks, opts)
     for task in tasks:
         for metric, value in want["tasks"][task]["metrics"].items():
+            # metrics computed from log-probs that agree within BACKEND_ATOL: 1e-4 relative (accuracies: exact)
             assert got["tasks"][task]["metrics"][metric] == pytest.approx(value, rel=1e-4, abs=1e-6), (task, metric)

@@ -29,6 +29,7 @@ def test_copy_scores_the_repeat_after_its_first_token():
     result = copy.run(InductionScorer(VOCAB, confidence=CONF), opts)
     assert result.metrics["copy_accuracy"] == 1.0
     assert result.metrics["copy_sequence_accuracy"] == 1.0
+    # the scorer's fp32 log(CONF) averaged over 256 tokens: ~|log CONF| * 2^-24 per term, ~1e-7
     assert result.metrics["copy_loss"] == pytest.approx(-math.log(CONF), abs=1e-6)
     assert result.details["scored_tokens"] == 8 * (64 - 32)  # positions 32..63 predict the repeat's tokens 2..33
 
@@ -36,8 +37,11 @@ def test_copy_scores_the_repeat_after_its_first_token():
 def test_spamlang_counts_position_zero():
     result = spamlang.run(InductionScorer(VOCAB, confidence=CONF), options(spamlang_length=16))
     m = result.metrics
+    # a ratio of counts (15/16) in fp64: pytest.approx's default rel 1e-6 is far above its rounding
     assert m["spamlang_accuracy"] == pytest.approx(15 / 16)  # position 0 is uniform (argmax = token 0, wrong)
     assert m["spamlang_accuracy_after_first"] == 1.0
+    # fp32 log-probs (|log p| <= log VOCAB ~ 6) averaged over 16 positions: ~6 * 2^-24 ~ 4e-7 each -> 1e-5; the
+    # probabilities themselves are <= 1: 1e-6
     assert m["spamlang_loss"] == pytest.approx((math.log(VOCAB) - 15 * math.log(CONF)) / 16, abs=1e-5)
     assert m["spamlang_target_prob"] == pytest.approx((1 / VOCAB + 15 * CONF) / 16, abs=1e-6)
 
@@ -103,6 +107,8 @@ def test_val_equals_the_models_masked_loss(megatron, packed_val: Path, isolated_
         count += float(batch["loss_mask"].sum())
     assert documents > 1  # rows hold several documents: the document masking matters
     assert result.details["tokens"] == count
+    # the task reduces the same fp32 per-token losses in another order (batches, then tokens): ~sqrt(n) * 2^-24
+    # relative -> 1e-5; exp() multiplies a relative error by |loss| <~ 8 -> 1e-4 for the perplexity
     assert result.metrics["val_loss"] == pytest.approx(total / count, rel=1e-5)
     assert result.metrics["val_ppl"] == pytest.approx(math.exp(total / count), rel=1e-4)
 

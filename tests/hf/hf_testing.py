@@ -1,5 +1,6 @@
 """Helpers shared by the HF model/export tests: tiny configs and models, a tokenizer, an offline env."""
 
+import copy
 import os
 from pathlib import Path
 
@@ -27,6 +28,7 @@ BACKBONE = {
     "pad_token_id": PAD_ID,
 }
 COPY_HEAD = {"copy_heads": 3, "copy_head_dim": 16}
+UNIT_ROUNDOFF = {torch.float32: 2.0**-24, torch.bfloat16: 2.0**-8}
 
 
 def cplm_config(**overrides) -> CPLMConfig:
@@ -104,3 +106,17 @@ def randomize_norms(model: torch.nn.Module, seed: int) -> None:
     for name, param in model.named_parameters():
         if "norm" in name:
             param.copy_(torch.empty(param.shape).uniform_(0.5, 1.5, generator=generator))
+
+
+def assert_logits_are_the_models(logits: torch.Tensor, model: torch.nn.Module, input_ids: torch.Tensor,
+                                 compute_dtype: torch.dtype = torch.float32) -> None:
+    """`logits` (an export reloaded, maybe in another process) are `model`'s function of `input_ids`. Two
+    evaluations of the same weights need not agree bitwise (other buffers, which BLAS may block differently), so
+    both are held to the fp64 evaluation of the weights: the longest sums have 128 terms (intermediate size),
+    whose random-walk rounding is ~sqrt(128) ~ 11 unit roundoffs of the compute dtype; bound 16 * u * max|logit|."""
+    with torch.no_grad():
+        exact = copy.deepcopy(model).double()(input_ids).logits
+    assert torch.isfinite(exact).all()
+    error = (logits.double() - exact).abs().max().item()
+    bound = 16 * UNIT_ROUNDOFF[compute_dtype] * exact.abs().max().item()
+    assert error <= bound, f"max |logit - fp64 logit| = {error:.3g} > {bound:.3g}"

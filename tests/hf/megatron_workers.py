@@ -11,7 +11,7 @@ from functools import partial
 
 import torch
 
-from cplm_megatron.config.schema import RunConfig, load_run_config
+from cplm_megatron.training.run_config import RunConfig, load_run_config
 
 SEQ_LEN = 32
 EOD_ID = 0  # <|endoftext|> of the test tokenizer (hf_testing.BOS_EOS_ID): exports reset copy candidates at it
@@ -171,7 +171,8 @@ def load_and_score(rank: int, overrides: list[str], checkpoint_root: str, batche
     from `checkpoint.load` with `load_optimizer=false`, and score the batches for each of `outputs`."""
     from pathlib import Path
 
-    from cplm_megatron.training.checkpointing import Checkpointer, read_latest
+    from cplm_megatron.training.checkpoint_lookup import read_latest
+    from cplm_megatron.training.checkpointing import Checkpointer
 
     cfg = load_run_config(None, overrides)
     chunks = build(cfg)

@@ -16,14 +16,18 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from cplm_megatron.data.tokenizer import describe_tokenizer
+from cplm_megatron.errors import CheckpointError
 from cplm_megatron.hf.config_mapping import ConversionError, check_exportable
 from cplm_megatron.hf.convert import convert_to_hf
-from cplm_megatron.hf.megatron_checkpoint import locate_checkpoint
 from cplm_megatron.model.config import load_preset
 from cplm_megatron.model.copy_head import CopyHeadConfig
+from cplm_megatron.training.checkpoint_lookup import resolve_checkpoint
 from tests.data_fixtures import write_synthetic_dataset
 from tests.dist_utils import run_distributed
 
+# two independent fp32 implementations (Megatron in the saving layout vs HF) of the tiny preset (hidden 128,
+# ffn 384, 4 layers, vocab ~4096): other summation orders in every matmul and softmax plus separately computed
+# RoPE tables (angles < 64 rad rounded at 2^-24) give ~1e-5 relative on |logits|, |log p| <~ 10 -> 1e-4
 ATOL = 1e-4
 CPLM = ["model.preset=tiny", "copy_head.heads=3", "copy_head.head_dim=16", "copy_head.qk_norm=true"]
 PADDED_VOCAB = 4000  # not a multiple of 128: the 96 padded rows must be dropped
@@ -131,8 +135,8 @@ def test_checkpoint_path_forms_and_dtype(saved: dict, tmp_path: Path, tokenizer_
     (run_dir / "checkpoints").mkdir(parents=True)
     (run_dir / "checkpoints" / "latest").write_text("iter_0000007\n")
     (run_dir / "checkpoints" / "iter_0000007").symlink_to(iter_dir)
-    assert locate_checkpoint(root) == iter_dir and locate_checkpoint(iter_dir) == iter_dir
-    assert locate_checkpoint(run_dir) == run_dir / "checkpoints" / "iter_0000007"
+    assert resolve_checkpoint(root).path == iter_dir and resolve_checkpoint(iter_dir).path == iter_dir
+    assert resolve_checkpoint(run_dir).path == run_dir / "checkpoints" / "iter_0000007"
     out = convert_to_hf(run_dir, tmp_path / "bf16", tokenizer=tokenizer_dir, dtype="bf16")
     model = AutoModelForCausalLM.from_pretrained(out).eval()
     assert model.dtype == torch.bfloat16 and json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
@@ -147,9 +151,10 @@ def test_missing_tokenizer_is_a_clear_error(saved: dict, tmp_path: Path) -> None
 
 def test_not_a_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
-    with pytest.raises(ConversionError, match="is not a checkpoint: no metadata.json"):
+    # the one checkpoint lookup of training, evaluation and conversion (training/checkpoint_lookup.py)
+    with pytest.raises(CheckpointError, match="no complete checkpoint under .*did the training run save one"):
         convert_to_hf(tmp_path / "empty", tmp_path / "out")
-    with pytest.raises(ConversionError, match="does not exist"):
+    with pytest.raises(CheckpointError, match="does not exist"):
         convert_to_hf(tmp_path / "nowhere", tmp_path / "out")
 
 

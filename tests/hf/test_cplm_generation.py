@@ -8,6 +8,8 @@ from transformers import DynamicCache, LlamaForCausalLM
 from cplm_megatron.hf.modeling_cplm import COPY_STATE_ATTR, CPLMForCausalLM
 
 NEW_TOKENS = 10
+# fp32 log-probs (|log p| <~ 7, hidden 64, intermediate 128) over a cache vs over the whole prefix: attention
+# and copy sums in other orders, random-walk rounding ~sqrt(128) * 2^-24 * 7 ~ 5e-6 -> 1e-5
 STEP_ATOL = 1e-5
 
 
@@ -28,6 +30,7 @@ def test_greedy_cached_equals_uncached_tokens_and_step_log_probs(model: CPLMForC
     prompt = repetitive_ids(2, 7, seed=1)
     cached = generate(model, prompt, do_sample=False, use_cache=True, output_logits=True)
     uncached = generate(model, prompt, do_sample=False, use_cache=False)
+    # integer tokens: argmaxes of log-probs that agree within STEP_ATOL (no closer tie in these prompts)
     assert torch.equal(cached.sequences, uncached.sequences)
     assert cached.sequences.shape[1] > prompt.shape[1] + 1
     with torch.no_grad():
@@ -36,6 +39,7 @@ def test_greedy_cached_equals_uncached_tokens_and_step_log_probs(model: CPLMForC
             full = model(prefix).logits[:, -1]
             torch.testing.assert_close(step_log_probs, full, atol=STEP_ATOL, rtol=0)
     # the copy head takes part: generated tokens are copies of earlier tokens under the repetitive prompt
+    # a sum of 300 fp32 probabilities: random-walk rounding sqrt(300) * 2^-24 ~ 1e-6 (+ exp of |log p| <~ 7)
     assert cached.logits[-1].exp().sum(-1).sub(1).abs().max() < 1e-5
 
 
@@ -46,6 +50,7 @@ def test_generation_after_an_eod_copies_only_from_the_current_document(model: CP
     prompt[:, 8] = BOS_EOS_ID  # the current document is the last 3 tokens
     cached = generate(model, prompt, do_sample=False, use_cache=True, output_logits=True)
     uncached = generate(model, prompt, do_sample=False, use_cache=False)
+    # integer tokens, as above
     assert torch.equal(cached.sequences, uncached.sequences)
     across = tiny_cplm(cplm_config(copy_qk_norm=True, copy_reset_at_eod=False), seed=3, gate_bias=1.0)
     with torch.no_grad():
@@ -62,6 +67,7 @@ def test_sampling_cached_equals_uncached(model: CPLMForCausalLM) -> None:
     cached = generate(model, prompt, do_sample=True, top_k=0, use_cache=True).sequences
     torch.manual_seed(123)
     uncached = generate(model, prompt, do_sample=True, top_k=0, use_cache=False).sequences
+    # integer tokens drawn with the same seed from distributions that agree within STEP_ATOL
     assert torch.equal(cached, uncached)
 
 
@@ -69,6 +75,7 @@ def test_beam_search_reorders_the_copy_state(model: CPLMForCausalLM) -> None:
     prompt = repetitive_ids(2, 8, seed=4)
     cached = generate(model, prompt, num_beams=4, do_sample=False, use_cache=True).sequences
     uncached = generate(model, prompt, num_beams=4, do_sample=False, use_cache=False).sequences
+    # integer tokens, as above
     assert torch.equal(cached, uncached)
 
 
@@ -83,8 +90,10 @@ def test_left_padded_batch_generates_like_single_prompts(model: CPLMForCausalLM)
     batch = generate(model, ids, mask, do_sample=False, output_logits=True)
     for row, prompt in enumerate(prompts):
         single = generate(model, prompt[None], do_sample=False, output_logits=True)
-        assert torch.equal(batch.sequences[row, width:], single.sequences[0, len(prompt):])
+        assert torch.equal(batch.sequences[row, width:], single.sequences[0, len(prompt):])  # integer tokens
         for batch_step, single_step in zip(batch.logits, single.logits):
+            # batched (left-padded) vs single prompts: every matmul has other shapes, which BLAS blocks
+            # differently, and the cache carries those differences through 10 generated steps: 10 x STEP_ATOL
             torch.testing.assert_close(batch_step[row], single_step[0], atol=1e-4, rtol=0)
 
 
@@ -124,4 +133,5 @@ def test_assisted_decoding_matches_greedy(model: CPLMForCausalLM) -> None:
     assistant = tiny_cplm(cplm_config(), seed=9, gate_bias=1.0)
     assisted = generate(model, prompt, assistant_model=assistant, do_sample=False).sequences
     plain = generate(model, prompt, do_sample=False, use_cache=False).sequences
+    # integer tokens: assisted decoding verifies every draft with the main model's own argmax
     assert torch.equal(assisted, plain)

@@ -18,7 +18,10 @@ from transformers import LlamaForCausalLM
 from cplm_megatron.hf.configuration_cplm import CPLMConfig
 from cplm_megatron.hf.modeling_cplm import CPLMForCausalLM
 
-ATOL = 1e-5  # on log-probabilities: fp32 model vs fp32 plain-Llama backbone + float64 naive copy head
+# on log-probabilities: fp32 model vs fp32 plain-Llama backbone + float64 naive copy head; the difference is the
+# fp32 rounding of the copy head and mixture (|log p| <~ 7; sums over <= 20 positions and 300 vocab entries):
+# random-walk ~sqrt(300) * 2^-24 * 7 ~ 2e-6 -> 1e-5
+ATOL = 1e-5
 
 
 def naive_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -129,10 +132,13 @@ def test_distribution_sums_to_one_and_gate_is_zero_without_candidates() -> None:
             model.lm_head(model.model(ids, attention_mask=mask, position_ids=positions).last_hidden_state).float(), -1
         )
     real = mask.bool()
+    # a sum of 300 fp32 probabilities: random-walk rounding sqrt(300) * 2^-24 ~ 1e-6 (+ exp of |log p| <~ 7) -> 1e-5
     torch.testing.assert_close(log_probs.exp().sum(-1)[real], torch.ones(int(real.sum())), atol=1e-5, rtol=0)
     # No candidate at t=0, nor at the first real token of the left-padded row: exactly the LM distribution.
+    # bitwise: without candidates the head returns the LM log-probs themselves
     assert torch.equal(log_probs[0, 0], lm_log_probs[0, 0])
     assert torch.equal(log_probs[1, 7], lm_log_probs[1, 7])
+    # the copy head moves log-probs by O(1) where it has candidates: 0.1 is far outside rounding
     assert not torch.allclose(log_probs[0, 1:], lm_log_probs[0, 1:], atol=0.1)
 
 
@@ -171,6 +177,7 @@ def test_causal_later_tokens_do_not_change_earlier_log_probs() -> None:
     with torch.no_grad():
         before = model(ids).logits
         after = model(changed).logits
+    # bitwise: causal masks make the later positions add exact zeros to the earlier rows' sums
     assert torch.equal(before[:, :9], after[:, :9])
     assert not torch.allclose(before[:, 9:], after[:, 9:])
 
@@ -182,6 +189,8 @@ def test_logits_to_keep_returns_the_last_positions() -> None:
         full = model(ids).logits
         last = model(ids, logits_to_keep=3).logits
         picked = model(ids, logits_to_keep=torch.tensor([0, 4, 10])).logits
+    # the same rows of the same forward; the LM head matmul over 3 rows vs all rows may block differently: a few
+    # roundings of |log p| <~ 7 (7 * 2^-24 ~ 4e-7 each) -> 1e-6
     torch.testing.assert_close(last, full[:, -3:], atol=1e-6, rtol=0)
     torch.testing.assert_close(picked, full[:, [0, 4, 10]], atol=1e-6, rtol=0)
 
@@ -200,6 +209,7 @@ def test_parameter_names_shapes_and_init() -> None:
         "copy_head.gate.bias": (1,),
     }
     assert model.copy_head.gate.bias.item() == -2.0
+    # set by the initializer, not computed
     assert torch.equal(model.copy_head.q_norm.weight, torch.ones(config.copy_head_dim))
     no_norm = CPLMForCausalLM(cplm_config(copy_gate_bias_init=-3.5))
     assert not any("norm" in name for name, _ in no_norm.copy_head.named_parameters())
@@ -256,6 +266,7 @@ def test_copy_candidates_reset_at_eod(padding: str | None) -> None:
                                .float(), atol=ATOL, rtol=0)
     after_eod = torch.zeros_like(real)
     after_eod[:, 1:] = (ids[:, :-1] == BOS_EOS_ID) & real[:, :-1]
+    # bitwise: right after an EOD there is no candidate, so the head returns the LM log-probs themselves
     assert after_eod.sum() >= 3 and torch.equal(got[after_eod], lm_only[after_eod])
     across = tiny_cplm(cplm_config(copy_qk_norm=True, copy_reset_at_eod=False), seed=12)
     with torch.no_grad():

@@ -53,6 +53,7 @@ def outputs_and_grads(
 def rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
     """max |actual - expected| / max |expected| over finite entries; -inf pattern must agree exactly."""
     finite = torch.isfinite(expected)
+    # a boolean pattern: -inf marks empty candidate sets, exactly
     assert torch.equal(torch.isfinite(actual), finite), "finite/-inf pattern differs from the reference"
     assert not torch.isnan(actual).any(), "NaN in output"
     if not finite.any():

@@ -22,6 +22,7 @@ def test_document_index_matches_brute_force():
         assert index.rank.dtype == torch.int32
         for b in range(doc_ids.shape[0]):
             # ranks are a relabelling: equal ranks <=> equal ids
+            # boolean masks
             assert torch.equal(index.rank[b, :, None] == index.rank[b, None, :], doc_ids[b, :, None] == doc_ids[b, None])
             for t in range(doc_ids.shape[1]):
                 same = (doc_ids[b] == doc_ids[b, t]).nonzero().flatten()

@@ -24,6 +24,7 @@ def test_per_tensor_roundtrip(dtype):
     assert x8.dtype == FP8_DTYPE and scale.dim() == 0 and scale.dtype == torch.float32
     assert x8.float().abs().max().item() == FP8_MAX  # amax maps onto the largest e4m3 value
     assert_roundtrip(x, x8, scale)
+    # bitwise: dequantize_fp8 is this one fp32 product
     assert torch.equal(dequantize_fp8(x8, scale), x8.float() * scale)
 
 
@@ -43,6 +44,7 @@ def test_per_block_roundtrip_and_layout():
 
 def test_zero_tensor_and_bad_inputs():
     x8, scale = quantize_fp8(torch.zeros(1, 1, 5, 32), block_rows=4)
+    # an all-zero block gets scale 1 by definition (no arithmetic)
     assert torch.equal(scale, torch.ones(1, 1, 2)) and not x8.float().any()
     with pytest.raises(ValueError, match="bf16/fp16/fp32"):
         quantize_fp8(x8)

@@ -41,6 +41,7 @@ def causality(rank: int) -> Dict:
             changed = full.clone()
             changed[:, t + 2:] = torch.randint(40, 80, changed[:, t + 2:].shape)
             loss = model(changed[:, :-1], pos, None, labels=changed[:, 1:])
+            # bitwise: later tokens are masked to exact zeros in every sum up to position t
             results.append((t, torch.equal(loss[:, : t + 1], base[:, : t + 1]),
                             bool((loss[:, t + 1:] != base[:, t + 1:]).any()) if t + 1 < 48 else True))
     return {"results": results}
@@ -91,7 +92,7 @@ def distribution(rank: int, tp: int) -> Dict:
     del load_weights
     return {"mass": mass, "at_target": at_target, "loss": loss, "mask": mask, "gathered_shape": tuple(gathered.shape),
             "gathered_at_target": gathered.gather(-1, y[..., None])[..., 0],
-            "without_labels_is_the_mixture": torch.equal(without_labels, from_inputs),
+            "without_labels_is_the_mixture": torch.equal(without_labels, from_inputs),  # one code path, same inputs
             "mixture_differs_from_lm": bool((without_labels - lm_only).abs().max() > 0.1)}
 
 
@@ -116,6 +117,7 @@ def disabled_is_plain_backbone(rank: int) -> Dict:
     plain_loss = plain(x, pos, None, labels=y)
     cplm_loss.sum().backward()
     plain_loss.sum().backward()
+    # bitwise: with the head disabled both models run the same Megatron ops on the same weights and batch
     grads_equal = all(torch.equal(a.grad, b.grad) for a, b in zip(cplm.parameters(), plain.parameters()))
     params_equal = all(torch.equal(a, b) for a, b in zip(cplm.parameters(), again.parameters()))
     return {"names_equal": names_equal, "params_equal": params_equal, "loss_equal": torch.equal(cplm_loss, plain_loss),
@@ -167,7 +169,7 @@ def training_batch_path(rank: int, overrides: list) -> Dict:
     what the model and its copy head received and what the head returned."""
     from pathlib import Path
 
-    from cplm_megatron.config.schema import load_run_config
+    from cplm_megatron.training.run_config import load_run_config
     from cplm_megatron.training.trainer import Trainer
 
     repo = Path(__file__).resolve().parents[2]

@@ -44,6 +44,8 @@ def test_chunked_equals_naive_values_and_gradients(qk_norm, aux):
         results[impl] = (out.loss.detach(), h.grad, ce.grad, {n: p.grad.clone() for n, p in head.named_parameters()})
     (l1, gh1, gce1, gp1), (l2, gh2, gce2, gp2) = results["naive"], results["chunked"]
     assert torch.isfinite(l1).all() and torch.isfinite(gh1).all()
+    # fp32 vs fp32, sums over rows of 45 positions in two orders (blocks of 7 vs whole rows), values and
+    # gradients up to ~12: random-walk rounding sqrt(45) * 2^-24 * 12 ~ 5e-6 (observed <= 7e-7) -> 1e-5
     torch.testing.assert_close(l2, l1, rtol=0, atol=1e-5)
     torch.testing.assert_close(gh2, gh1, rtol=0, atol=1e-5)
     torch.testing.assert_close(gce2, gce1, rtol=0, atol=1e-5)
@@ -74,6 +76,8 @@ def test_loss_matches_a_direct_implementation_of_the_contract():
             p_copy += sum(a[i] for i, j in enumerate(cands) if labels[0, j] == labels[0, t]) / H
         g = torch.sigmoid(z[0, t])
         p = (1 - g) * torch.exp(-lm_ce[0, t]) + g * p_copy
+        # both in fp64 over <= 30 candidates: ~30 * 2^-53 ~ 3e-15 relative; 1e-9 leaves room for log/exp of the
+        # gate and the LM term, and still catches any formula error
         assert out.loss[0, t].item() == pytest.approx(-math.log(p.item()), rel=1e-9, abs=1e-9)
 
 
@@ -88,6 +92,7 @@ def test_constant_mixing_ignores_hidden_states():
     hidden, lm_ce, labels, mask, doc = _case()
     out = head(hidden, lm_ce, labels, mask, doc, impl="chunked")
     gates = out.gate[out.has_candidate]
+    # one fp32 sigmoid of the same bias (assert_close's fp32 default rtol 1.3e-6 = ~11 ulps of 2^-24 * 0.12)
     torch.testing.assert_close(gates, torch.full_like(gates, torch.sigmoid(torch.tensor(-2.0)).item()))
 
 
@@ -104,8 +109,10 @@ def test_decouple_lm_gives_the_lm_head_exactly_the_cross_entropy_gradient():
         grads[decouple] = (out.mix_nll.detach(), ce.grad, head.q_proj.weight.grad, head.gate.weight.grad)
     (mix_coupled, ce_grad_coupled, *_), (mix, ce_grad, q_grad, gate_grad) = grads[False], grads[True]
     torch.testing.assert_close(mix, mix_coupled, rtol=0, atol=0)  # same forward value
-    torch.testing.assert_close(ce_grad, 0.7 * mask)  # exactly w * dCE/dlogits downstream: no mixture term
-    assert not torch.allclose(ce_grad_coupled, ce_grad)  # the coupled mixture does feed back into the LM head
+    # exactly w * dCE/dlogits downstream (no mixture term): one fp32 product, within assert_close's fp32 default
+    torch.testing.assert_close(ce_grad, 0.7 * mask)
+    # the coupled mixture does feed back into the LM head: O(1) differences, far outside allclose's 1e-5 rtol
+    assert not torch.allclose(ce_grad_coupled, ce_grad)
     assert q_grad.abs().sum() > 0 and gate_grad.abs().sum() > 0
 
 
@@ -151,6 +158,7 @@ def test_candidates_never_come_from_an_earlier_document(impl):
         changed = head(changed_hidden, lm_ce, changed_labels, None, doc, impl=impl)
         no_docs = head(hidden, lm_ce, labels, None, None, impl=impl)
         no_docs_changed = head(changed_hidden, lm_ce, changed_labels, None, None, impl=impl)
+    # bitwise: document 0's entries are masked to -inf for document 1, so they add exact zeros to the same sums
     assert torch.equal(changed.loss[:, second], base.loss[:, second])
     assert torch.equal(changed.gate[:, second], base.gate[:, second])
     assert base.gate[0, n + 1] == 0 and not base.has_candidate[0, n + 1]  # document 1's first position

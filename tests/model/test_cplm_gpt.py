@@ -23,7 +23,7 @@ def test_positions_without_candidates_have_zero_gate_and_lm_loss():
     assert none[:, 0].all() and none[:, 16].all()  # sequence start and document start
     assert none[1, :9].all()  # masked history: the first candidate of row 1 is position 8
     assert (r["gate"][none] == 0).all()
-    assert torch.equal(r["loss"][none], r["lm_ce"][none].float())
+    assert torch.equal(r["loss"][none], r["lm_ce"][none].float())  # bitwise: no candidate, the loss is the LM CE itself
     assert r["has_candidate"].sum() > 0 and (r["gate"][r["has_candidate"]] > 0).all()
 
 
@@ -32,9 +32,14 @@ def test_positions_without_candidates_have_zero_gate_and_lm_loss():
 def test_full_distribution_sums_to_one_and_matches_the_loss(tp):
     results = run_distributed(w.distribution, tp, tp)
     for r in results:
+        # fp32 sum of 4096 probabilities (over TP shards): random-walk rounding sqrt(4096) * 2^-24 ~ 4e-6 -> 1e-5
         torch.testing.assert_close(r["mass"], torch.ones_like(r["mass"]), rtol=0, atol=1e-5)
         valid = r["mask"] > 0
+        # the loss path and the distribution path reach log p(y) through different fp32 reductions over the
+        # 4096-entry vocabulary: a few units of sqrt(4096) * 2^-24 ~ 4e-6 relative
         torch.testing.assert_close(r["at_target"].exp()[valid], (-r["loss"][valid]).exp(), rtol=1e-5, atol=1e-6)
+        # the gathered log-probs are the shards' own values except for the logsumexp's reduction order across
+        # shards: |log p| <~ 10 carries ~10 * 2^-24 ~ 6e-7 absolute
         torch.testing.assert_close(r["gathered_at_target"], r["at_target"], rtol=0, atol=1e-6)
         assert r["gathered_shape"][-1] == 4096
         assert r["without_labels_is_the_mixture"] and r["mixture_differs_from_lm"]
@@ -91,7 +96,7 @@ def test_training_batch_path_gives_the_head_document_ids_without_document_maskin
     for call in calls:
         tokens = call["tokens"]
         assert call["attention_mask"] is None  # plain causal attention over the packed row
-        assert torch.equal(call["position_ids"], torch.arange(32).expand_as(tokens))
+        assert torch.equal(call["position_ids"], torch.arange(32).expand_as(tokens))  # integers
         starts = torch.zeros_like(tokens, dtype=torch.bool)  # from the tokens themselves: after an EOD
         starts[:, 0] = True
         starts[:, 1:] = tokens[:, :-1] == EOD
@@ -117,7 +122,7 @@ def test_copy_head_gradients_are_bitwise_identical_across_tp_ranks(sp, tmp_path)
                                      "copy_head.gate.bias"}
     for name, grad in r0["head_grads"].items():
         assert grad.abs().sum() > 0, name
-        assert torch.equal(grad, r1["head_grads"][name]), name
+        assert torch.equal(grad, r1["head_grads"][name]), name  # bitwise: the same inputs and ops on both ranks
 
 
 @pytest.mark.slow

@@ -73,6 +73,8 @@ def test_a_new_variant_changes_the_vocab_parallel_distribution(half: str) -> Non
                               for v0 in (0, VOCAB // 2)], dim=-1)
 
     got, same, gated = sharded(_head(half)), sharded(_head("gate", zero_gate=True)), sharded(_head("gate"))
+    # a sum of 12 fp32 probabilities, each exp of a log-prob with |log p| <~ 10 (absolute rounding 10 * 2^-24
+    # per term): <= 12 * (10 + 1) * 2^-24 ~ 8e-6 -> 1e-5
     torch.testing.assert_close(got.exp().sum(-1), torch.ones(got.shape[:2]), atol=1e-5, rtol=0)
     torch.testing.assert_close(got, same, atol=ATOL, rtol=0)
     assert (got - gated).abs().max() > 0.05
@@ -105,7 +107,7 @@ def test_a_new_variant_changes_the_hf_model(half: str) -> None:
 
 def test_constant_rule_ignores_the_gate_weight_and_freezes_it() -> None:
     head = CopyPasteHead(HID, CopyHeadConfig(heads=2, head_dim=8, mixing="constant", gate_bias_init=1.5))
-    assert not head.gate.weight.requires_grad and torch.equal(head.gate.weight, torch.zeros(1, HID))
+    assert not head.gate.weight.requires_grad and torch.equal(head.gate.weight, torch.zeros(1, HID))  # set, not computed
     hidden, labels, _ = _inputs(seed=3)
     with torch.no_grad():
         head.gate.weight.normal_()  # as a converted checkpoint might hold: still ignored

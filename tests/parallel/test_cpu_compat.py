@@ -1,5 +1,7 @@
-"""The CPU-compat layer: every patch is needed (its scenario fails without it, in a fresh process),
-all scenarios pass with the layer, and nothing CPU-only is applied when CUDA is present."""
+"""The CPU-compat layer: every patch is needed on the installed megatron-core (its scenario fails
+without it, in a fresh process) or, where that megatron-core lacks the code it fixes, not applied; all
+scenarios pass with the layer; nothing CPU-only is applied when CUDA is present; rank 0 logs what was
+applied; and a job that was promised GPUs but has no CUDA stops instead of training on CPU."""
 import os
 import subprocess
 import sys
@@ -7,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from cplm_megatron.parallel.cpu_compat import PATCHES
+from cplm_megatron.errors import UserError
+from cplm_megatron.parallel.cpu_compat import PATCHES, SCOPES, check_cuda_expected, gpus_expected
 
-pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[2]
+BY_NAME = {p.name: p for p in PATCHES}
 
 # patch -> (scenario that needs it, what goes wrong without it)
 NEEDED_BY = {
@@ -22,6 +25,7 @@ NEEDED_BY = {
     "shared_step": ("distopt_resume", "share one Adam `step` tensor"),
     "sp_norm": ("sequence_parallel", "sequence parallel not supported by torch LayerNorm"),
     "grad_norm_precision": ("grad_norm_precision", "AssertionError"),
+    "current_stream": ("train_step_single", "current_stream = torch.cuda.current_stream()"),  # mcore >= 0.18.2
 }
 
 
@@ -31,43 +35,55 @@ def scenario(name: str, skip: str = "") -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=600)
 
 
+def applied_in_fresh_process(prelude: str = "") -> tuple[list[str], str]:
+    """(apply_compat()'s names, describe_compat()'s line) in a fresh process after `prelude`."""
+    probe = (prelude + "from cplm_megatron.parallel import cpu_compat as c\n"
+             "a = c.apply_compat()\nassert c.apply_compat() == a\nprint(','.join(a))\nprint(c.describe_compat(a))\n")
+    proc = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    names, line = proc.stdout.strip().splitlines()[-2:]
+    return names.split(","), line
+
+
 def test_every_patch_has_a_scenario():
     assert set(NEEDED_BY) == {p.name for p in PATCHES}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted({s for s, _ in NEEDED_BY.values()}))
 def test_scenarios_pass_with_the_layer(name):
     proc = scenario(name)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    if name == "pipeline_parallel":  # 2 ranks: the applied patches are logged once, by rank 0
+        assert proc.stderr.count("[compat] megatron-core ") == 1, proc.stderr[-4000:]
+        assert f"{SCOPES['cpu']}: rng_tracker, current_device" in proc.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("patch", sorted(NEEDED_BY))
 def test_each_patch_is_needed(patch):
     name, symptom = NEEDED_BY[patch]
+    if not BY_NAME[patch].needed():
+        # this megatron-core lacks the code the patch replaces: it must not be applied (and `name`
+        # passes without it in test_scenarios_pass_with_the_layer)
+        assert patch not in applied_in_fresh_process()[0]
+        return
     proc = scenario(name, skip=patch)
     assert proc.returncode != 0, f"{name} passed without the {patch} patch"
     assert symptom in proc.stdout + proc.stderr, proc.stderr[-4000:]
 
 
-SCOPE_PROBE = """
-import torch
-torch.cuda.is_available = lambda: True   # what a GPU machine reports (selection logic only)
-from cplm_megatron.parallel import cpu_compat
-applied = cpu_compat.apply_compat()
-print(",".join(applied))
-assert cpu_compat.apply_compat() == applied
-"""
+@pytest.mark.slow
+def test_gpu_machines_without_apex_te_get_only_the_torch_fallback_fixes():
+    """The path of a GPU install without Apex/TE (the H200 image): selection and log line."""
+    applied, line = applied_in_fresh_process(
+        "import torch\ntorch.cuda.is_available = lambda: True  # what a GPU machine reports (selection logic only)\n")
+    assert set(applied) == {p.name for p in PATCHES if p.scope == "torch_fallback"}  # no Apex/TE installed here
+    assert f"{SCOPES['torch_fallback']}: missing_state_keys, shared_step, sp_norm" in line
+    assert SCOPES["cpu"] not in line
 
 
-def test_gpu_machines_get_no_cpu_patches():
-    proc = subprocess.run([sys.executable, "-c", SCOPE_PROBE], cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    applied = set(proc.stdout.strip().splitlines()[-1].split(","))
-    cpu_only = {p.name for p in PATCHES if p.scope == "cpu"}
-    assert not applied & cpu_only
-    assert applied == {p.name for p in PATCHES if p.scope == "no_apex_te"}  # no Apex/TE installed here
-
-
+@pytest.mark.slow
 def test_apply_is_idempotent_and_rejects_unknown_names():
     probe = ("from cplm_megatron.parallel import cpu_compat as c\n"
              "from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer as D\n"
@@ -77,3 +93,32 @@ def test_apply_is_idempotent_and_rejects_unknown_names():
     proc = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "unknown compat patch(es) ['nope']" in proc.stdout
+
+
+def test_gpus_expected_reads_the_launcher_variables():
+    assert gpus_expected({}) == {}
+    assert gpus_expected({"CUDA_VISIBLE_DEVICES": "", "SLURM_GPUS_ON_NODE": "0"}) == {}  # GPUs hidden / none
+    assert gpus_expected({"CUDA_VISIBLE_DEVICES": "-1"}) == {}
+    assert gpus_expected({"CUDA_VISIBLE_DEVICES": "0,1", "SLURM_JOB_GPUS": "0,1", "SLURM_GPUS_ON_NODE": "2"}) == {
+        "CUDA_VISIBLE_DEVICES": "0,1", "SLURM_JOB_GPUS": "0,1", "SLURM_GPUS_ON_NODE": "2"}
+
+
+def test_promised_gpus_without_cuda_are_an_error_unless_allowed():
+    check_cuda_expected({})  # nothing promised: the CPU path is fine
+    check_cuda_expected({"SLURM_GPUS_ON_NODE": "8", "CPLM_ALLOW_CPU": "1"})  # the explicit opt-out
+    with pytest.raises(UserError, match=r"SLURM_GPUS_ON_NODE=8\) but CUDA is unavailable: this torch is a CPU build"):
+        check_cuda_expected({"SLURM_GPUS_ON_NODE": "8"})
+
+
+@pytest.mark.slow
+def test_training_stops_with_exit_2_when_gpus_are_promised_but_cuda_is_missing(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "CPLM_ALLOW_CPU"}
+    env.update(CUDA_VISIBLE_DEVICES="0,1", SLURM_JOB_GPUS="0,1", OMP_NUM_THREADS="1")
+    proc = subprocess.run([sys.executable, "pretrain/pretrain_cplm.py", "--config", "configs/tiny.yaml", "--set",
+                           f"run.dir={tmp_path}", "data.synthetic=copy"], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-3000:]
+    [error] = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert "GPUs are expected here (CUDA_VISIBLE_DEVICES=0,1, SLURM_JOB_GPUS=0,1)" in error
+    assert "set CPLM_ALLOW_CPU=1" in error
+    assert not (tmp_path / "checkpoints").exists()

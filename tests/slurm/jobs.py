@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from cplm_megatron.data.stdlib_corpus import StdlibCorpus
-from cplm_megatron.training.checkpointing import read_latest
+from cplm_megatron.training.checkpoint_lookup import read_latest
 
 REPO = Path(__file__).resolve().parents[2]
 SLURM_DIR = REPO / "slurm"
@@ -23,9 +23,10 @@ JOB_TIMEOUT = 420  # seconds; a tiny CPU run takes 30-60 s on a 2-core machine
 
 def job_env() -> dict[str, str]:
     """The submitting environment (sbatch exports it to the job): one thread per task, since the
-    emulated nodes advertise more CPUs than the machine has; no tokenizer threads, offline wandb."""
+    emulated nodes advertise more CPUs than the machine has; no tokenizer threads, offline wandb;
+    CPLM_ALLOW_CPU=1 because the fake gres GPUs promise CUDA devices that a CPU machine lacks."""
     env = dict(os.environ)
-    env.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", WANDB_MODE="offline")
+    env.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", WANDB_MODE="offline", CPLM_ALLOW_CPU="1")
     return env
 
 

@@ -71,8 +71,9 @@ def test_a_failed_run_is_not_requeued(cluster, stdlib_corpus, tmp_path):
               tmp_path / "slurm.out")
     rc = job.wait()
     log = job.log()
-    assert rc == 1, log
-    assert "training failed with exit code 1: not requeueing" in log
+    assert rc == 2, log  # missing data is bad input: exit 2, one line per rank, and no requeue
+    assert "error: dataset directory not found" in log
+    assert "training failed with exit code 2: not requeueing" in log
     assert "requeueing job" not in log and "restart 1" not in log
 
 

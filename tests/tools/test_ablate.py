@@ -98,3 +98,49 @@ def test_corpus_ablation_builds_the_full_report(tmp_path: Path, stdlib_corpus):
     evals = json.loads((out / "runs" / "corpus-cplm" / "eval.json").read_text())["checkpoints"]
     assert [e["iteration"] for e in evals] == [0, 2, 4]
     assert set(evals[-1]["tasks"]) == {"val", "copy", "passkey", "gradient"}
+
+
+def test_study_settings_refuse_what_cannot_give_a_spread():
+    ablate = load_tool("ablate")
+
+    def settings(*args: str):
+        return ablate.study_settings_from_args(ablate.parse_args(["--output", "x", "--study", *args]))
+
+    assert settings().arms == ("baseline", "mixture", "aux0.5", "aux1", "decoupled")
+    assert settings().seeds == (1, 2, 3) and settings().scales == ("tiny", "4x")
+    with pytest.raises(ValueError, match=">= 2 distinct seeds"):
+        settings("--seeds", "1")
+    with pytest.raises(ValueError, match="must hold baseline"):
+        settings("--arms", "mixture,aux1")
+    with pytest.raises(ValueError, match="unknown arm"):
+        settings("--arms", "baseline,aux7")
+
+
+@pytest.mark.slow
+def test_study_smoke_runs_arms_seeds_spamlang_and_reports(tmp_path: Path, stdlib_corpus):
+    """The recipe study's whole pipeline at smoke size: runs, aggregation, decision, SpamLang, report, plots;
+    a second invocation reuses every finished run."""
+    reuse = stdlib_corpus.root.name == "stdlib" and stdlib_corpus.tokenizer.vocab_size == 4096
+    data_root = stdlib_corpus.root.parent if reuse else tmp_path / "data"  # else the study builds its corpus
+    out = tmp_path / "study"
+    args = ["--study", "--smoke", "--output", str(out), "--data-root", str(data_root)]
+    assert load_tool("ablate").main(args) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    tiny = summary["scales"]["tiny"]
+    assert list(tiny["arms"]) == ["baseline", "mixture", "decoupled"] and tiny["seeds"] == [1, 2]
+    for arm in ("mixture", "decoupled"):
+        per_seed = tiny["arms"][arm]["per_seed"]
+        assert set(per_seed) == {"1", "2"}
+        assert all(s["val_loss"] > 0 and s["lm_val_loss"] > 0 and 0 <= s["copy_accuracy"] <= 1 for s in per_seed.values())
+        assert tiny["arms"][arm]["mean_std"]["val_loss"]["n"] == 2
+        assert tiny["arms"][arm]["paired_vs_baseline"]["val_loss"]["seeds"] == 2
+    assert summary["decision"]["default"] in ("mixture", "decoupled")
+    [claim] = summary["spamlang"]
+    assert claim["vocab"] == 4096 and claim["hidden"] == 64
+    report = (out / "report.md").read_text()
+    assert "## Decision" in report and summary["rule"] in report and "## SpamLang at vocabulary" in report
+    for name in ("val_loss_curves.png", "final_metrics.png", "passkey_by_length.png"):
+        assert (out / name).read_bytes()[:8] == PNG
+    before = {p: p.stat().st_mtime for p in (out / "runs").glob("*/eval.json")}
+    assert load_tool("ablate").main(args) == 0
+    assert {p: p.stat().st_mtime for p in (out / "runs").glob("*/eval.json")} == before  # nothing re-run

@@ -75,3 +75,46 @@ def test_cli_errors_name_the_problem(tmp_path: Path, tiny_corpus: TinyCorpus, ca
                             str(tiny_corpus.tokenizer_dir), "--output", str(tmp_path / "o"), "--seq-len", "8")
     assert code == 2 and "holds no documents" in err
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip", "delete"])
+def test_rerun_repairs_a_damaged_dataset(tmp_path: Path, tiny_corpus: TinyCorpus, capsys: pytest.CaptureFixture,
+                                         damage: str) -> None:
+    """The same command after a shard was damaged checks the shards against index.json and rebuilds,
+    byte-identical to the first build, instead of calling the broken dataset "up to date"."""
+    out = tmp_path / "ds"
+    args = ("--input", *map(str, tiny_corpus.source_files[:20]), "--tokenizer", str(tiny_corpus.tokenizer_dir),
+            "--output", str(out), "--seq-len", "32", "--shard-size", "16kb", "--workers", "1", "--quiet")
+    code, summary, err = run_main(capsys, *args)
+    assert code == 0 and summary["status"] == "written", err
+    original = {p.name: p.read_bytes() for p in out.iterdir()}
+    shard = sorted(out.glob("shard.*.mds.zstd"))[1]
+    data = shard.read_bytes()
+    if damage == "truncate":
+        shard.write_bytes(data[: len(data) // 2])
+    elif damage == "flip":
+        shard.write_bytes(data[:100] + bytes([data[100] ^ 0xFF]) + data[101:])
+    else:
+        shard.unlink()
+    code, summary, err = run_main(capsys, *args)
+    assert code == 0 and summary["status"] == "repaired", err
+    assert "damaged and has been rebuilt" in err and shard.name in err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == original
+    code, summary, _ = run_main(capsys, *args)
+    assert code == 0 and summary["status"] == "up to date"
+
+
+def test_binary_input_is_refused_unless_allowed(tmp_path: Path, tiny_corpus: TinyCorpus,
+                                                capsys: pytest.CaptureFixture) -> None:
+    text = tmp_path / "notes.txt"
+    text.write_text("def f():\n    return 1\n" * 20)
+    binary = tmp_path / "weights.txt"
+    binary.write_bytes(bytes(range(256)) * 16)  # a binary file named .txt: half its bytes are not UTF-8
+    args = ("--input", str(text), str(binary), "--tokenizer", str(tiny_corpus.tokenizer_dir),
+            "--output", str(tmp_path / "ds"), "--seq-len", "8", "--quiet")
+    code, _, err = run_main(capsys, *args)
+    assert code == 2 and err.count("\n") == 1 and err.startswith(f"error: {binary}: 50% of its 4,096 bytes are not text")
+    assert "--max-invalid-utf8 0.51" in err and not (tmp_path / "ds").exists()
+    code, summary, err = run_main(capsys, *args, "--max-invalid-utf8", "0.51")
+    assert code == 0 and summary["documents"] == 2, err
+    assert read_manifest(str(tmp_path / "ds")).settings["documents_with_invalid_utf8"] == 1

@@ -52,6 +52,7 @@ def test_scaling_efficiency_is_per_device_throughput_against_the_smallest_run(st
     series = scaling_series(load_records([study]))
     small = series[("small", True, "tp1pp1", 2048, 256)]
     assert [(p.nodes, p.world_size, p.runs) for p in small] == [(1, 8, 1), (2, 16, 2), (4, 32, 1)]
+    # fp64 means and ratios of a few numbers: pytest.approx's default rel 1e-6 is far above their rounding
     assert [p.tokens_per_sec for p in small] == pytest.approx([1000.0, 1800.0, 3200.0])  # 2 nodes: mean
     # 1800 tok/s on 16 devices vs 1000 on 8: 112.5 / 125 per device
     assert [p.efficiency for p in small] == pytest.approx([1.0, 0.9, 0.8])
@@ -63,6 +64,7 @@ def test_cplm_overhead_pairs_equal_configurations_only(study: Path):
     assert len(overheads) == 1  # small at 1 node; large has no baseline, small@2/4 nodes neither
     o = overheads[0]
     assert (o.preset, o.nodes, o.layout) == ("small", 1, "tp1pp1")
+    # fp64 ratios, as above
     assert o.time_overhead == pytest.approx(1100.0 / 1000.0 - 1)
     assert o.flops_overhead == pytest.approx(0.05)
 

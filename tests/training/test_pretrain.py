@@ -1,13 +1,18 @@
 """pretrain/pretrain_cplm.py end to end on the embedded corpus, with real processes: layouts, exact
-resume after kill -9, resume under another layout, crash during a save, SIGUSR1, non-finite losses."""
+resume after kill -9, resume under another layout, crash during a save, SIGUSR1, non-finite losses;
+resume safety (missing `latest`, refused fresh starts and model changes, damaged checkpoints and their
+fix), SIGTERM through torchrun, and bad input as one line with exit code 2."""
 import json
 import os
+import shutil
 import signal
 
 import pytest
 import yaml
 
-from cplm_megatron.training.checkpointing import CRASH_ENV, list_checkpoints, read_latest
+from cplm_megatron.training.checkpoint_lookup import list_checkpoints, read_latest
+from cplm_megatron.training.checkpointing import CRASH_ENV
+from cplm_megatron.training.signals import RESUME_EXIT_CODE
 from tests.training import pretrain_utils as pu
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("isolated_streaming")]
@@ -188,3 +193,152 @@ def test_validation_loss_is_the_full_distribution_not_the_objective(stdlib_corpu
     # per-token sums over the same tokens, reduced in fp64: equal up to fp32 rounding of the per-token terms
     assert val["val_objective"] == pytest.approx(val["val_loss"] + val["val_lm_loss"], rel=1e-6)
     assert val["val_lm_loss"] > 1.0  # so the check above fails if val_loss were the objective
+
+
+# ---------------------------------------------------------------- resume safety: nothing lost, nothing silent
+
+@pytest.fixture(scope="module")
+def stopped_at_4(stdlib_corpus, tmp_path_factory):
+    """The reference recipe stopped after 4 iterations: checkpoints iter_0000003 and iter_0000004 (latest)."""
+    run_dir = tmp_path_factory.mktemp("stopped") / "run"
+    proc = pu.run(1, pu.tiny_overrides(stdlib_corpus, run_dir, ITERS, **{"train.exit_after_iters": 4}))
+    assert proc.returncode == RESUME_EXIT_CODE, proc.stderr[-3000:]
+    assert [p.name for p in list_checkpoints(run_dir / "checkpoints")] == ["iter_0000003", "iter_0000004"]
+    return run_dir
+
+
+def test_missing_latest_resumes_from_the_newest_checkpoint_and_a_fresh_start_is_refused(
+        stdlib_corpus, tmp_path, stopped_at_4, reference):
+    run_dir = shutil.copytree(stopped_at_4, tmp_path / "run")
+    (run_dir / "checkpoints" / "latest").unlink()
+    before = pu.files_of(run_dir)
+    refused = pu.run(1, pu.tiny_overrides(stdlib_corpus, run_dir, ITERS, **{"checkpoint.resume": "false"}))
+    pu.assert_bad_input(refused, "checkpoint.resume=false but", "holds checkpoints of an earlier run",
+                        "checkpoint.overwrite=true")
+    assert pu.files_of(run_dir) == before  # no config.yaml rewritten, no checkpoint touched
+    again = pu.run(1, pu.tiny_overrides(stdlib_corpus, run_dir, ITERS))
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert f"{run_dir}/checkpoints/latest is missing: using the newest complete checkpoint iter_0000004" in again.stdout
+    assert f"resumed from {run_dir}/checkpoints/iter_0000004 at iteration 4" in again.stdout
+    assert pu.losses(run_dir) == reference["losses"]  # iterations 1-4 from the first launch, 5-10 resumed exactly
+
+
+def test_overwrite_starts_over_when_asked(stdlib_corpus, tmp_path, stopped_at_4):
+    run_dir = shutil.copytree(stopped_at_4, tmp_path / "run")
+    fresh = pu.run(1, pu.tiny_overrides(stdlib_corpus, run_dir, 3, **{"checkpoint.resume": "false",
+                                                                     "checkpoint.overwrite": "true"}))
+    assert fresh.returncode == 0, fresh.stderr[-3000:]
+    assert f"checkpoint.overwrite=true: deleted the checkpoints in {run_dir}/checkpoints" in fresh.stdout
+    assert [p.name for p in list_checkpoints(run_dir / "checkpoints")] == ["iter_0000003"]
+    assert json.loads((run_dir / "checkpoints" / "iter_0000003" / "cplm_state.json").read_text())["iteration"] == 3
+
+
+def test_changed_model_is_refused_and_schedule_changes_take_effect(stdlib_corpus, tmp_path, stopped_at_4, reference):
+    run_dir = shutil.copytree(stopped_at_4, tmp_path / "run")
+    before = pu.files_of(run_dir)
+    baseline = pu.run(1, pu.tiny_overrides(stdlib_corpus, run_dir, ITERS, **{"copy_head.enabled": "false"}))
+    pu.assert_bad_input(baseline, "cannot resume from", "(copy_head.enabled: True -> False)",
+                        "checkpoint.load_optimizer=false")
+    shallower = pu.run(1, pu.tiny_overrides(stdlib_corpus, run_dir, ITERS, **{"model.num_layers": 2}))
+    pu.assert_bad_input(shallower, "(model.num_layers: 4 -> 2)")
+    assert pu.files_of(run_dir) == before  # config.yaml still the run's own, checkpoints untouched
+    longer = pu.run(1, pu.tiny_overrides(stdlib_corpus, run_dir, 12))
+    assert longer.returncode == 0, longer.stderr[-3000:]
+    assert "[train] changed since iter_0000004: run.dir" in longer.stdout and "train.iters: 10 -> 12" in longer.stdout
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["train"]["iters"] == 12
+    # WSD: the last 20% of the iterations decay. Iteration 10 runs with the LR after 9 scheduler steps: still the
+    # peak (train.lr) for 12 iterations, already decaying in the 10-iteration schedule the checkpoint saved.
+    # rel 1e-12: Megatron computes the peak as min_lr + 1.0 * (max_lr - min_lr), exact up to one rounding.
+    lr = {r["iteration"]: r["lr"] for r in pu.metrics(run_dir) if "lr" in r}
+    reference_lr = {r["iteration"]: r["lr"] for r in pu.metrics(reference["dir"]) if "lr" in r}
+    peak = yaml.safe_load((pu.REPO / "configs" / "tiny.yaml").read_text())["train"]["lr"]
+    assert lr[10] == pytest.approx(peak, rel=1e-12) and reference_lr[10] < peak
+
+
+@pytest.mark.parametrize("damage, what", [("__0_0.distcp", "shard file __0_0.distcp is missing"),
+                                          ("common.pt", "common.pt (iteration, scheduler, data position, config) "
+                                                        "is missing")], ids=["shard", "common"])
+def test_damaged_checkpoint_names_the_fix_and_the_fix_works(stdlib_corpus, tmp_path, stopped_at_4, reference,
+                                                            damage, what):
+    run_dir = shutil.copytree(stopped_at_4, tmp_path / "run")
+    (run_dir / "checkpoints" / "iter_0000004" / damage).unlink()
+    overrides = pu.tiny_overrides(stdlib_corpus, run_dir, ITERS)
+    damaged = pu.run(1, overrides)
+    fix = f"echo iter_0000003 > {run_dir}/checkpoints/latest"
+    pu.assert_bad_input(damaged, f"checkpoint {run_dir}/checkpoints/iter_0000004 is damaged: {what}", fix)
+    (run_dir / "checkpoints" / "latest").write_text("iter_0000003\n")  # the fix, as the message says
+    again = pu.run(1, overrides)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "damaged newer checkpoints (iter_0000004) are replaced" in again.stdout
+    assert pu.losses(run_dir) == reference["losses"]  # iteration 4 trained again from iter_0000003: the same
+
+
+@pytest.mark.parametrize("target", ["launcher", "torchrun"])
+def test_sigterm_to_a_torchrun_launch_exits_75_with_a_checkpoint(stdlib_corpus, tmp_path, target):
+    """pretrain/launch_torchrun.py keeps the workers' exit code: SIGTERM to it (forwarded to the workers) or to
+    torchrun itself (torchrun forwards it) ends in a checkpoint and exit 75, where plain torchrun exits 1."""
+    import psutil
+
+    run_dir = tmp_path / "run"
+    overrides = pu.tiny_overrides(stdlib_corpus, run_dir, 200, **{"checkpoint.interval": 0, "parallel.tp": 2})
+    proc = pu.start(2, overrides, tmp_path / "run.log", launcher=True)
+    pu.wait_for(lambda: max(pu.losses(run_dir), default=0) >= 2, proc=proc)
+    if target == "launcher":
+        os.kill(proc.pid, signal.SIGTERM)
+    else:
+        [torchrun] = psutil.Process(proc.pid).children()
+        torchrun.send_signal(signal.SIGTERM)
+    proc.wait(timeout=300)
+    pu.kill_group(proc)  # leftovers only
+    log = (tmp_path / "run.log").read_text()
+    assert proc.returncode == RESUME_EXIT_CODE, log[-3000:]
+    assert "[launch_torchrun] torchrun exited 1; workers: {0: 75, 1: 75}; exit code 75" in log
+    stopped = read_latest(run_dir / "checkpoints")
+    assert stopped is not None and 2 <= json.loads((stopped / "cplm_state.json").read_text())["iteration"] < 200
+
+
+def test_bad_input_under_torchrun_exits_2(stdlib_corpus, tmp_path):
+    proc = pu.run(2, pu.tiny_overrides(stdlib_corpus, tmp_path / "run", 3, **{"data.streams": str(tmp_path / "none")}),
+                  launcher=True)
+    assert proc.returncode == 2 and proc.stderr.count(f"error: dataset directory not found: {tmp_path}/none") == 2
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"train.global_batch": 6}, "train.global_batch=6 must be a multiple of train.micro_batch * data-parallel size "
+                                "= 2 * 2 = 4"),
+    ({"parallel.pp": 2, "model.num_layers": 3}, "model.num_layers=3 is not divisible by parallel.pp=2"),
+], ids=["global-batch", "layers"])
+def test_layout_and_batch_errors_stop_before_any_process_group(stdlib_corpus, tmp_path, overrides, message):
+    """Rank 0 of a 2-process world whose rank 1 never starts: a check after init_process_group would wait for
+    rank 1 until the run's timeout; done before, it is an immediate exit 2."""
+    world = {"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+             "MASTER_PORT": str(pu.free_port())}
+    proc = pu.run(1, pu.tiny_overrides(stdlib_corpus, tmp_path / "run", 3, **overrides), extra_env=world, timeout=300)
+    pu.assert_bad_input(proc, message)
+    assert not (tmp_path / "run").exists()
+
+
+def test_dataset_errors_are_one_line_and_exit_2(stdlib_corpus, tmp_path):
+    missing = pu.run(1, pu.tiny_overrides(stdlib_corpus, tmp_path / "a", 3, **{"data.streams": str(tmp_path / "no")}))
+    pu.assert_bad_input(missing, f"dataset directory not found: {tmp_path}/no")
+    damaged = shutil.copytree(stdlib_corpus.train_dir, tmp_path / "train", ignore=shutil.ignore_patterns("*.tmp"))
+    shard = sorted(damaged.glob("shard.*.mds.zstd"))[0]
+    shard.write_bytes(shard.read_bytes()[:100])
+    broken = pu.run(1, pu.tiny_overrides(stdlib_corpus, tmp_path / "b", 3, **{"data.streams": str(damaged)}))
+    pu.assert_bad_input(broken, f"shard corrupt: {shard} has 100 bytes", "re-run tools/prepare_data.py")
+
+
+def test_finetuning_from_another_run_leaves_it_untouched(stdlib_corpus, tmp_path, stopped_at_4, reference):
+    """checkpoint.load + load_optimizer=false in a new run.dir: the weights of iter_0000004, a fresh optimizer and
+    schedule, iteration 0; settings that change no tensor may differ; the source run is not modified."""
+    source = shutil.copytree(stopped_at_4, tmp_path / "source")
+    before = pu.files_of(source)
+    run_dir = tmp_path / "finetune"
+    proc = pu.run(1, pu.tiny_overrides(stdlib_corpus, run_dir, 2, **{
+        "checkpoint.load": str(source), "checkpoint.load_optimizer": "false", "model.rope_theta": 20000}))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"started from {source}/checkpoints/iter_0000004 at iteration 0" in proc.stdout
+    assert "changed since iter_0000004: model.rope_theta: 10000.0 -> 20000" in proc.stdout
+    losses = pu.losses(run_dir)
+    assert sorted(losses) == [1, 2] and losses[1] < reference["losses"][1]  # trained weights, not a fresh init
+    assert pu.files_of(source) == before

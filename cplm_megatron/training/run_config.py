@@ -26,7 +26,7 @@ from cplm_megatron.errors import ConfigError
 from cplm_megatron.model.builder import PrecisionConfig, RecomputeConfig
 from cplm_megatron.model.config import ModelConfig, resolve_model_section
 from cplm_megatron.model.copy_head import CopyHeadConfig
-from cplm_megatron.parallel.distributed import ParallelConfig
+from cplm_megatron.parallel.config import ParallelConfig, validate_layout
 from cplm_megatron.training.optimizer import OptimizerConfig, ScheduleConfig
 
 # Batch shape lives in train.*; the data section receives it (one source of truth).
@@ -91,12 +91,16 @@ class CheckpointConfig:
     load: Optional[str] = None  # initialize from this checkpoint dir when run.dir has none (fine-tune/convert)
     load_optimizer: bool = True  # with `load`: also restore optimizer/scheduler/data state
     resume: bool = True  # auto-resume from run.dir/checkpoints/latest
+    overwrite: bool = False  # with resume=false: delete run.dir's existing checkpoints (else refused)
 
     def validate(self) -> None:
         if self.interval < 0:
             raise ConfigError(f"checkpoint.interval must be >= 0, got {self.interval}")
         if self.keep < 1:
             raise ConfigError(f"checkpoint.keep must be >= 1, got {self.keep}")
+        if self.overwrite and self.resume:
+            raise ConfigError("checkpoint.overwrite=true deletes run.dir's checkpoints to start over: it needs "
+                              "checkpoint.resume=false as well")
 
 
 @dataclass
@@ -139,6 +143,13 @@ class RunConfig:
             raise ConfigError("data.document_masking=true needs model.layer_spec=local (explicit attention masks)")
         if self.copy_head.fp8 and self.precision.dtype == "fp32":
             raise ConfigError("copy_head.fp8=true needs precision.dtype=bf16")
+
+    def validate_world(self, world_size: int) -> int:
+        """The checks that need the number of processes (layout vs model, global batch vs micro batch x DP),
+        run before any process group starts; returns the data-parallel size."""
+        dp = validate_layout(world_size, self.parallel, self.model)
+        self.data.num_microbatches(dp)
+        return dp
 
     def to_dict(self) -> Dict[str, Any]:
         """Plain nested dict; the batch shape appears once, under train (the data section receives it)."""

@@ -1,0 +1,259 @@
+"""Find and check training checkpoints on disk: the one lookup used by resume, evaluation and conversion.
+
+Layout (written by `cplm_megatron.training.checkpointing`) under a checkpoint root, `<run.dir>/checkpoints/`:
+
+    iter_0000100/   metadata.json, common.pt, .metadata and *.distcp (torch_dist), and last
+                    cplm_state.json, which marks the save as finished (a "committed" checkpoint)
+    latest          "iter_0000100", moved only after every rank finished a save
+
+A path given by the user may be a run dir, its checkpoint root or one iter_* directory. Without a
+readable `latest` the newest committed checkpoint is used, and the caller is told so. A checkpoint
+that is missing, damaged or garbled is a `CheckpointError` naming it, what is missing and the fix
+(point `latest` at the previous complete checkpoint). No process group is needed.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional
+
+from cplm_megatron.errors import CheckpointError
+
+CHECKPOINTS_DIR = "checkpoints"
+LATEST = "latest"
+STATE_JSON = "cplm_state.json"  # written last: its presence commits a checkpoint
+DIST_METADATA = "metadata.json"  # megatron.core.dist_checkpointing: which backend wrote the files
+COMMON_STATE = "common.pt"  # iteration, scheduler, data position, run config
+TENSOR_INDEX = ".metadata"  # torch.distributed.checkpoint: which *.distcp file holds each tensor
+_ITER_DIR = re.compile(r"^iter_(\d+)$")
+
+Say = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class CheckpointRef:
+    """One committed checkpoint directory and the iteration it was saved at."""
+
+    path: Path
+    iteration: int
+
+
+def iter_dir_name(iteration: int) -> str:
+    """The directory name of the checkpoint of `iteration`."""
+    return f"iter_{iteration:07d}"
+
+
+def iteration_of(path: Path) -> Optional[int]:
+    """The iteration an iter_* directory name encodes, else None."""
+    match = _ITER_DIR.match(Path(path).name)
+    return int(match.group(1)) if match else None
+
+
+def is_committed(path: Path) -> bool:
+    """Whether a save of `path` finished (its cplm_state.json exists)."""
+    return (Path(path) / STATE_JSON).is_file()
+
+
+def list_checkpoints(root: Path) -> List[Path]:
+    """Committed checkpoints under a checkpoint root, oldest first."""
+    found = [p for p in Path(root).glob("iter_*") if iteration_of(p) is not None and is_committed(p)]
+    return sorted(found, key=iteration_of)
+
+
+def holds_checkpoints(root: Path) -> bool:
+    """Whether a checkpoint root holds anything a fresh start would overwrite: `latest` or a committed checkpoint."""
+    return (Path(root) / LATEST).exists() or bool(list_checkpoints(root))
+
+
+def checkpoint_root(path: Path) -> Path:
+    """`path` itself when it holds `latest` or iter_* directories, else `path/checkpoints` (a run dir)."""
+    path = Path(path)
+    if (path / LATEST).exists() or any(iteration_of(p) is not None for p in path.glob("iter_*")):
+        return path
+    return path / CHECKPOINTS_DIR
+
+
+def read_record(path: Path) -> Dict[str, Any]:
+    """The cplm_state.json record of a committed checkpoint (iteration, layout, has_optimizer)."""
+    try:
+        record = json.loads((Path(path) / STATE_JSON).read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"checkpoint {path}: {STATE_JSON} is unreadable ({e})") from e
+    if not isinstance(record, dict) or not isinstance(record.get("iteration"), int):
+        raise CheckpointError(f"checkpoint {path}: {STATE_JSON} holds no iteration")
+    return record
+
+
+def _shard_problems(path: Path) -> List[str]:
+    """Missing or truncated *.distcp files, from the torch_dist tensor index."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    try:
+        storage = FileSystemReader(str(path)).read_metadata().storage_data
+    except Exception as e:  # noqa: BLE001 - a corrupt pickle raises anything
+        return [f"{TENSOR_INDEX} (the tensor index) is unreadable: {type(e).__name__}: {e}"]
+    needed: Dict[str, int] = {}
+    for info in storage.values():
+        needed[info.relative_path] = max(needed.get(info.relative_path, 0), info.offset + info.length)
+    problems = []
+    missing = sorted(name for name in needed if not (path / name).is_file())
+    if missing:
+        problems.append(f"shard file{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
+                        f"{'are' if len(missing) > 1 else 'is'} missing")
+    for name, size in sorted(needed.items()):
+        if name not in missing and (path / name).stat().st_size < size:
+            problems.append(f"{name} is truncated ({(path / name).stat().st_size} bytes, the index needs {size})")
+    return problems
+
+
+def checkpoint_damage(path: Path) -> List[str]:
+    """What is missing or damaged in a checkpoint directory (empty: it is complete and readable)."""
+    path = Path(path)
+    if not path.is_dir():
+        return ["the directory does not exist"]
+    problems = []
+    if not (path / STATE_JSON).is_file():
+        problems.append(f"{STATE_JSON} is missing (the save never finished)")
+    else:
+        try:
+            read_record(path)
+        except CheckpointError as e:
+            problems.append(str(e).split(": ", 1)[1])
+    try:
+        backend = json.loads((path / DIST_METADATA).read_text()).get("sharded_backend")
+        if backend != "torch_dist":
+            problems.append(f"{DIST_METADATA} names sharded_backend={backend!r}, not torch_dist")
+    except FileNotFoundError:
+        problems.append(f"{DIST_METADATA} is missing")
+    except (OSError, ValueError, AttributeError) as e:
+        problems.append(f"{DIST_METADATA} is unreadable ({e})")
+    if not (path / COMMON_STATE).is_file():
+        problems.append(f"{COMMON_STATE} (iteration, scheduler, data position, config) is missing")
+    if not (path / TENSOR_INDEX).is_file():
+        problems.append(f"{TENSOR_INDEX} (the tensor index) is missing")
+    else:
+        problems += _shard_problems(path)
+    return problems
+
+
+def _previous_complete(root: Path, before: Optional[int]) -> Optional[Path]:
+    """The newest committed, undamaged checkpoint older than iteration `before` (any, if None)."""
+    for candidate in reversed(list_checkpoints(root)):
+        if before is not None and iteration_of(candidate) >= before:
+            continue
+        if not checkpoint_damage(candidate):
+            return candidate
+    return None
+
+
+def repoint_fix(root: Path, before: Optional[int]) -> str:
+    """The fix for a bad checkpoint `latest` leads to: point `latest` at the previous complete one."""
+    previous = _previous_complete(root, before)
+    if previous is not None:
+        return (f"point latest at the previous complete checkpoint: echo {previous.name} > {root / LATEST} "
+                f"(or restore the missing files)")
+    return (f"no earlier complete checkpoint exists under {root}: restore the missing files, or start over "
+            f"with --set checkpoint.resume=false checkpoint.overwrite=true (deletes {root})")
+
+
+def read_latest(root: Path) -> Optional[Path]:
+    """The committed checkpoint `latest` points at; None without a `latest` file. A garbled or dangling
+    `latest` is a CheckpointError naming the fix."""
+    root = Path(root)
+    marker = root / LATEST
+    if not marker.exists():
+        return None
+    try:
+        name = marker.read_text().strip()
+    except (OSError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{marker} is unreadable ({e}); {repoint_fix(root, None)}") from e
+    if iteration_of(Path(name)) is None or "/" in name:
+        raise CheckpointError(f"{marker} is garbled: it holds {name[:60]!r}, not an iter_NNNNNNN name; "
+                              f"{repoint_fix(root, None)}")
+    path = root / name
+    if not path.is_dir():
+        raise CheckpointError(f"{marker} points at {name}, which does not exist; {repoint_fix(root, iteration_of(path))}")
+    if not is_committed(path):
+        raise CheckpointError(f"{marker} points at {name}, whose save never finished ({STATE_JSON} is missing); "
+                              f"{repoint_fix(root, iteration_of(path))}")
+    return path
+
+
+def verify_checkpoint(path: Path, fix: Optional[str] = None) -> CheckpointRef:
+    """`path` as a CheckpointRef if it is complete and readable, else a CheckpointError naming the damage."""
+    path = Path(path)
+    problems = checkpoint_damage(path)
+    if problems:
+        if fix is None:
+            previous = _previous_complete(path.parent, iteration_of(path))
+            fix = (f"use the previous complete checkpoint {previous}" if previous is not None
+                   else "restore the missing files")
+        raise CheckpointError(f"checkpoint {path} is damaged: {'; '.join(problems)}; {fix}")
+    return CheckpointRef(path, int(read_record(path)["iteration"]))
+
+
+def _say_to_log(message: str) -> None:
+    import logging
+
+    logging.getLogger(__name__).warning(message)
+
+
+def find_checkpoint(path: Path, say: Say = _say_to_log) -> Optional[CheckpointRef]:
+    """The checkpoint `path` names, verified; None when there is none at all (nothing committed, no `latest`).
+
+    `path`: an iter_* directory (used as is), a checkpoint root or a run dir (`latest`, or without it the
+    newest committed checkpoint, announced through `say`)."""
+    path = Path(path)
+    if path.is_dir() and (iteration_of(path) is not None or (path / DIST_METADATA).is_file()) and not (
+            path / CHECKPOINTS_DIR).is_dir():
+        return verify_checkpoint(path)
+    root = checkpoint_root(path)
+    chosen = read_latest(root)
+    if chosen is None:
+        committed = list_checkpoints(root)
+        if not committed:
+            return None
+        chosen = committed[-1]
+        say(f"[checkpoint] {root / LATEST} is missing: using the newest complete checkpoint {chosen.name}")
+    return verify_checkpoint(chosen, repoint_fix(root, iteration_of(chosen)))
+
+
+def resolve_checkpoint(path: Path, say: Say = _say_to_log) -> CheckpointRef:
+    """Like `find_checkpoint`, but a path without any checkpoint is a CheckpointError."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"checkpoint path {path} does not exist; pass a run dir (run.dir), its "
+                              f"{CHECKPOINTS_DIR}/ directory or one {CHECKPOINTS_DIR}/iter_* directory")
+    ref = find_checkpoint(path, say)
+    if ref is None:
+        root = checkpoint_root(path)
+        raise CheckpointError(f"no complete checkpoint under {path} (looked for {root / LATEST} and "
+                              f"{root}/iter_*/{STATE_JSON}); did the training run save one?")
+    return ref
+
+
+def all_checkpoints(path: Path) -> List[CheckpointRef]:
+    """Every committed checkpoint of a run dir (or checkpoint root), verified, by increasing iteration."""
+    root = checkpoint_root(Path(path))
+    found = list_checkpoints(root)
+    if not found:
+        raise CheckpointError(f"no complete checkpoint under {path} (looked in {root}/iter_*)")
+    return [verify_checkpoint(p) for p in found]
+
+
+def read_saved_config(path: Path) -> Dict[str, Any]:
+    """The resolved run config (a plain dict) saved in a checkpoint's common state."""
+    from megatron.core.dist_checkpointing import load_common_state_dict
+
+    try:
+        common = load_common_state_dict(str(path))
+    except Exception as e:  # noqa: BLE001 - torch.load of a damaged file raises anything
+        raise CheckpointError(f"checkpoint {path}: {COMMON_STATE} is unreadable ({type(e).__name__}: {e}); "
+                              f"{repoint_fix(Path(path).parent, iteration_of(Path(path)))}") from e
+    config = common.get("config") if isinstance(common, dict) else None
+    if not isinstance(config, dict):
+        raise CheckpointError(f"checkpoint {path} carries no run config in its common state (key 'config'); "
+                              "it was not written by cplm_megatron's trainer or tools/convert_from_hf.py")
+    return config

@@ -1,0 +1,47 @@
+"""Real torch_dist checkpoints of a tiny model, written in this process, for the lookup/resume tests."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Iterable, List
+
+from cplm_megatron.training.run_config import RunConfig, load_run_config
+
+REPO = Path(__file__).resolve().parents[2]
+# A tiny model: small enough to save three checkpoints in a few seconds.
+TINY = ["model.num_layers=2", "model.hidden_size=64", "model.num_attention_heads=2", "model.ffn_hidden_size=128",
+        "model.vocab_size=256", "copy_head.head_dim=16", "train.seq_len=32", "train.micro_batch=2",
+        "train.global_batch=4", "data.synthetic=copy", "logging.wandb=false"]
+
+
+def tiny_config(run_dir: Path, *overrides: str) -> RunConfig:
+    """configs/tiny.yaml shrunk to TINY, in `run_dir`, plus `overrides`."""
+    return load_run_config(str(REPO / "configs" / "tiny.yaml"), [*TINY, f"run.dir={run_dir}", *overrides])
+
+
+def write_checkpoints(cfg: RunConfig, iterations: Iterable[int]) -> Path:
+    """Checkpoints (weights, RNG, config; no optimizer) at `iterations` under run.dir/checkpoints, via the
+    trainer's Checkpointer in a one-process group; returns the checkpoint root."""
+    from cplm_megatron.hf.megatron_checkpoint import single_process_megatron
+    from cplm_megatron.model.builder import build_model
+    from cplm_megatron.parallel.config import ParallelConfig
+    from cplm_megatron.training.checkpointing import Checkpointer, TrainState
+
+    iterations = list(iterations)
+    root = Path(cfg.run.dir) / "checkpoints"
+    with single_process_megatron(cfg.model, cfg.run.seed):
+        [chunk] = build_model(cfg.model, cfg.copy_head, ParallelConfig())
+        saver = Checkpointer(root, keep=len(iterations), log=lambda message: None)
+        for iteration in iterations:
+            saver.save([chunk], None, None, TrainState(iteration=iteration), None, cfg.to_dict())
+    return root
+
+
+def copy_run(source: Path, target: Path) -> Path:
+    """A private copy of a run directory (tests damage their copy)."""
+    return Path(shutil.copytree(source, target, symlinks=True))
+
+
+def shards(iter_dir: Path) -> List[Path]:
+    """The *.distcp files of a checkpoint."""
+    return sorted(iter_dir.glob("*.distcp"))

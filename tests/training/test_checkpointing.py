@@ -1,0 +1,39 @@
+"""Checkpointer pruning: keep the newest `keep` of the run's own history, never a checkpoint it did not write."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from cplm_megatron.training.checkpoint_lookup import list_checkpoints, read_latest
+from tests.training.checkpoint_files import tiny_config, write_checkpoints
+
+
+def _save(cfg, root: Path, iterations, keep: int, resumed_from=None) -> None:
+    from cplm_megatron.hf.megatron_checkpoint import single_process_megatron
+    from cplm_megatron.model.builder import build_model
+    from cplm_megatron.parallel.config import ParallelConfig
+    from cplm_megatron.training.checkpointing import Checkpointer, TrainState
+
+    with single_process_megatron(cfg.model, cfg.run.seed):
+        [chunk] = build_model(cfg.model, cfg.copy_head, ParallelConfig())
+        saver = Checkpointer(root, keep=keep, log=lambda message: None, resumed_from=resumed_from)
+        for iteration in iterations:
+            saver.save([chunk], None, None, TrainState(iteration=iteration), None, cfg.to_dict())
+
+
+def names(root: Path) -> list[str]:
+    return [p.name for p in list_checkpoints(root)]
+
+
+def test_pruning_keeps_what_this_run_did_not_write(tmp_path: Path) -> None:
+    cfg = tiny_config(tmp_path / "run")
+    root = write_checkpoints(cfg, [5, 6])  # e.g. a later history `latest` was moved back from
+    _save(cfg, root, [1, 2, 3], keep=1)  # a launch that did not resume: 5 and 6 are not its own
+    assert names(root) == ["iter_0000003", "iter_0000005", "iter_0000006"]
+    assert read_latest(root).name == "iter_0000003"
+
+
+def test_pruning_counts_the_history_resumed_through(tmp_path: Path) -> None:
+    cfg = tiny_config(tmp_path / "run")
+    root = write_checkpoints(cfg, [2, 4])
+    _save(cfg, root, [6, 8], keep=2, resumed_from=4)  # 2 and 4 are the run's history: pruned like its own saves
+    assert names(root) == ["iter_0000006", "iter_0000008"]
