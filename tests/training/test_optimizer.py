@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from cplm_megatron.config.schema import load_run_config
 from cplm_megatron.errors import ConfigError
 from cplm_megatron.training.optimizer import (
     OptimizerConfig,
     check_offload_supported,
     megatron_optimizer_kwargs,
 )
+from cplm_megatron.training.run_config import load_run_config
 
 REPO = Path(__file__).resolve().parents[2]
 OFFLOAD_RUNS_HERE = torch.cuda.is_available() and importlib.util.find_spec("transformer_engine") is not None
