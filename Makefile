@@ -4,7 +4,7 @@
 #                           by requirements/constraints-gpu.txt; megatron-core per constraints-megatron-core.txt
 #   make test               setup + the embedded corpus + the full test suite (what CI runs first)
 #   make test-mcore-latest  a second venv (.venv-mcore-latest) with the newest tested megatron-core, and
-#                           every test that touches megatron-core (pytest marker `mcore`) on it
+#                           the megatron-core tests selected for it (pytest marker `mcore_latest`) on it
 #   make demo               setup + the end-to-end demo (corpus, TP=2 training, eval vs baseline, HF export)
 #   make data               the embedded corpus: tokenizer + MDS shards from the Python stdlib sources
 SHELL := /bin/bash
@@ -64,7 +64,7 @@ test: setup data
 test-mcore-latest: data $(LATEST_STAMP)
 	@$(LATEST_VENV)/bin/python -c "from importlib.metadata import version as v; \
 	  assert v('megatron-core') == '$(MCORE_LATEST)', v('megatron-core'); print('[test-mcore-latest] megatron-core', v('megatron-core'))"
-	$(LATEST_VENV)/bin/python -m pytest tests -m mcore $(PYTEST_ARGS)
+	$(LATEST_VENV)/bin/python -m pytest tests -m mcore_latest $(PYTEST_ARGS)
 
 demo: setup data
 	$(BIN)/python tools/demo.py --data $(DATA_DIR)

@@ -90,3 +90,13 @@ def test_readme_training_lines_resolve_to_valid_configs():
             pytest.fail(f"README line {' '.join(cmd)!r}: {e}")
         checked += 1
     assert checked >= 5
+
+
+def test_readme_study_table_is_generated_from_the_committed_summary():
+    """The README's recipe-study table is `tools/ablate.py --study-table` of the committed summary.json."""
+    import json
+
+    from cplm_megatron.evaluation.multiseed_report import readme_block
+
+    summary = json.loads((REPO / "benchmarks/results/study_cpu/summary.json").read_text())
+    assert readme_block(summary) in (REPO / "README.md").read_text()

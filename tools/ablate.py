@@ -96,9 +96,7 @@ def main_study(args: argparse.Namespace, argv: list[str]) -> int:
     spamlang = None if args.no_spamlang else (SpamLangSettings.smoke() if args.smoke else SpamLangSettings())
 
     def progress(result: JobResult) -> None:
-        status = "FAILED" if result.error else "done"
-        print(f"[study] {result.spec.name}: {status} (train {result.train_seconds:.0f} s, eval "
-              f"{result.eval_seconds:.0f} s)", flush=True)
+        print(f"[study] {result.status_line()}", flush=True)
 
     try:
         outcome = run_recipe_study(Path(args.output), settings, Path(args.data_root), spamlang, jobs=args.jobs or 2,
@@ -162,9 +160,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def progress(result: JobResult) -> None:
         finished.append(result)
-        status = "FAILED" if result.error else "done"
-        print(f"[ablate] {result.spec.name}: {status} (train {result.train_seconds:.0f} s, eval "
-              f"{result.eval_seconds:.0f} s)", flush=True)
+        print(f"[ablate] {result.status_line()}", flush=True)
 
     print(f"[ablate] output {Path(args.output).resolve()}, {jobs} run(s) at a time", flush=True)
     try:

@@ -159,6 +159,15 @@ class JobResult:
     train_seconds: float = 0.0
     eval_seconds: float = 0.0
     error: str | None = None
+    reused: bool = False  # finished earlier with the same commands: nothing ran now
+
+    def status_line(self) -> str:
+        """'NAME: done (train S s, eval S s)', 'NAME: reused' or 'NAME: FAILED (...)' for progress output."""
+        if self.error:
+            return f"{self.spec.name}: FAILED ({self.error})"
+        if self.reused:
+            return f"{self.spec.name}: reused (finished earlier with the same commands)"
+        return f"{self.spec.name}: done (train {self.train_seconds:.0f} s, eval {self.eval_seconds:.0f} s)"
 
 
 def _run_logged(cmd: list[str], log: Path, env: dict[str, str]) -> int:
@@ -185,6 +194,7 @@ def run_job(spec: RunSpec, output: Path, tp: int, threads: int) -> JobResult:
                             f"another --output")
             return result
         if (run_dir / "eval.json").is_file() and (run_dir / "summary.json").is_file():
+            result.reused = True
             return result
     elif run_dir.is_dir() and any(run_dir.iterdir()):
         result.error = f"{run_dir} exists but was not made by this tool (no job.json); remove it or choose another --output"

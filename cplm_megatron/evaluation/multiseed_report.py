@@ -14,6 +14,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from cplm_megatron.evaluation.multiseed import SCALES
+
 README_BEGIN = "<!-- study-table:begin (generated from benchmarks/results/study_cpu/summary.json) -->"
 README_END = "<!-- study-table:end -->"
 ARM_COLORS = {"baseline": "tab:blue", "mixture": "tab:gray", "aux0.5": "tab:orange", "aux1": "tab:red",
@@ -121,6 +123,11 @@ def write_study_report(output: Path, summary: dict[str, Any], spamlang: list[dic
     for arm, data in first["arms"].items():
         overrides = ", ".join(f"`{o}`" for o in data["overrides"]) or "`copy_head.enabled=false`"
         lines.append(f"- **{arm}**: {data['description']} ({overrides})")
+    not_run = [SCALES[s] for s in SCALES if s not in summary["scales"]]
+    if not_run:
+        lines += ["", "**Scales not run:** " + "; ".join(
+            f"{s.name} (hidden {s.hidden}, {s.layers} layers, vocabulary {s.vocab}, {s.iters} steps)" for s in not_run)
+            + ". The decision below rests on the scales that ran only."]
     lines += ["", "## Decision", "", f"Rule: {summary['rule']}", "",
               f"**Default: {decision['default']}** ({', '.join(f'`{o}`' for o in decision['overrides'])}). "
               f"{decision['reason']}.", "", "## Results", "", headline_table(summary), ""]

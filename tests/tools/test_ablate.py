@@ -53,7 +53,8 @@ def test_finished_runs_are_reused_and_other_settings_refused(tmp_path: Path):
     same = {"train": train_command(spec, run_dir, 1)[1:], "eval": eval_command(spec, run_dir)[1:]}
     (run_dir / "job.json").write_text(json.dumps(same))
     reused = run_job(spec, tmp_path, tp=1, threads=1)  # nothing launched: it would fail on the fake files
-    assert reused.error is None and reused.train_seconds == 0
+    assert reused.error is None and reused.reused and reused.train_seconds == 0
+    assert reused.status_line() == f"{spec.name}: reused (finished earlier with the same commands)"
     (run_dir / "job.json").write_text(json.dumps({**same, "train": same["train"] + ["train.iters=1"]}))
     refused = run_job(spec, tmp_path, tp=1, threads=1)
     assert "made with other settings" in refused.error

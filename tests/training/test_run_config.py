@@ -87,3 +87,18 @@ def test_world_size_checks_name_the_keys(world, overrides, message):
 def test_world_size_checks_return_the_data_parallel_size():
     cfg = load_run_config(str(REPO / "configs/tiny.yaml"), ["parallel.tp=2", "train.micro_batch=2"])
     assert cfg.validate_world(4) == 2 and cfg.data.num_microbatches(2) == 2  # global batch 8 = 2 x 2 x 2
+
+
+@pytest.mark.parametrize("recipe", ["tiny", "smollm2_135m", "smollm2_360m", "smollm2_1p7b", "llama_7b", "llama_13b"])
+def test_every_recipe_carries_the_studied_default(recipe):
+    """The copy-head objective of every recipe is the one the committed multi-seed study decided."""
+    import json
+
+    from cplm_megatron.config.loader import parse_override
+
+    decision = json.loads((REPO / "benchmarks/results/study_cpu/summary.json").read_text())["decision"]
+    cfg = load_run_config(str(REPO / f"configs/{recipe}.yaml"))
+    assert cfg.copy_head.enabled
+    for override in decision["overrides"]:
+        (section, key), value = parse_override(override)
+        assert section == "copy_head" and getattr(cfg.copy_head, key) == value, (recipe, override)
