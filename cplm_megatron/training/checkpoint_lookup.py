@@ -2,7 +2,8 @@
 
 Layout (written by `cplm_megatron.training.checkpointing`) under a checkpoint root, `<run.dir>/checkpoints/`:
 
-    iter_0000100/   metadata.json, common.pt, .metadata and *.distcp (torch_dist), and last
+    iter_0000100/   metadata.json, .metadata and *.distcp (torch_dist), common.pt (megatron-core 0.16;
+                    0.19 keeps the common state in the torch_dist files), and last
                     cplm_state.json, which marks the save as finished (a "committed" checkpoint)
     latest          "iter_0000100", moved only after every rank finished a save
 
@@ -25,7 +26,8 @@ CHECKPOINTS_DIR = "checkpoints"
 LATEST = "latest"
 STATE_JSON = "cplm_state.json"  # written last: its presence commits a checkpoint
 DIST_METADATA = "metadata.json"  # megatron.core.dist_checkpointing: which backend wrote the files
-COMMON_STATE = "common.pt"  # iteration, scheduler, data position, run config
+COMMON_STATE = "common.pt"  # iteration, scheduler, data position, run config (megatron-core 0.16)
+COMMON_STATE_OBJECT = "common_state"  # the same, inside the torch_dist files (megatron-core 0.19)
 TENSOR_INDEX = ".metadata"  # torch.distributed.checkpoint: which *.distcp file holds each tensor
 _ITER_DIR = re.compile(r"^iter_(\d+)$")
 
@@ -86,16 +88,18 @@ def read_record(path: Path) -> Dict[str, Any]:
     return record
 
 
-def _shard_problems(path: Path) -> List[str]:
-    """Missing or truncated *.distcp files, from the torch_dist tensor index."""
+def _index_problems(path: Path) -> tuple[List[str], bool]:
+    """Missing or truncated *.distcp files, from the torch_dist tensor index; and whether the index holds
+    the common state (megatron-core 0.19 saves it as the sharded object `common_state`, not common.pt)."""
     from torch.distributed.checkpoint import FileSystemReader
 
     try:
-        storage = FileSystemReader(str(path)).read_metadata().storage_data
+        metadata = FileSystemReader(str(path)).read_metadata()
     except Exception as e:  # noqa: BLE001 - a corrupt pickle raises anything
-        return [f"{TENSOR_INDEX} (the tensor index) is unreadable: {type(e).__name__}: {e}"]
+        return [f"{TENSOR_INDEX} (the tensor index) is unreadable: {type(e).__name__}: {e}"], False
+    common_in_index = any(key.startswith(COMMON_STATE_OBJECT) for key in metadata.state_dict_metadata)
     needed: Dict[str, int] = {}
-    for info in storage.values():
+    for info in metadata.storage_data.values():
         needed[info.relative_path] = max(needed.get(info.relative_path, 0), info.offset + info.length)
     problems = []
     missing = sorted(name for name in needed if not (path / name).is_file())
@@ -105,7 +109,7 @@ def _shard_problems(path: Path) -> List[str]:
     for name, size in sorted(needed.items()):
         if name not in missing and (path / name).stat().st_size < size:
             problems.append(f"{name} is truncated ({(path / name).stat().st_size} bytes, the index needs {size})")
-    return problems
+    return problems, common_in_index
 
 
 def checkpoint_damage(path: Path) -> List[str]:
@@ -129,12 +133,14 @@ def checkpoint_damage(path: Path) -> List[str]:
         problems.append(f"{DIST_METADATA} is missing")
     except (OSError, ValueError, AttributeError) as e:
         problems.append(f"{DIST_METADATA} is unreadable ({e})")
-    if not (path / COMMON_STATE).is_file():
-        problems.append(f"{COMMON_STATE} (iteration, scheduler, data position, config) is missing")
+    common_in_index = False
     if not (path / TENSOR_INDEX).is_file():
         problems.append(f"{TENSOR_INDEX} (the tensor index) is missing")
     else:
-        problems += _shard_problems(path)
+        index_problems, common_in_index = _index_problems(path)
+        problems += index_problems
+    if not (path / COMMON_STATE).is_file() and not common_in_index:
+        problems.append(f"{COMMON_STATE} (iteration, scheduler, data position, config) is missing")
     return problems
 
 

@@ -21,6 +21,9 @@ TINY = (
     "copy_head.head_dim=16", "data.synthetic=copy", f"train.seq_len={SEQ_LEN}", "train.micro_batch=4",
     "train.global_batch=4", "train.iters=2", f"train.lr={LR}", f"train.min_lr={LR / 10}", "train.log_interval=1",
     "train.eval_interval=0", "checkpoint.interval=1", "checkpoint.keep=10", "logging.wandb=false",
+    # the pure mixture objective (not the recipe's + LM CE): an HF export knows only the mixture, so the
+    # gradient task's objective and the HF model's loss are the same function only then
+    "copy_head.lm_loss_weight=0",
 )
 NAMES = {"baseline": False, "cplm": True}
 
