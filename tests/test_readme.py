@@ -98,5 +98,9 @@ def test_readme_study_table_is_generated_from_the_committed_summary():
 
     from cplm_megatron.evaluation.multiseed_report import readme_block
 
-    summary = json.loads((REPO / "benchmarks/results/study_cpu/summary.json").read_text())
-    assert readme_block(summary) in (REPO / "README.md").read_text()
+    summary_json = REPO / "benchmarks/results/study_cpu/summary.json"
+    block = readme_block(json.loads(summary_json.read_text()))
+    assert block in (REPO / "README.md").read_text()
+    printed = subprocess.run([sys.executable, str(REPO / "tools/ablate.py"), "--study-table", str(summary_json)],
+                             capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert printed.returncode == 0 and printed.stdout.strip() == block, printed.stderr[-2000:]

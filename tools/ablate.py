@@ -32,7 +32,7 @@ from pathlib import Path
 
 from cplm_megatron.evaluation.ablation import JobResult, Settings
 from cplm_megatron.evaluation.multiseed import ARMS, SCALES, StudySettings
-from cplm_megatron.evaluation.multiseed_report import headline_table
+from cplm_megatron.evaluation.multiseed_report import headline_table, readme_block
 from cplm_megatron.evaluation.study import SpamLangSettings, run_ablation, run_recipe_study
 
 
@@ -45,7 +45,7 @@ def _ints(text: str):
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--output", required=True, help="output directory (report.md, plots, runs/)")
+    p.add_argument("--output", help="output directory (report.md, plots, runs/); required but with --study-table")
     p.add_argument("--quick", action="store_true", help="the short variant (CI, make demo)")
     p.add_argument("--data", default="data/stdlib", help="the embedded corpus (make data); default data/stdlib")
     p.add_argument("--experiments", default="corpus,spamlang", help="comma-separated: corpus,spamlang")
@@ -146,8 +146,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     argv = sys.argv[1:] if argv is None else argv
     if args.study_table:
-        print(headline_table(json.loads(Path(args.study_table).read_text())))
+        print(readme_block(json.loads(Path(args.study_table).read_text())))
         return 0
+    if not args.output:
+        print("error: --output DIR is required (where the runs, report.md and plots go)", file=sys.stderr)
+        return 2
     if args.study:
         return main_study(args, argv)
     try:

@@ -12,6 +12,7 @@ import os
 import random
 import re
 import socket
+import sys
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, List, Mapping, Optional
@@ -151,7 +152,7 @@ def init_distributed(
         check_cuda_expected()
     applied = apply_compat()
     if env.rank == 0:
-        print(describe_compat(applied), flush=True)  # an info line: stderr stays for errors
+        print(describe_compat(applied), file=sys.stderr, flush=True)  # stderr: tools print JSON on stdout
     cuda = torch.cuda.is_available()
     backend = parallel.backend if parallel.backend != "auto" else ("nccl" if cuda else "gloo")
     if cuda:

@@ -33,7 +33,7 @@ def snapshot(run: Path) -> dict[str, bytes]:
 def test_architecture_head_loss_and_data_format_must_match(tmp_path: Path) -> None:
     saved = tiny_config(tmp_path).to_dict()
     for override, key in [("copy_head.enabled=false", "copy_head.enabled"), ("model.num_layers=3", "model.num_layers"),
-                          ("copy_head.lm_loss_weight=1", "copy_head.lm_loss_weight"),
+                          ("copy_head.lm_loss_weight=0.5", "copy_head.lm_loss_weight"),
                           ("train.seq_len=16", "train.seq_len"), ("data.document_masking=false", "data.document_masking"),
                           ("optimizer.beta2=0.99", "optimizer.beta2"), ("precision.dtype=bf16", "precision.dtype")]:
         mismatched, _ = compare_configs(saved, tiny_config(tmp_path, override))
