@@ -45,3 +45,19 @@ def copy_run(source: Path, target: Path) -> Path:
 def shards(iter_dir: Path) -> List[Path]:
     """The *.distcp files of a checkpoint."""
     return sorted(iter_dir.glob("*.distcp"))
+
+
+# What the damage check reports when the common state is gone: common.pt (megatron-core 0.16) or, where the
+# torch_dist shard holds it as the `common_state` object (0.19), that shard.
+COMMON_STATE_GONE = (r"(common\.pt \(iteration, scheduler, data position, config\) is missing"
+                     r"|shard file __0_0\.distcp is missing)")
+
+
+def remove_common_state(iter_dir: Path) -> None:
+    """Delete a checkpoint's common state (iteration, scheduler, data position, config) in either format."""
+    common = iter_dir / "common.pt"
+    if common.is_file():
+        common.unlink()
+    else:
+        for shard in shards(iter_dir):
+            shard.unlink()

@@ -15,7 +15,14 @@ from cplm_megatron.training.checkpoint_lookup import (
     read_latest,
     resolve_checkpoint,
 )
-from tests.training.checkpoint_files import copy_run, shards, tiny_config, write_checkpoints
+from tests.training.checkpoint_files import (
+    COMMON_STATE_GONE,
+    copy_run,
+    remove_common_state,
+    shards,
+    tiny_config,
+    write_checkpoints,
+)
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +91,7 @@ FIX = r"point latest at the previous complete checkpoint: echo iter_0000002 > \S
     (lambda it: shards(it)[0].unlink(), r"shard file __0_0\.distcp is missing"),
     (lambda it: shards(it)[0].write_bytes(shards(it)[0].read_bytes()[:1000]),
      r"__0_0\.distcp is truncated \(1000 bytes, the index needs \d+\)"),
-    (lambda it: (it / "common.pt").unlink(), r"common\.pt \(iteration, scheduler, data position, config\) is missing"),
+    (remove_common_state, COMMON_STATE_GONE),
     (lambda it: (it / "metadata.json").unlink(), r"metadata\.json is missing"),
     (lambda it: (it / ".metadata").unlink(), r"\.metadata \(the tensor index\) is missing"),
     (lambda it: (it / ".metadata").write_bytes(b"garbage"), r"\.metadata \(the tensor index\) is unreadable"),
@@ -123,7 +130,7 @@ def test_latest_at_an_unfinished_save_names_the_previous_checkpoint(run: Path) -
 
 def test_only_damaged_checkpoints_left_suggests_restoring_or_starting_over(run: Path) -> None:
     for it in (1, 2, 3):
-        (run / "checkpoints" / f"iter_{it:07d}" / "common.pt").unlink()
+        remove_common_state(run / "checkpoints" / f"iter_{it:07d}")
     with pytest.raises(CheckpointError, match=r"no earlier complete checkpoint exists under \S+: restore the missing "
                                               r"files, or start over with --set checkpoint.resume=false "
                                               r"checkpoint.overwrite=true"):

@@ -9,7 +9,13 @@ import pytest
 from cplm_megatron.errors import CheckpointError, ConfigError
 from cplm_megatron.training.resume import plan_start
 from cplm_megatron.training.resume_compat import RESUME_CHANGEABLE, compare_configs
-from tests.training.checkpoint_files import copy_run, tiny_config, write_checkpoints
+from tests.training.checkpoint_files import (
+    COMMON_STATE_GONE,
+    copy_run,
+    remove_common_state,
+    tiny_config,
+    write_checkpoints,
+)
 
 
 @pytest.fixture(scope="module")
@@ -136,8 +142,8 @@ def test_latest_moved_back_past_intact_checkpoints_is_refused(run: Path) -> None
 
 
 def test_latest_moved_back_past_a_damaged_checkpoint_resumes_and_says_it_is_replaced(run: Path) -> None:
-    (run / "checkpoints" / "iter_0000004" / "common.pt").unlink()
-    with pytest.raises(CheckpointError, match=r"iter_0000004 is damaged: common.pt .*echo iter_0000002"):
+    remove_common_state(run / "checkpoints" / "iter_0000004")
+    with pytest.raises(CheckpointError, match=rf"iter_0000004 is damaged: {COMMON_STATE_GONE}.*echo iter_0000002"):
         plan_start(tiny_config(run))
     (run / "checkpoints" / "latest").write_text("iter_0000002\n")  # the fix the message names
     plan = plan_start(tiny_config(run))
