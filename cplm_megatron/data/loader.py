@@ -192,8 +192,8 @@ class _Loader:
     def _checked(self, batch: dict[str, torch.Tensor], what: str, index: int) -> dict[str, torch.Tensor]:
         """The batch, if its token ids fit the tokenizer's vocabulary and its positions the sequence."""
         vocab = self.tokenizer.vocab_size
-        ids = torch.stack([batch["tokens"], batch["labels"]])
-        low, high = int(ids.min()), int(ids.max())
+        extremes = [torch.aminmax(batch[key]) for key in ("tokens", "labels")]  # no stacked copy per micro-batch
+        low, high = min(int(e.min) for e in extremes), max(int(e.max) for e in extremes)
         if low < 0 or high >= vocab:
             bad = low if low < 0 else high
             raise DatasetError(
