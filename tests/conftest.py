@@ -22,8 +22,7 @@ pytest_plugins = ["tests.data_fixtures"]
 MCORE_DIRS = ("model", "parallel", "training", "hf", "evaluation")
 MCORE_MODULES = ("tools/test_model_info.py", "tools/test_evaluate.py")
 MCORE_FREE = ("model/test_copy_head.py", "hf/test_modeling_cplm.py", "hf/test_cplm_generation.py",
-              "hf/test_hf_export.py", "hf/test_lm_eval_export.py", "evaluation/test_report.py",
-              "evaluation/test_checkpoints.py")
+              "hf/test_hf_export.py", "hf/test_lm_eval_export.py", "evaluation/test_report.py")
 # Of the slow (multi-process) `mcore` tests, the newest-release leg runs these modules again (marker
 # `mcore_latest`): TP/PP/SP/VPP equality and the compat layer's scenarios, where megatron-core's changes
 # between releases land; the other slow ones (end-to-end training, conversion, evaluation runs) run on
