@@ -116,3 +116,36 @@ def compare(rank: int, tp: int) -> Dict:
         for impl in ("sdpa", "megatron"):
             out["model"][(f"{impl}_bf16", True)] = _model_case(parallel, impl, True, precision=bf16)
     return out
+
+
+def saved_bytes(rank: int) -> Dict:
+    """Bytes that one layer's core attention keeps for its backward (autograd's saved tensors, by storage), in
+    bf16 training, SDPA vs megatron's unfused attention, with and without the document mask; q/k/v excluded."""
+    from cplm_megatron.model.builder import transformer_config
+    from cplm_megatron.parallel.distributed import init_distributed
+    from cplm_megatron.training.step import document_attention_mask
+
+    parallel = ParallelConfig()
+    cfg = load_preset("tiny")
+    init_distributed(parallel, cfg, seed=7)
+    config = transformer_config(cfg, parallel, PrecisionConfig(dtype="bf16"))
+    heads, groups, d = cfg.num_attention_heads, cfg.kv_heads, cfg.head_dim
+    _, _, _, doc = _batch(16)
+    out = {}
+    for masking in (False, True):
+        mask = document_attention_mask(doc) if masking else None
+        for mod, name in zip(_core_pair(config), ("sdpa", "megatron")):
+            q, k, v = (torch.randn(S, B, n, d, dtype=torch.bfloat16, requires_grad=True) for n in (heads, groups, groups))
+            inputs = {t.untyped_storage().data_ptr() for t in (q, k, v)}
+            storages: Dict[int, tuple] = {}
+
+            def pack(t, storages=storages, inputs=inputs):
+                ptr = t.untyped_storage().data_ptr()
+                if ptr not in inputs:
+                    storages[ptr] = (t.untyped_storage().nbytes(), tuple(t.shape), str(t.dtype))
+                return t
+
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                mod(q, k, v, mask)
+            out[(name, masking)] = list(storages.values())
+    return out

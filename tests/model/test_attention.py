@@ -116,3 +116,49 @@ def test_tiny_recipe_trains_to_the_same_losses(stdlib_corpus, tmp_path, masking)
         # same maths, other fp32 reduction orders in the attention: per step ~1e-6 relative, compounding over
         # 4 Adam steps at lr 2e-3 into the losses: 1e-4 relative (tests/training/pretrain_utils.py)
         assert sdpa[it] == pytest.approx(megatron[it], rel=1e-4), (it, sdpa, megatron)
+
+
+@pytest.mark.slow
+def test_memory_estimate_follows_the_attention_in_use():
+    """What one layer's core attention keeps for its backward (measured through autograd's saved tensors, bf16)
+    is what accounting.attention_bytes counts, and the planner's totals follow model.attention_impl."""
+    from cplm_megatron.model.accounting import GIB, attention_bytes, memory_estimate
+
+    [saved] = run_distributed(w.saved_bytes, 1)
+    cfg = load_preset("tiny")
+    b, s, h, d = w.B, w.S, cfg.num_attention_heads, cfg.head_dim
+
+    def est(impl: str, masking: bool) -> float:
+        return attention_bytes(cfg, s, b, 1, 1, impl, 2, "none", masking)["held"]
+
+    for masking in (False, True):
+        got = {}
+        for impl in ("sdpa", "megatron"):
+            entries = saved[(impl, masking)]
+            # per-head [s, s] storages (scores/probabilities), shared [s, s] ones (masks, SDPA's bias), the
+            # log-sum-exp [b, heads, s], and head-shaped [b, heads, s, d] copies (SDPA's output + repeated k/v)
+            square = [(n, shape) for n, shape, _ in entries if shape[-2:] == (s, s)]
+            got[impl] = {
+                "per_head": sum(n for n, shape in square if torch.Size(shape).numel() >= b * h * s * s),
+                "shared": sum(n for n, shape in square if torch.Size(shape).numel() < b * h * s * s),
+                "lse": sum(n for n, shape, _ in entries if shape == (b, h, s)),
+                "heads": sum(n for n, shape, _ in entries if shape == (b, h, s, d)),
+            }
+        sd, mg = got["sdpa"], got["megatron"]
+        assert sd["per_head"] == 0 and mg["per_head"] == est("megatron", False) == 6 * b * h * s * s
+        assert sd["lse"] == est("sdpa", False) == 4 * b * h * s
+        if masking:  # the bias (2 B) SDPA builds once from the step's bool mask (1 B, held by the caller) + k/v
+            repeated = sd["heads"] - 2 * b * h * s * d  # minus the saved output
+            assert sd["shared"] + sd["lse"] + repeated + b * s * s == est("sdpa", True)
+        else:
+            assert sd["shared"] == 0
+    # SmolLM2-1.7B, seq 2048, micro 4, bf16 (the issue's figures): the unfused attention holds
+    # 24 layers x 4 x 32 heads x 2048^2 x (4 + 2) B = 72 GiB; SDPA none of it (a log-sum-exp per head and token)
+    big = load_preset("smollm2-1.7b")
+    unfused = attention_bytes(big, 2048, 4, 1, big.num_layers, "megatron")
+    assert unfused["held"] == 24 * 4 * 32 * 2048**2 * 6 == 72 * GIB
+    assert attention_bytes(big, 2048, 4, 1, big.num_layers, "megatron", recompute="selective")["held"] == 0
+    assert attention_bytes(big, 2048, 4, 1, big.num_layers, "sdpa")["held"] < 0.1 * GIB
+    mem = {impl: memory_estimate(big, None, seq_len=2048, micro_batch=4, attention=impl)["total_gib"]
+           for impl in ("sdpa", "megatron")}
+    assert 70 < mem["megatron"] - mem["sdpa"] < 80, mem
