@@ -14,10 +14,12 @@ Conventions (stated so numbers can be compared with other stacks):
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Dict, Optional
+from typing import TYPE_CHECKING, Dict, Optional
 
-from cplm_kernels.linear_ce import GPU_CHUNKS, CEChunks
 from cplm_megatron.model.config import ModelConfig
+
+if TYPE_CHECKING:  # cplm_kernels imports torch: only the tiled loss's estimate needs it (the GPU check's
+    from cplm_kernels.linear_ce import CEChunks  # summary step estimates Megatron's path without torch)
 
 GIB = 1024**3
 
@@ -126,7 +128,7 @@ def activation_bytes_per_layer_token(m: ModelConfig, tp: int, sp: bool, recomput
 
 
 def lm_head_loss_bytes(m: ModelConfig, tokens: int, tp: int, lm_head_loss: str = "megatron",
-                       param_bytes: int = 2, tile: CEChunks = GPU_CHUNKS) -> Dict[str, float]:
+                       param_bytes: int = 2, tile: Optional["CEChunks"] = None) -> Dict[str, float]:
     """Memory of the LM head's loss for one micro-batch of ``tokens`` on one GPU of the last stage:
     ``held`` from its forward until its backward, ``peak`` while it runs (inputs and the returned
     gradients excluded).
@@ -141,6 +143,8 @@ def lm_head_loss_bytes(m: ModelConfig, tokens: int, tp: int, lm_head_loss: str =
     logits = tokens * m.padded_vocab_size / tp
     if lm_head_loss == "megatron":  # + a target mask (bool) and masked targets (int64) per token
         return {"held": 4 * logits + 9 * tokens, "peak": (4 + (param_bytes if param_bytes < 4 else 0)) * logits}
+    if tile is None:  # the GPU default tile
+        from cplm_kernels.linear_ce import GPU_CHUNKS as tile
     rows, cols = min(tokens, tile.tokens), min(m.padded_vocab_size / tp, tile.vocab)
     per_tile = param_bytes + (4 if lm_head_loss == "chunked" and param_bytes < 4 else 0)
     accumulators = 4 * m.hidden_size * (tokens + cols) if param_bytes < 4 else 0
