@@ -155,3 +155,21 @@ def test_a_killed_step_and_a_stopped_script_still_leave_every_result(tmp_path: P
     assert "received TERM" in log and "script ended during kernel_check" in log
     with tarfile.open(out / "details.tar.gz") as tar:
         assert {"./logs/install.log", "./logs/compat.log", "./compat.json"} <= set(tar.getnames())
+
+
+@pytest.mark.slow
+def test_a_trainer_stopped_early_still_writes_its_throughput_record(tmp_path: Path):
+    """Exit 75 (the check's budget sends SIGTERM; train.exit_after_iters takes the same path): the launch's
+    record lands in summary_stopped_early.json (summary.json stays the mark of a finished run)."""
+    from cplm_megatron.training.signals import RESUME_EXIT_CODE
+    from tests.training import pretrain_utils as pu
+
+    run_dir = tmp_path / "run"
+    proc = pu.run(1, [f"run.dir={run_dir}", "data.synthetic=copy", "data.document_masking=false", "train.iters=8",
+                      "train.exit_after_iters=3", "train.seq_len=64", "train.micro_batch=2", "train.global_batch=2",
+                      "train.log_interval=1", "train.eval_interval=0", "logging.wandb=false",
+                      "checkpoint.enabled=false"])
+    assert proc.returncode == RESUME_EXIT_CODE, proc.stdout[-3000:] + proc.stderr[-3000:]
+    record = json.loads((run_dir / "summary_stopped_early.json").read_text())
+    assert record["stopped_early"] and record["iterations"] == 3 and record["tokens_per_sec"] > 0
+    assert not (run_dir / "summary.json").exists()
