@@ -216,7 +216,7 @@ else
     --json "$WORK/copy_kernel.json"
   train small base smollm2-135m 2048 8 30
   train small cplm smollm2-135m 2048 8 30
-  # 1.7B at micro 2: ~30 GiB planned with SDPA (tools/model_info.py), a wide margin on 139 GiB
+  # 1.7B at micro 2: ~38 GiB planned with SDPA (tools/model_info.py; 76 with the unfused attention) of 139 GiB
   train large base smollm2-1.7b 2048 2 25
   train large cplm smollm2-1.7b 2048 2 25
 fi
