@@ -180,7 +180,7 @@ def attention_bytes(m: ModelConfig, seq_len: int, micro_batch: int, tp: int, lay
     lse = 4 * heads * tokens
     # with a mask and GQA, key/value copies repeated to the query heads (the memory-efficient kernel takes no GQA)
     repeated = 2 * heads * m.head_dim * tokens * param_bytes if document_masking and m.kv_heads != m.num_attention_heads else 0
-    held = ((lse + repeated) * layers if recompute != "full" else 0.0) + mask
+    held = ((lse + repeated) * layers if recompute == "none" else 0.0) + mask  # recompute: core attention re-run
     return {"held": held, "peak": lse + repeated}
 
 
