@@ -162,3 +162,16 @@ def test_memory_estimate_follows_the_attention_in_use():
     mem = {impl: memory_estimate(big, None, seq_len=2048, micro_batch=4, attention=impl)["total_gib"]
            for impl in ("sdpa", "megatron")}
     assert 70 < mem["megatron"] - mem["sdpa"] < 80, mem
+
+
+@pytest.mark.slow
+def test_attention_impl_te_without_transformer_engine_exits_2(tmp_path):
+    from cplm_megatron.model.builder import te_available
+    from tests.training import pretrain_utils as pu
+
+    if te_available():
+        pytest.skip("Transformer Engine is installed here")
+    proc = pu.run(1, [f"run.dir={tmp_path / 'run'}", "model.attention_impl=te", "data.synthetic=copy",
+                      "logging.wandb=false"])
+    pu.assert_bad_input(proc, "model.attention_impl=te needs transformer_engine", "model.attention_impl=sdpa")
+    assert not (tmp_path / "run").exists()
