@@ -116,6 +116,12 @@ def test_tiny_recipe_trains_to_the_same_losses(stdlib_corpus, tmp_path, masking)
         # same maths, other fp32 reduction orders in the attention: per step ~1e-6 relative, compounding over
         # 4 Adam steps at lr 2e-3 into the losses: 1e-4 relative (tests/training/pretrain_utils.py)
         assert sdpa[it] == pytest.approx(megatron[it], rel=1e-4), (it, sdpa, megatron)
+    if masking:  # the attention holds no state: megatron's checkpoint resumes with SDPA (a reported change)
+        proc = pu.run(1, pu.tiny_overrides(stdlib_corpus, tmp_path / "megatron", iters + 1,
+                                           **{"model.attention_impl": "sdpa", "checkpoint.interval": 1000}))
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert "model.attention_impl: 'megatron' -> 'sdpa'" in proc.stdout + proc.stderr
+        assert sorted(pu.losses(tmp_path / "megatron")) == list(range(1, iters + 2))
 
 
 @pytest.mark.slow
