@@ -115,19 +115,16 @@ def compare(rank: int, tp: int) -> Dict:
         bf16 = PrecisionConfig(dtype="bf16")
         for impl in ("sdpa", "megatron"):
             out["model"][(f"{impl}_bf16", True)] = _model_case(parallel, impl, True, precision=bf16)
+        out["saved"] = _saved_bytes(cfg, parallel)
     return out
 
 
-def saved_bytes(rank: int) -> Dict:
+def _saved_bytes(cfg, parallel: ParallelConfig) -> Dict:
     """Bytes that one layer's core attention keeps for its backward (autograd's saved tensors, by storage), in
     bf16 training, SDPA vs megatron's unfused attention, with and without the document mask; q/k/v excluded."""
     from cplm_megatron.model.builder import transformer_config
-    from cplm_megatron.parallel.distributed import init_distributed
     from cplm_megatron.training.step import document_attention_mask
 
-    parallel = ParallelConfig()
-    cfg = load_preset("tiny")
-    init_distributed(parallel, cfg, seed=7)
     config = transformer_config(cfg, parallel, PrecisionConfig(dtype="bf16"))
     heads, groups, d = cfg.num_attention_heads, cfg.kv_heads, cfg.head_dim
     _, _, _, doc = _batch(16)
