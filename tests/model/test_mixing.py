@@ -207,3 +207,22 @@ def test_sentinel_trains_in_bf16() -> None:
     ref = _sentinel_head()(hidden, lm_ce, labels, impl="chunked")
     # bf16 weights and inputs round at 2^-8 relative: the scores (|s| <~ 10) move by ~0.1, log p by about as much
     assert (out.loss.detach() - ref.loss.detach()).abs().max() < 0.3
+
+
+def test_sentinel_with_the_auxiliary_losses_and_decouple_lm() -> None:
+    """The auxiliary terms and decouple_lm act on the sentinel mixture as on the gate's: loss = mix + w_lm CE +
+    w_copy copy NLL, and with decouple_lm the LM CE's gradient is its own weight only."""
+    torch.manual_seed(0)
+    cfg = CopyHeadConfig(heads=2, head_dim=8, mixing="sentinel", block_size=5, lm_loss_weight=1.0,
+                         copy_loss_weight=0.5, decouple_lm=True)
+    cfg.validate()
+    head = CopyPasteHead(HID, cfg, init_std=0.5)
+    hidden, labels, lm_logits = _inputs(seed=7)
+    lm_ce = torch.nn.functional.cross_entropy(lm_logits.transpose(1, 2), labels, reduction="none").requires_grad_()
+    out = head(hidden, lm_ce, labels, impl="chunked")
+    copy_nll = torch.where(out.has_match, -out.log_p_copy, 0.0)
+    # the same fp32 terms summed in the same order: bitwise
+    assert torch.equal(out.loss, out.mix_nll + 1.0 * lm_ce + 0.5 * copy_nll)
+    (grad,) = torch.autograd.grad(out.loss.sum(), lm_ce)
+    assert torch.equal(grad, torch.ones_like(grad))  # decoupled: d loss / d CE_t = lm_loss_weight exactly
+    assert out.has_match.any() and (out.gate[out.has_candidate] > 0).all()
