@@ -33,18 +33,25 @@ def candidate_masks(
     q_start: int = 0,
     q_end: int | None = None,
     k_end: int | None = None,
+    q_positions: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Boolean ``[b, tq, tk]`` masks (candidate, matching candidate) for queries [q_start, q_end)
-    against keys [0, k_end)."""
-    T = labels.shape[1]
-    q_end = T if q_end is None else q_end
-    k_end = q_end if k_end is None else k_end
-    tq = torch.arange(q_start, q_end, device=labels.device)
+    against keys [0, k_end). With ``q_positions`` ``[Tq]`` (context parallelism) query i sits at global
+    position ``q_positions[i]`` and ``labels``/``doc_ids`` are the global ``[b, T]`` ones."""
+    if q_positions is None:
+        T = labels.shape[1]
+        q_end = T if q_end is None else q_end
+        tq = torch.arange(q_start, q_end, device=labels.device)
+        k_end = q_end if k_end is None else k_end
+    else:
+        q_end = q_positions.shape[0] if q_end is None else q_end
+        tq = q_positions[q_start:q_end]
+        k_end = int(tq.max()) + 1 if k_end is None else k_end
     tk = torch.arange(0, k_end, device=labels.device)
     cand = (tk[None, :] < tq[:, None])[None] & (labels[:, None, :k_end] >= 0)
     if doc_ids is not None:
-        cand = cand & (doc_ids[:, q_start:q_end, None] == doc_ids[:, None, :k_end])
-    match = cand & (labels[:, q_start:q_end, None] == labels[:, None, :k_end])
+        cand = cand & (doc_ids[:, tq, None] == doc_ids[:, None, :k_end])
+    match = cand & (labels[:, tq, None] == labels[:, None, :k_end])
     return cand, match
 
 
@@ -67,18 +74,26 @@ def copy_lse_naive(
     labels: torch.Tensor,
     doc_ids: torch.Tensor | None = None,
     scale: float | None = None,
+    q_positions: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Reference: materializes the ``[b, H, T, T]`` scores. Differentiable by autograd."""
+    """Reference: materializes the ``[b, H, Tq, T]`` scores. Differentiable by autograd. ``q_positions``:
+    the global positions of the queries (context parallelism; k, labels, doc_ids global), default 0 .. T-1."""
     scale = default_scale(q.shape[-1]) if scale is None else scale
     scores = _scores(q, k, scale)
-    cand, match = candidate_masks(labels, doc_ids)
+    cand, match = candidate_masks(labels, doc_ids, k_end=k.shape[2], q_positions=q_positions)
     return _masked_lse(scores, cand[:, None]), _masked_lse(scores, match[:, None])
 
 
-def _block_probs(q, k, labels, doc_ids, scale, t0, t1, lse_all, lse_match):
-    """Recompute (scores, P_all, P_match) for queries [t0, t1) against keys [0, t1)."""
-    s = _scores(q[:, :, t0:t1], k[:, :, :t1], scale)
-    cand, match = candidate_masks(labels, doc_ids, t0, t1)
+def _key_end(q_positions, t0: int, t1: int) -> int:
+    """Keys a query block [t0, t1) can see: [0, t1), or up to its last global position under CP."""
+    return t1 if q_positions is None else int(q_positions[t0:t1].max()) + 1
+
+
+def _block_probs(q, k, labels, doc_ids, scale, t0, t1, lse_all, lse_match, q_positions=None):
+    """Recompute (scores, P_all, P_match) for queries [t0, t1) against the keys they can see."""
+    ke = _key_end(q_positions, t0, t1)
+    s = _scores(q[:, :, t0:t1], k[:, :, :ke], scale)
+    cand, match = candidate_masks(labels, doc_ids, t0, t1, k_end=ke, q_positions=q_positions)
     la = lse_all[:, :, t0:t1, None]
     lm = lse_match[:, :, t0:t1, None]
     # where a row is empty its lse is -inf: use 0 there so exp() stays finite (masked anyway)
@@ -91,23 +106,24 @@ class _ChunkedCopyLSE(torch.autograd.Function):
     """Query-blocked forward and recomputing backward: memory O(T * block) per head."""
 
     @staticmethod
-    def forward(ctx, q, k, labels, doc_ids, scale, block):
+    def forward(ctx, q, k, labels, doc_ids, scale, block, q_positions=None):
         b, H, T, _ = q.shape
         lse_all = torch.full((b, H, T), NEG_INF, dtype=_acc(q).dtype, device=q.device)
         lse_match = torch.full_like(lse_all, NEG_INF)
         for t0 in range(0, T, block):
             t1 = min(T, t0 + block)
-            s = _scores(q[:, :, t0:t1], k[:, :, :t1], scale)
-            cand, match = candidate_masks(labels, doc_ids, t0, t1)
+            ke = _key_end(q_positions, t0, t1)
+            s = _scores(q[:, :, t0:t1], k[:, :, :ke], scale)
+            cand, match = candidate_masks(labels, doc_ids, t0, t1, k_end=ke, q_positions=q_positions)
             lse_all[:, :, t0:t1] = _masked_lse(s, cand[:, None])
             lse_match[:, :, t0:t1] = _masked_lse(s, match[:, None])
-        ctx.save_for_backward(q, k, labels, doc_ids, lse_all, lse_match)
+        ctx.save_for_backward(q, k, labels, doc_ids, lse_all, lse_match, q_positions)
         ctx.scale, ctx.block = scale, block
         return lse_all, lse_match
 
     @staticmethod
     def backward(ctx, g_all, g_match):
-        q, k, labels, doc_ids, lse_all, lse_match = ctx.saved_tensors
+        q, k, labels, doc_ids, lse_all, lse_match, q_positions = ctx.saved_tensors
         scale, block = ctx.scale, ctx.block
         T = q.shape[2]
         g_all = torch.zeros_like(lse_all) if g_all is None else g_all
@@ -119,11 +135,13 @@ class _ChunkedCopyLSE(torch.autograd.Function):
         dk = torch.zeros_like(k, dtype=lse_all.dtype)
         for t0 in range(0, T, block):
             t1 = min(T, t0 + block)
-            _, p_all, p_match = _block_probs(q, k, labels, doc_ids, scale, t0, t1, lse_all, lse_match)
+            ke = _key_end(q_positions, t0, t1)
+            _, p_all, p_match = _block_probs(q, k, labels, doc_ids, scale, t0, t1, lse_all, lse_match,
+                                             q_positions)
             ds = (g_all[:, :, t0:t1, None] * p_all + g_match[:, :, t0:t1, None] * p_match) * scale
-            dq[:, :, t0:t1] = torch.einsum("bhtj,bhjd->bhtd", ds, _acc(k[:, :, :t1]))
-            dk[:, :, :t1] += torch.einsum("bhtj,bhtd->bhjd", ds, _acc(q[:, :, t0:t1]))
-        return dq.to(q.dtype), dk.to(k.dtype), None, None, None, None
+            dq[:, :, t0:t1] = torch.einsum("bhtj,bhjd->bhtd", ds, _acc(k[:, :, :ke]))
+            dk[:, :, :ke] += torch.einsum("bhtj,bhtd->bhjd", ds, _acc(q[:, :, t0:t1]))
+        return dq.to(q.dtype), dk.to(k.dtype), None, None, None, None, None
 
 
 def copy_lse_chunked(
@@ -133,10 +151,13 @@ def copy_lse_chunked(
     doc_ids: torch.Tensor | None = None,
     scale: float | None = None,
     block: int = 128,
+    q_positions: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Same values and gradients as :func:`copy_lse_naive` without the ``[T, T]`` tensors."""
+    """Same values and gradients as :func:`copy_lse_naive` without the ``[T, T]`` tensors (``q_positions``
+    as there). Under context parallelism a query block should not straddle the two CP chunks of a rank
+    (it still is exact; it only sees more keys than it needs)."""
     scale = default_scale(q.shape[-1]) if scale is None else scale
-    return _ChunkedCopyLSE.apply(q, k, labels, doc_ids, scale, block)
+    return _ChunkedCopyLSE.apply(q, k, labels, doc_ids, scale, block, q_positions)
 
 
 def copy_distribution(

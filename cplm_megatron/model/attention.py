@@ -12,6 +12,10 @@ signature (a drop-in `core_attention` submodule) and calls SDPA instead:
   block-diagonal causal attention;
 * GQA: key/value groups repeated to the local heads only where the kernel needs it (`enable_gqa` otherwise);
 * TP: local heads (heads/tp, groups/tp); SP and PP need nothing here (q/k/v arrive full-sequence);
+* CP (`parallel.cp`): q/k/v hold this rank's two chunks of the load-balanced split; k/v are all-gathered
+  over the CP group (megatron's `all_gather` comm type; the backward reduce-scatters their gradients to the
+  owners) and the causal / document mask is in global positions (`[b, 1, s/cp, s]`: the step slices the
+  document mask's query rows, the causal one is built here);
 * attention dropout with the tensor-parallel RNG tracker, as DotProductAttention does.
 """
 from __future__ import annotations
@@ -25,6 +29,8 @@ from megatron.core import tensor_parallel
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.utils import divide
+
+from cplm_megatron.parallel.context import cp_size_rank, gather_sequence, this_rank_positions
 
 ATTENTION_IMPLS = ("auto", "sdpa", "megatron", "te")
 
@@ -45,8 +51,7 @@ class SDPAttention(MegatronModule):
         **_unused: Any,
     ):
         super().__init__(config=config)
-        if config.context_parallel_size != 1:
-            raise ValueError("SDPA attention has no context parallelism; use parallel.cp=1 (or the TE layer spec)")
+        self.cp = config.context_parallel_size
         if getattr(config, "softmax_type", "vanilla") != "vanilla" or getattr(config, "window_size", None):
             raise ValueError("SDPA attention supports the vanilla softmax without a sliding window")
         self.layer_number = max(1, layer_number)
@@ -93,6 +98,10 @@ class SDPAttention(MegatronModule):
         if packed_seq_params is not None or attention_bias is not None:
             raise ValueError("SDPA attention takes an attention mask, not packed_seq_params or attention_bias")
         mask_type = attn_mask_type if attn_mask_type is not None else self.attn_mask_type
+        if self.cp > 1:  # context parallelism: local queries, every rank's keys/values in global order
+            key, value = gather_sequence(key, dim=0), gather_sequence(value, dim=0)
+            if attention_mask is None and mask_type == AttnMaskType.causal:
+                attention_mask = _cp_causal_mask(query.shape[0], key.shape[0], query.device)
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, heads|groups, s, d]
         rep = self.heads // self.groups
         kwargs: dict = {}
@@ -114,6 +123,18 @@ class SDPAttention(MegatronModule):
         # [b, heads, sq, d] -> [sq, b, heads * d]
         return out.permute(2, 0, 1, 3).reshape(out.shape[2], out.shape[0], self.hidden_size_per_partition)
 
+
+def _cp_causal_mask(local_len: int, seq_len: int, device: torch.device) -> torch.Tensor:
+    """[1, 1, local, seq] causal mask (True = masked) of this CP rank's queries in GLOBAL positions (its two
+    chunks) against all keys; one object per shape, so `_mask_bias` computes its bias once."""
+    key = (local_len, seq_len, str(device), cp_size_rank())
+    if key not in _CP_CAUSAL:
+        q_pos = this_rank_positions(local_len, device)
+        _CP_CAUSAL[key] = (torch.arange(seq_len, device=device)[None, :] > q_pos[:, None])[None, None]
+    return _CP_CAUSAL[key]
+
+
+_CP_CAUSAL: dict = {}
 
 # The bias of the last mask seen, shared by every layer of every model chunk of this process (the step
 # passes one mask object to all layers of a micro-batch).

@@ -20,6 +20,7 @@ import cplm_kernels
 from cplm_kernels.configs import SUPPORTED_HEAD_DIMS
 from cplm_megatron.errors import ConfigError
 from cplm_megatron.model.mixing import MIXING_RULES, CopyStats, MixtureWeights, mix_log_probs, mixing_rule
+from cplm_megatron.parallel.context import gather_sequence, this_rank_positions
 
 NEG_INF = float("-inf")
 log = logging.getLogger(__name__)
@@ -202,12 +203,18 @@ class CopyPasteHead(nn.Module):
         stats = CopyStats(lse_all.transpose(1, 2)) if lse_all is not None else None
         return self.rule.weights(hidden, self.gate.weight, self.gate.bias, has_cand, stats)
 
-    def copy_lse(self, q, k, cand_labels, doc_ids, impl: str) -> Tuple[torch.Tensor, torch.Tensor]:
-        """(lse_all, lse_match) [b, H, s] with the chosen implementation."""
+    def copy_lse(self, q, k, cand_labels, doc_ids, impl: str,
+                 q_positions: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(lse_all, lse_match) [b, H, s] with the chosen implementation; `q_positions`: the queries' global
+        positions under context parallelism (k, cand_labels, doc_ids then cover the whole sequence)."""
         if impl == "naive":
-            return cplm_kernels.copy_lse_naive(q, k, cand_labels, doc_ids, self.scale)
+            return cplm_kernels.copy_lse_naive(q, k, cand_labels, doc_ids, self.scale, q_positions=q_positions)
         if impl == "chunked":
-            return cplm_kernels.copy_lse_chunked(q, k, cand_labels, doc_ids, self.scale, self.cfg.block_size)
+            return cplm_kernels.copy_lse_chunked(q, k, cand_labels, doc_ids, self.scale, self.cfg.block_size,
+                                                 q_positions=q_positions)
+        if q_positions is not None:
+            raise ConfigError(f"copy_head.impl={impl} has no context parallelism (its kernel takes no global key "
+                              "positions yet); use copy_head.impl=chunked (or auto) with parallel.cp > 1")
         if impl == "fused":
             if self.cfg.fp8:  # current (amax) scaling inside; straight-through gradients to q, k
                 return cplm_kernels.copy_lse_fused_fp8(q, k, cand_labels, doc_ids, self.scale)
@@ -232,7 +239,13 @@ class CopyPasteHead(nn.Module):
         impl = impl or self.impl_for(hidden.device)
         cand = candidate_labels(labels, loss_mask)
         q, k = self.queries_keys(hidden)
-        lse_all, lse_match = self.copy_lse(q, k, cand, doc_ids, impl)
+        q_positions = this_rank_positions(hidden.shape[1], hidden.device)
+        if q_positions is not None:  # context parallelism: local queries, every rank's keys (docs/design.md)
+            if impl == "fused" and self.cfg.impl == "auto":
+                impl = "chunked"
+            k, cand = gather_sequence(k, dim=2), gather_sequence(cand, dim=1)
+            doc_ids = gather_sequence(doc_ids, dim=1) if doc_ids is not None else None
+        lse_all, lse_match = self.copy_lse(q, k, cand, doc_ids, impl, q_positions)
         has_cand = torch.isfinite(lse_all[:, 0])
         log_p_head = torch.where(has_cand[:, None], lse_match - torch.where(has_cand[:, None], lse_all, 0.0), NEG_INF)
         log_p_copy = safe_logsumexp(log_p_head, dim=1) - math.log(self.cfg.heads)
@@ -264,6 +277,9 @@ class CopyPasteHead(nn.Module):
         lm_log_probs: [b, s, V_slice] log p_LM normalized over the FULL vocabulary. Copy mass is
         scattered only for candidate labels inside the slice, so summing exp() over all TP slices gives 1.
         """
+        if this_rank_positions(hidden.shape[1], hidden.device) is not None:
+            raise NotImplementedError("the mixture's full distribution is not implemented under context "
+                                      "parallelism; score or export with parallel.cp=1")
         vocab_end = vocab_start + lm_log_probs.shape[-1]
         cand = candidate_labels(labels, loss_mask)
         q, k = self.queries_keys(hidden)

@@ -12,6 +12,7 @@ from cplm_megatron.errors import ConfigError
 
 if TYPE_CHECKING:  # type-only: the model package imports this one
     from cplm_megatron.model.config import ModelConfig
+    from cplm_megatron.model.copy_head import CopyHeadConfig
 
 
 @dataclass
@@ -34,8 +35,6 @@ class ParallelConfig:
             raise ConfigError(f"parallel.vpp={self.vpp} needs parallel.pp >= 2 (got pp={self.pp}) and vpp >= 1")
         if self.sp and self.tp < 2:
             raise ConfigError("parallel.sp=true needs parallel.tp >= 2 (sequence parallelism shards over TP)")
-        if self.cp != 1:
-            raise ConfigError(f"parallel.cp={self.cp}: context parallelism is not supported yet; use cp=1")
         if self.backend not in ("auto", "nccl", "gloo"):
             raise ConfigError(f"parallel.backend must be auto|nccl|gloo, got {self.backend!r}")
 
@@ -70,3 +69,28 @@ def validate_layout(world_size: int, parallel: ParallelConfig, model: ModelConfi
             f"model.vocab_pad_multiple={model.vocab_pad_multiple}) is not divisible by parallel.tp={parallel.tp}"
         )
     return world_size // mp
+
+
+def check_context_parallel(parallel: ParallelConfig, model: ModelConfig, seq_len: int,
+                           copy_head: Optional[CopyHeadConfig] = None) -> None:
+    """The context-parallel checks that need no process group: the load-balanced split cuts the sequence
+    into 2 x parallel.cp chunks, and only SDPA's (or TE's) core attention and the torch copy kernels
+    attend across CP ranks."""
+    cp = parallel.cp
+    if cp == 1:
+        return
+    if seq_len % (2 * cp):
+        raise ConfigError(
+            f"train.seq_len={seq_len} is not divisible by 2 x parallel.cp = {2 * cp} (context parallelism "
+            f"splits the sequence into 2 x cp chunks); choose a seq_len that is a multiple of {2 * cp}"
+        )
+    if model.attention_impl == "megatron":
+        raise ConfigError(
+            f"parallel.cp={cp} needs model.attention_impl=sdpa (or te with Transformer Engine): megatron-core's "
+            "unfused DotProductAttention has no context parallelism"
+        )
+    if copy_head is not None and copy_head.enabled and (copy_head.impl == "fused" or copy_head.fp8):
+        raise ConfigError(
+            f"parallel.cp={cp}: the fused copy kernel (copy_head.impl=fused, copy_head.fp8) takes no global key "
+            "positions yet; use copy_head.impl=chunked (or auto, which picks it under CP) and copy_head.fp8=false"
+        )

@@ -26,7 +26,7 @@ from cplm_megatron.errors import ConfigError
 from cplm_megatron.model.builder import PrecisionConfig, RecomputeConfig
 from cplm_megatron.model.config import ModelConfig, resolve_model_section
 from cplm_megatron.model.copy_head import CopyHeadConfig
-from cplm_megatron.parallel.config import ParallelConfig, validate_layout
+from cplm_megatron.parallel.config import ParallelConfig, check_context_parallel, validate_layout
 from cplm_megatron.training.optimizer import OptimizerConfig, ScheduleConfig
 
 # Batch shape lives in train.*; the data section receives it (one source of truth).
@@ -141,6 +141,7 @@ class RunConfig:
             )
         if self.data.document_masking and self.model.layer_spec == "te":
             raise ConfigError("data.document_masking=true needs model.layer_spec=local (explicit attention masks)")
+        check_context_parallel(self.parallel, self.model, self.train.seq_len, self.copy_head)
         if self.copy_head.fp8 and self.precision.dtype == "fp32":
             raise ConfigError("copy_head.fp8=true needs precision.dtype=bf16")
 

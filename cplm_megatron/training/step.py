@@ -16,6 +16,8 @@ from typing import Dict, Iterable, List, Optional
 import torch
 import torch.distributed as dist
 
+from cplm_megatron.parallel.context import split_batch
+
 # Per-token quantities reduced with the loss mask; `loss` first (the optimized objective).
 METRIC_KEYS = ("loss", "lm_loss", "mix_loss", "gate_mean", "match_frac", "copy_prob")
 
@@ -33,6 +35,8 @@ def model_inputs(batch: Dict[str, torch.Tensor], device: torch.device, document_
 
     Document ids always reach the copy head (its candidates never cross a document, docs/design.md);
     `document_masking` decides only the attention: per document, or plain causal over the packed row.
+    Under context parallelism every tensor is this CP rank's part of the sequence (Megatron's
+    load-balanced split); the document mask keeps all key columns (`[b, 1, s/cp, s]`).
     """
     tokens = batch["tokens"].to(device, non_blocking=True)
     labels = batch["labels"].to(device, non_blocking=True)
@@ -45,8 +49,9 @@ def model_inputs(batch: Dict[str, torch.Tensor], device: torch.device, document_
     if doc_ids is not None:
         doc_ids = doc_ids.to(device, non_blocking=True)
     attention_mask = document_attention_mask(doc_ids) if document_masking and doc_ids is not None else None
-    return dict(input_ids=tokens, position_ids=position_ids, attention_mask=attention_mask,
-                labels=labels, loss_mask=loss_mask, document_ids=doc_ids)
+    inputs = dict(input_ids=tokens, position_ids=position_ids.contiguous(), attention_mask=attention_mask,
+                  labels=labels, loss_mask=loss_mask, document_ids=doc_ids)
+    return split_batch(inputs)
 
 
 def loss_func(loss_mask: torch.Tensor, copy_out, output_tensor: torch.Tensor):
@@ -88,12 +93,13 @@ def _reduce_metrics(losses_reduced: List[Dict], device: torch.device) -> Dict[st
     if ps.is_pipeline_last_stage(ignore_virtual=True):
         for item in losses_reduced:
             total += item["sums"].to(total)
-        dist.all_reduce(total, group=ps.get_data_parallel_group())
-        if ps.get_tensor_model_parallel_rank() != 0 or ps.get_data_parallel_rank() != 0:
+        # data and context parallel ranks hold disjoint tokens: sum over both
+        dist.all_reduce(total, group=ps.get_data_parallel_group(with_context_parallel=True))
+        if ps.get_tensor_model_parallel_rank() != 0 or ps.get_data_parallel_rank(with_context_parallel=True) != 0:
             total.zero_()
     else:
         total.zero_()
-    dist.all_reduce(total)  # exactly one contributor: last stage, tp 0, dp 0
+    dist.all_reduce(total)  # exactly one contributor: last stage, tp 0, dp-cp 0
     tokens = float(total[-1])
     out = {k: float(total[i]) / max(tokens, 1.0) for i, k in enumerate(METRIC_KEYS)}
     out["tokens"] = tokens

@@ -1,0 +1,105 @@
+"""Context parallelism (parallel.cp) without Transformer Engine: the load-balanced split, the copy kernels with
+global query positions, the layout checks, and (slow, real gloo processes) the copy head, SDPA attention and
+training at CP=2 against CP=1."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import cplm_kernels
+from cplm_megatron.parallel.context import local_positions
+
+
+def test_local_positions_are_megatrons_load_balanced_split():
+    """Rank r of N holds chunks r and 2N-1-r of 2N (megatron.core.utils.get_batch_on_this_cp_rank's view)."""
+    seq, n = 16, 2
+    x = torch.arange(seq)
+    for r in range(n):
+        chunks = x.view(2 * n, seq // (2 * n))
+        expected = torch.cat([chunks[r], chunks[2 * n - 1 - r]])
+        assert torch.equal(local_positions(seq, n, r), expected)
+    assert torch.equal(torch.sort(torch.cat([local_positions(seq, 4, r) for r in range(4)])).values, x)
+
+
+@pytest.mark.parametrize("impl", ["naive", "chunked"])
+@pytest.mark.parametrize("n", [2, 4])
+def test_copy_lse_with_global_query_positions_equals_the_full_sequence(impl, n):
+    """Each CP rank's queries against the whole sequence's keys give the full run's rows; the key gradients
+    summed over ranks (what the reduce-scatter does) give the full run's key gradient."""
+    g = torch.Generator().manual_seed(0)
+    b, H, T, d = 2, 2, 32, 8
+    q = torch.randn(b, H, T, d, generator=g, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(b, H, T, d, generator=g, dtype=torch.float64, requires_grad=True)
+    labels = torch.randint(0, 5, (b, T), generator=g)
+    labels[0, 3] = -1  # never a candidate
+    doc = torch.zeros(b, T, dtype=torch.long)
+    doc[:, 11:] = 1
+    doc[1, 23:] = 2
+    w_all, w_match = torch.randn(b, H, T, generator=g, dtype=torch.float64), torch.randn(b, H, T, generator=g,
+                                                                                          dtype=torch.float64)
+
+    def weighted(a, m, rows=slice(None)):  # a loss whose gradient touches every finite entry
+        fa, fm = torch.isfinite(a), torch.isfinite(m)
+        return (torch.where(fa, a, 0.0) * w_all[:, :, rows]).sum() + (torch.where(fm, m, 0.0) * w_match[:, :, rows]).sum()
+
+    full_all, full_match = cplm_kernels.copy_lse_naive(q, k, labels, doc)
+    dq_full, dk_full = torch.autograd.grad(weighted(full_all, full_match), (q, k))
+    dk_sum = torch.zeros_like(k)
+    for r in range(n):
+        pos = local_positions(T, n, r)
+        qr = q.detach()[:, :, pos].requires_grad_(True)
+        kr = k.detach().clone().requires_grad_(True)
+        if impl == "naive":
+            a, m = cplm_kernels.copy_lse_naive(qr, kr, labels, doc, q_positions=pos)
+        else:  # block 3 straddles the rank's two chunks: still exact
+            a, m = cplm_kernels.copy_lse_chunked(qr, kr, labels, doc, block=3, q_positions=pos)
+        # exact up to fp64 summation order
+        torch.testing.assert_close(a, full_all[:, :, pos], rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(m, full_match[:, :, pos], rtol=1e-12, atol=1e-12)
+        dq, dk = torch.autograd.grad(weighted(a, m, pos), (qr, kr))
+        torch.testing.assert_close(dq, dq_full[:, :, pos], rtol=1e-10, atol=1e-12)
+        dk_sum += dk
+    torch.testing.assert_close(dk_sum, dk_full, rtol=1e-10, atol=1e-12)
+
+
+@pytest.fixture(scope="module")
+def cp2():
+    """Both ranks of one CP=2 process group (tests/parallel/cp_workers.py::cp2_cases)."""
+    from tests.dist_utils import run_distributed
+    from tests.parallel.cp_workers import cp2_cases
+
+    return run_distributed(cp2_cases, 2)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mixing", ["gate", "sentinel"])
+def test_copy_head_at_cp2_equals_cp1(cp2, mixing):
+    """Per-token losses and the gradients of the head's inputs (hidden states, LM cross entropies) at CP=2 are
+    CP=1's rows; the parameter gradients summed over the CP ranks (what DDP's dp-cp all-reduce does) are CP=1's.
+    No backbone involved: it holds whatever core attention produced the hidden states."""
+    from tests.parallel.cp_workers import head_inputs, head_run
+
+    full = head_run(mixing, head_inputs())  # CP=1, in this process (no parallel state)
+    assert cp2[0]["dp"] == 1
+    for rank in cp2:
+        pos, got = rank["positions"], rank["head"][mixing]
+        # fp64 throughout: the only differences are summation orders (~1e-15 relative)
+        for key in ("loss", "gate", "d_hidden", "d_lm_ce"):
+            torch.testing.assert_close(got[key], full[key][:, pos], rtol=1e-10, atol=1e-12, msg=key)
+    for name in [n for n in full if n not in ("loss", "gate", "d_hidden", "d_lm_ce")]:
+        torch.testing.assert_close(cp2[0]["head"][mixing][name] + cp2[1]["head"][mixing][name], full[name],
+                                   rtol=1e-10, atol=1e-12, msg=name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ["causal", "documents"])
+def test_sdpa_attention_at_cp2_equals_the_full_sequence(cp2, case):
+    """SDPAttention at CP=2: outputs and q/k/v gradients are the full-sequence SDPA's rows of this rank (k/v
+    gradients reduce-scattered back from the other rank's queries)."""
+    for rank in cp2:
+        r = rank["attention"][case]
+        # fp32, sequences of 32: summation order differences ~1e-6
+        torch.testing.assert_close(r["got"], r["ref"], rtol=1e-5, atol=1e-5)
+        for key in ("dq", "dk", "dv"):
+            torch.testing.assert_close(*r[key], rtol=1e-5, atol=1e-5, msg=key)
+        assert r["mask_shape"] in (None, (2, 1, 16, 32))  # query rows local, key columns global
