@@ -103,3 +103,79 @@ def test_sdpa_attention_at_cp2_equals_the_full_sequence(cp2, case):
         for key in ("dq", "dk", "dv"):
             torch.testing.assert_close(*r[key], rtol=1e-5, atol=1e-5, msg=key)
         assert r["mask_shape"] in (None, (2, 1, 16, 32))  # query rows local, key columns global
+
+
+CP_ITERS = 6
+
+
+def _train(corpus, run_dir, nproc: int, cp: int, masking: str, **extra):
+    """The tiny recipe for CP_ITERS iterations (schedule included) at parallel.cp=cp on nproc processes."""
+    from tests.training import pretrain_utils as pu
+
+    return pu.run(nproc, pu.tiny_overrides(corpus, run_dir, CP_ITERS, **{
+        "parallel.cp": cp, "data.document_masking": masking, "checkpoint.interval": 0, **extra}))
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("isolated_streaming")
+def test_tiny_recipe_at_cp2_trains_like_cp1_and_resumes_across_cp_layouts(stdlib_corpus, tmp_path):
+    """Document masking on: CP=2 (iterations 1-2) -> checkpoint -> CP=1 (3-4) -> checkpoint -> CP=2 (5-6) gives
+    the per-iteration losses of one uninterrupted CP=1 run (CP peers read the same micro-batches and split them;
+    checkpoints are layout-free)."""
+    from tests.training import pretrain_utils as pu
+
+    ref = _train(stdlib_corpus, tmp_path / "ref", 1, 1, "true")
+    assert ref.returncode == 0, ref.stdout[-3000:] + ref.stderr[-3000:]
+    reference = pu.losses(tmp_path / "ref")
+    assert sorted(reference) == list(range(1, CP_ITERS + 1))
+    run_dir = tmp_path / "chain"
+    for nproc, cp, stop in ((2, 2, 2), (1, 1, 4)):  # exit_after_iters counts the iterations of one launch
+        proc = _train(stdlib_corpus, run_dir, nproc, cp, "true", **{"train.exit_after_iters": 2})
+        assert pu.stopped_for_resume(proc.returncode, proc.stderr), proc.stdout[-3000:] + proc.stderr[-3000:]
+        pu.assert_losses_match(run_dir, reference, range(stop - 1, stop + 1))
+    last = _train(stdlib_corpus, run_dir, 2, 2, "true")
+    assert last.returncode == 0 and "resumed from" in last.stdout, last.stdout[-3000:] + last.stderr[-3000:]
+    pu.assert_losses_match(run_dir, reference, range(1, CP_ITERS + 1))
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("isolated_streaming")
+def test_tiny_recipe_at_cp2_and_tp2_cp2_train_like_cp1_causal(stdlib_corpus, tmp_path):
+    """Document masking off (plain causal attention over the packed rows; the copy head still per document):
+    CP=2 on 2 processes and TP=2 x CP=2 on 4 give the losses of CP=1 on one."""
+    from tests.training import pretrain_utils as pu
+
+    runs = {}
+    for name, nproc, cp, extra in (("cp1", 1, 1, {}), ("cp2", 2, 2, {}), ("tp2cp2", 4, 2, {"parallel.tp": 2})):
+        proc = _train(stdlib_corpus, tmp_path / name, nproc, cp, "false", **{"train.iters": 3, **extra})
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        runs[name] = pu.losses(tmp_path / name)
+    assert sorted(runs["cp1"]) == [1, 2, 3]
+    for name in ("cp2", "tp2cp2"):
+        pu.assert_losses_match(tmp_path / name, runs["cp1"], [1, 2, 3])
+
+
+@pytest.mark.parametrize("overrides, world, message", [
+    (["train.seq_len=250"], None, r"train\.seq_len=250 is not divisible by 2 x parallel\.cp = 4"),
+    (["model.attention_impl=megatron"], None, r"parallel\.cp=2 needs model\.attention_impl=sdpa"),
+    (["copy_head.impl=fused"], None, r"parallel\.cp=2: the fused copy kernel .* use copy_head\.impl=chunked"),
+    ([], 3, r"world size 3 is not divisible by parallel\.tp\*parallel\.pp\*parallel\.cp = 1\*1\*2 = 2"),
+    (["parallel.tp=2"], 2, r"world size 2 is not divisible by parallel\.tp\*parallel\.pp\*parallel\.cp = 2\*1\*2"),
+], ids=["seq-len", "attention", "fused-copy", "world", "tp-x-cp"])
+def test_context_parallel_layout_errors_name_the_fix(overrides, world, message):
+    """Checked when the recipe is loaded or against the world size: before any process group."""
+    from cplm_megatron.errors import ConfigError
+    from cplm_megatron.training.run_config import load_run_config
+    from tests.training.pretrain_utils import REPO
+
+    with pytest.raises(ConfigError, match=message):
+        cfg = load_run_config(str(REPO / "configs/tiny.yaml"), ["parallel.cp=2", *overrides])
+        cfg.validate_world(world)
+
+
+def test_context_parallel_layout_gives_the_data_parallel_size():
+    from cplm_megatron.training.run_config import load_run_config
+    from tests.training.pretrain_utils import REPO
+
+    cfg = load_run_config(str(REPO / "configs/tiny.yaml"), ["parallel.cp=2", "parallel.tp=2", "train.micro_batch=2"])
+    assert cfg.validate_world(8) == 2  # 8 = cp 2 x tp 2 x dp 2
