@@ -15,7 +15,8 @@ signature (a drop-in `core_attention` submodule) and calls SDPA instead:
 * CP (`parallel.cp`): q/k/v hold this rank's two chunks of the load-balanced split; k/v are all-gathered
   over the CP group (megatron's `all_gather` comm type; the backward reduce-scatters their gradients to the
   owners) and the causal / document mask is in global positions (`[b, 1, s/cp, s]`: the step slices the
-  document mask's query rows, the causal one is built here);
+  document mask's query rows; causal attention runs each of the rank's two chunks lower-right causal against
+  the keys up to its end, without a mask tensor);
 * attention dropout with the tensor-parallel RNG tracker, as DotProductAttention does.
 """
 from __future__ import annotations
@@ -29,8 +30,9 @@ from megatron.core import tensor_parallel
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.utils import divide
+from torch.nn.attention.bias import causal_lower_right
 
-from cplm_megatron.parallel.context import cp_size_rank, gather_sequence, this_rank_positions
+from cplm_megatron.parallel.context import gather_sequence, this_rank_positions
 
 ATTENTION_IMPLS = ("auto", "sdpa", "megatron", "te")
 
@@ -101,7 +103,7 @@ class SDPAttention(MegatronModule):
         if self.cp > 1:  # context parallelism: local queries, every rank's keys/values in global order
             key, value = gather_sequence(key, dim=0), gather_sequence(value, dim=0)
             if attention_mask is None and mask_type == AttnMaskType.causal:
-                attention_mask = _cp_causal_mask(query.shape[0], key.shape[0], query.device)
+                return self._cp_causal(query, key, value)
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, heads|groups, s, d]
         rep = self.heads // self.groups
         kwargs: dict = {}
@@ -114,27 +116,33 @@ class SDPAttention(MegatronModule):
                 kwargs["enable_gqa"] = True  # flash takes grouped k/v as they are
             else:  # the memory-efficient kernel (masks) wants one k/v head per query head
                 k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
-        dropout = self.dropout_p if self.training else 0.0
-        if dropout and not self.config.sequence_parallel:
-            with tensor_parallel.get_cuda_rng_tracker().fork():
-                out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, scale=self.softmax_scale, **kwargs)
-        else:
-            out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, scale=self.softmax_scale, **kwargs)
+        out = self._sdpa(q, k, v, **kwargs)
         # [b, heads, sq, d] -> [sq, b, heads * d]
         return out.permute(2, 0, 1, 3).reshape(out.shape[2], out.shape[0], self.hidden_size_per_partition)
 
+    def _sdpa(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs: Any) -> torch.Tensor:
+        """SDPA with this module's scale and dropout (the TP RNG tracker's stream, as DotProductAttention)."""
+        dropout = self.dropout_p if self.training else 0.0
+        if dropout and not self.config.sequence_parallel:
+            with tensor_parallel.get_cuda_rng_tracker().fork():
+                return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, scale=self.softmax_scale, **kwargs)
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, scale=self.softmax_scale, **kwargs)
 
-def _cp_causal_mask(local_len: int, seq_len: int, device: torch.device) -> torch.Tensor:
-    """[1, 1, local, seq] causal mask (True = masked) of this CP rank's queries in GLOBAL positions (its two
-    chunks) against all keys; one object per shape, so `_mask_bias` computes its bias once."""
-    key = (local_len, seq_len, str(device), cp_size_rank())
-    if key not in _CP_CAUSAL:
-        q_pos = this_rank_positions(local_len, device)
-        _CP_CAUSAL[key] = (torch.arange(seq_len, device=device)[None, :] > q_pos[:, None])[None, None]
-    return _CP_CAUSAL[key]
+    def _cp_causal(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+        """Causal attention of this CP rank's two query chunks against the gathered keys: each chunk is the
+        last rows of the keys up to its end, i.e. lower-right causal (flash / memory-efficient kernels on CUDA,
+        no [s/cp, s] mask, the keys after the chunk not even read)."""
+        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, heads|groups, s, d]
+        local, chunk = q.shape[2], q.shape[2] // 2
+        positions = this_rank_positions(local, q.device)
+        outs = []
+        for lo, hi in ((0, chunk), (chunk, local)):
+            end = int(positions[hi - 1]) + 1
+            outs.append(self._sdpa(q[:, :, lo:hi], k[:, :, :end], v[:, :, :end], enable_gqa=self.heads != self.groups,
+                                   attn_mask=causal_lower_right(hi - lo, end)))
+        out = torch.cat(outs, dim=2)
+        return out.permute(2, 0, 1, 3).reshape(local, out.shape[0], self.hidden_size_per_partition)
 
-
-_CP_CAUSAL: dict = {}
 
 # The bias of the last mask seen, shared by every layer of every model chunk of this process (the step
 # passes one mask object to all layers of a micro-batch).
