@@ -77,7 +77,7 @@ def report(args: argparse.Namespace) -> Dict[str, object]:
     if built["backbone"] != backbone_params(model) or built["copy_head"] != copy_head_params(model, copy):
         raise SystemExit(f"parameter count mismatch: built {built} vs analytic {summary}")
     summary["built_on_meta_device"] = built
-    summary["layout"] = dict(tp=args.tp, pp=args.pp, dp=args.dp, sp=args.sp, seq_len=args.seq_len,
+    summary["layout"] = dict(tp=args.tp, pp=args.pp, cp=args.cp, dp=args.dp, sp=args.sp, seq_len=args.seq_len,
                              micro_batch=args.micro_batch, recompute=args.recompute, dtype=args.dtype,
                              lm_head_loss=args.lm_head_loss, offload_fraction=args.offload_fraction,
                              attention=args.attention, document_masking=args.document_masking)
@@ -86,6 +86,7 @@ def report(args: argparse.Namespace) -> Dict[str, object]:
         model, copy, tp=args.tp, pp=args.pp, dp=args.dp, seq_len=args.seq_len, micro_batch=args.micro_batch,
         sp=args.sp, param_bytes=param_bytes, recompute=args.recompute, lm_head_loss=args.lm_head_loss,
         offload_fraction=args.offload_fraction, attention=args.attention, document_masking=args.document_masking,
+        cp=args.cp,
     )
     tokens = args.seq_len * args.micro_batch
     summary["lm_head_loss_per_micro_batch_gib"] = {
@@ -119,7 +120,8 @@ def print_table(s: Dict[str, object]) -> None:
         ("  of which copy head", f"{3 * f['copy_head']:.4e} "
          f"({100 * 3 * f['copy_head'] / s['train_flops_per_token']:.2f}%)"),
         ("  backbone-only train FLOPs/token", f"{s['train_flops_per_token_backbone_only']:.4e}"),
-        ("layout", f"tp={lay['tp']} pp={lay['pp']} dp={lay['dp']} sp={lay['sp']} micro_batch={lay['micro_batch']}"),
+        ("layout", f"tp={lay['tp']} pp={lay['pp']} cp={lay['cp']} dp={lay['dp']} sp={lay['sp']} "
+                   f"micro_batch={lay['micro_batch']}"),
         ("params per GPU (largest stage)", _fmt(mem["params_per_gpu"])),
         ("weights / grads (GiB)", f"{mem['weights_gib']:.2f} / {mem['grads_gib']:.2f}"),
         ("optimizer states (GiB)", f"{mem['optimizer_gib']:.2f} (distributed optimizer: "
@@ -154,10 +156,10 @@ def print_plan(plan: Dict[str, object], limit: int = 8) -> None:
     if not fitting:
         print("  none: more GPUs (pipeline stages), a shorter sequence or a smaller micro-batch")
         return
-    print(f"  {'tp':>2} {'pp':>2} {'dp':>2}  {'recompute':<9}  {'lm_head_loss':<12}  {'offload':>7}  "
+    print(f"  {'tp':>2} {'pp':>2} {'cp':>2} {'dp':>2}  {'recompute':<9}  {'lm_head_loss':<12}  {'offload':>7}  "
           f"{'GiB/GPU':>7}  {'+FLOPs':>6}")
     for r in fitting[:limit]:
-        print(f"  {r['tp']:>2} {r['pp']:>2} {r['dp']:>2}  {r['recompute']:<9}  {r['lm_head_loss']:<12}  "
+        print(f"  {r['tp']:>2} {r['pp']:>2} {r['cp']:>2} {r['dp']:>2}  {r['recompute']:<9}  {r['lm_head_loss']:<12}  "
               f"{r['offload_fraction']:>7.1f}  {r['total_gib']:>7.2f}  {r['extra_flops_pct']:>5.1f}%")
 
 
@@ -167,6 +169,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.add_argument("--tp", type=int, default=1)
     p.add_argument("--pp", type=int, default=1)
+    p.add_argument("--cp", type=int, default=1, help="context parallelism: the sequence split over --cp GPUs")
     p.add_argument("--dp", type=int, default=1)
     p.add_argument("--sp", action="store_true", help="sequence parallelism (shards norm/dropout activations)")
     p.add_argument("--seq-len", type=int, default=2048)
@@ -204,8 +207,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             raise ConfigError("--plan needs --gpu-memory (e.g. --gpu-memory 80GB)")
         if not 0.0 <= args.offload_fraction <= 1.0 or not 0.0 <= args.reserve < 1.0:
             raise ConfigError("--offload-fraction must be in [0, 1] and --reserve in [0, 1)")
-        validate_layout(args.tp * args.pp * args.dp, ParallelConfig(tp=args.tp, pp=args.pp, sp=args.sp),
-                        load_preset(args.preset))
+        validate_layout(args.tp * args.pp * args.cp * args.dp,
+                        ParallelConfig(tp=args.tp, pp=args.pp, sp=args.sp, cp=args.cp), load_preset(args.preset))
+        if args.cp > 1 and args.seq_len % (2 * args.cp):
+            raise ConfigError(f"--seq-len {args.seq_len} is not divisible by 2 x --cp = {2 * args.cp}")
         summary = report(args)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -153,8 +153,8 @@ def lm_head_loss_bytes(m: ModelConfig, tokens: int, tp: int, lm_head_loss: str =
 
 
 def attention_bytes(m: ModelConfig, seq_len: int, micro_batch: int, tp: int, layers: float, attention: str = "sdpa",
-                    param_bytes: int = 2, recompute: str = "none", document_masking: bool = False
-                    ) -> Dict[str, float]:
+                    param_bytes: int = 2, recompute: str = "none", document_masking: bool = False,
+                    cp: int = 1) -> Dict[str, float]:
     """Core-attention memory of one micro-batch on one GPU beyond the q/k/v and output activations that
     `activation_bytes_per_layer_token` counts: ``held`` from the forward to the backward (all ``layers``),
     ``peak`` while one layer runs.
@@ -167,16 +167,27 @@ def attention_bytes(m: ModelConfig, seq_len: int, micro_batch: int, tp: int, lay
     softmax backward) and, in 16-bit training, its 16-bit copy (kept for the probabilities x values
     backward): 4 (+ ``param_bytes``) B per layer; one layer's transient scores buffer, fp32 scores and
     masked scores, and in the backward the probabilities' gradients, are the peak (3 x 4 + ``param_bytes``
-    B, bounded above). Selective or full recompute keeps none of it between forward and backward."""
-    tokens = seq_len * micro_batch
+    B, bounded above). Selective or full recompute keeps none of it between forward and backward.
+
+    Context parallelism (``cp`` > 1, SDPA's all-gather; cplm_megatron/model/attention.py): the GPU's
+    queries are ``seq_len / cp`` per sequence, the masks ``[b, 1, T/cp, T]``, and every layer keeps the
+    all-gathered K/V of the whole sequence (``2 x T x groups/tp x head_dim`` per sequence) for its backward."""
+    local = seq_len / cp
+    tokens = local * micro_batch
     heads = m.num_attention_heads / tp
-    mask = (1 + param_bytes) * micro_batch * seq_len * seq_len if document_masking else 0
+    mask = (1 + param_bytes) * micro_batch * local * seq_len if document_masking else 0
+    gathered = 2 * micro_batch * seq_len * (m.kv_heads / tp) * m.head_dim * param_bytes if cp > 1 else 0
     if attention == "megatron":
         elements = micro_batch * heads * seq_len * seq_len
         per_layer = (4 + (param_bytes if param_bytes < 4 else 0)) * elements
         held = 0.0 if recompute in ("selective", "full") else per_layer * layers
         peak = (3 * 4 + param_bytes) * elements
         return {"held": held + (1 if document_masking else 0) * micro_batch * seq_len * seq_len, "peak": peak}
+    if cp > 1:  # GQA with a mask repeats the gathered K/V to the query heads
+        repeated = 2 * heads * m.head_dim * micro_batch * seq_len * param_bytes if document_masking and \
+            m.kv_heads != m.num_attention_heads else 0
+        held = ((4 * heads * tokens + gathered) * layers if recompute == "none" else 0.0) + mask
+        return {"held": held, "peak": 4 * heads * tokens + gathered + repeated}
     lse = 4 * heads * tokens
     # with a mask and GQA, key/value copies repeated to the query heads (the memory-efficient kernel takes no GQA)
     repeated = 2 * heads * m.head_dim * tokens * param_bytes if document_masking and m.kv_heads != m.num_attention_heads else 0
@@ -213,29 +224,34 @@ def memory_estimate(
     offload_fraction: float = 0.0,
     attention: str = "sdpa",
     document_masking: bool = False,
+    cp: int = 1,
 ) -> Dict[str, object]:
     """Per-GPU memory (GiB) on the most loaded pipeline stage, with and without the distributed optimizer.
 
     Stages are accounted separately under 1F1B: stage ``i`` holds ``pp - i`` micro-batches of layer
     activations in flight; the last stage adds the LM head's loss and the copy head for one micro-batch.
     ``offload_fraction`` applies to the distributed optimizer's figures; ``attention`` is the resolved
-    `model.attention_impl` (sdpa, te or megatron; `attention_bytes`)."""
+    `model.attention_impl` (sdpa, te or megatron; `attention_bytes`). ``cp``: context parallelism, each GPU
+    holds seq_len / cp tokens of a sequence (activations / cp) plus the gathered K/V and copy keys; the
+    distributed optimizer shards over dp x cp (megatron's data+context-parallel group)."""
     stage = _stage_params(m, c, tp, pp)
-    tokens = seq_len * micro_batch
+    tokens = seq_len * micro_batch / cp
     layers_per_stage = m.num_layers / pp
     attn = attention_bytes(m, seq_len, micro_batch, tp, layers_per_stage, attention, param_bytes, recompute,
-                           document_masking)
+                           document_masking, cp)
     per_micro_batch = activation_bytes_per_layer_token(m, tp, sp, recompute) * tokens * layers_per_stage + attn["held"]
     head = lm_head_loss_bytes(m, tokens, tp, lm_head_loss, param_bytes)
     copy = 0.0
     if c is not None:
         copy = tokens * (2 * 2 * c.heads * c.head_dim + 4 * 2 * c.heads)  # q, k (bf16) + 2 fp32 stats
+        if cp > 1:  # all-gathered copy keys (bf16), candidate labels and document ids (int64)
+            copy += seq_len * micro_batch * (2 * c.heads * c.head_dim + 16)
     loss_side = head["peak"] + copy
     # one layer's attention transient, or the loss side on the last stage, whichever is larger (not at once)
     activations = {"first": per_micro_batch * pp + attn["peak"],
                    "last": per_micro_batch + max(loss_side, attn["peak"])}
-    opt_plain = optimizer_bytes_per_param(param_bytes, dp, distributed=False)
-    opt_dist = optimizer_bytes_per_param(param_bytes, dp, distributed=True, offload_fraction=offload_fraction)
+    opt_plain = optimizer_bytes_per_param(param_bytes, dp * cp, distributed=False)
+    opt_dist = optimizer_bytes_per_param(param_bytes, dp * cp, distributed=True, offload_fraction=offload_fraction)
     weights_grads = 2 + 4 if param_bytes < 4 else 4 + 4  # weights + fp32 main-grad buffer
 
     def total(stage_name: str, opt: Dict[str, float]) -> float:
@@ -262,7 +278,7 @@ def memory_estimate(
             f"{'bf16' if param_bytes == 2 else 'fp32'} params, fp32 grads/Adam, "
             f"{'unfused megatron attention' if attention == 'megatron' else 'flash attention (' + attention + ')'}"
             f"{' with document masks' if document_masking else ''}, "
-            f"1F1B (first stage {pp} micro-batch(es) in flight), recompute={recompute}, sp={sp}, "
+            f"1F1B (first stage {pp} micro-batch(es) in flight), recompute={recompute}, sp={sp}, cp={cp}, "
             f"lm_head_loss={lm_head_loss}, offload_fraction={offload_fraction}"
         ),
     }
@@ -270,7 +286,7 @@ def memory_estimate(
 
 @dataclass(frozen=True)
 class Layout:
-    """One way to run a model on ``tp * pp * dp`` GPUs, with its memory-saving options."""
+    """One way to run a model on ``tp * pp * cp * dp`` GPUs, with its memory-saving options."""
 
     tp: int
     pp: int
@@ -278,6 +294,7 @@ class Layout:
     recompute: str = "none"
     lm_head_loss: str = "megatron"
     offload_fraction: float = 0.0
+    cp: int = 1  # context parallelism (the sequence split over cp GPUs)
 
     @property
     def sp(self) -> bool:
@@ -295,7 +312,8 @@ def layout_valid(m: ModelConfig, layout: Layout) -> bool:
     from cplm_megatron.parallel.distributed import ParallelConfig, validate_layout
 
     try:
-        validate_layout(layout.tp * layout.pp * layout.dp, ParallelConfig(tp=layout.tp, pp=layout.pp, sp=layout.sp), m)
+        validate_layout(layout.tp * layout.pp * layout.cp * layout.dp,
+                        ParallelConfig(tp=layout.tp, pp=layout.pp, sp=layout.sp, cp=layout.cp), m)
     except ConfigError:
         return False
     return True
@@ -319,26 +337,29 @@ def plan_layouts(m: ModelConfig, c: Optional[CopyHeadShape], gpus: int, seq_len:
     ``usable_gib``; the least costly first: no offload before offload, then fewest extra FLOPs, then
     the least model parallelism."""
     rows = []
-    for tp in (t for t in (1, 2, 4, 8) if gpus % t == 0):
-        for pp in (p for p in (1, 2, 4, 8) if gpus % (tp * p) == 0):
-            dp = gpus // (tp * pp)
-            if not layout_valid(m, Layout(tp, pp, dp)):
-                continue
-            for recompute in RECOMPUTE_OPTIONS:
-                for loss in LM_HEAD_LOSS_OPTIONS:
-                    for offload in OFFLOAD_OPTIONS:
-                        layout = Layout(tp, pp, dp, recompute, loss, offload)
-                        mem = memory_estimate(m, c, tp=tp, pp=pp, dp=dp, seq_len=seq_len, micro_batch=micro_batch,
-                                              sp=layout.sp, param_bytes=param_bytes, recompute=recompute,
-                                              lm_head_loss=loss, offload_fraction=offload, attention=attention,
-                                              document_masking=document_masking)
-                        total = mem["total_distributed_optimizer_gib"]
-                        rows.append({**asdict(layout), "sp": layout.sp, "total_gib": total,
-                                     "fits": total <= usable_gib,
-                                     "extra_flops_pct": 100 * extra_flops_fraction(m, seq_len, c, layout),
-                                     "lm_head_loss_gib": mem["lm_head_loss_gib"],
-                                     "optimizer_host_gib": mem["optimizer_host_gib"]})
-    rows.sort(key=lambda r: (r["offload_fraction"], round(r["extra_flops_pct"], 6), r["tp"] * r["pp"], r["pp"]))
+    grids = [(tp, pp, cp) for tp in (1, 2, 4, 8) for pp in (1, 2, 4, 8) for cp in (1, 2, 4, 8)
+             if gpus % (tp * pp * cp) == 0 and seq_len % (2 * cp) == 0 and (cp == 1 or attention != "megatron")]
+    for tp, pp, cp in grids:
+        dp = gpus // (tp * pp * cp)
+        if not layout_valid(m, Layout(tp, pp, dp, cp=cp)):
+            continue
+        for recompute in RECOMPUTE_OPTIONS:
+            for loss in LM_HEAD_LOSS_OPTIONS:
+                for offload in OFFLOAD_OPTIONS:
+                    layout = Layout(tp, pp, dp, recompute, loss, offload, cp)
+                    mem = memory_estimate(m, c, tp=tp, pp=pp, dp=dp, seq_len=seq_len, micro_batch=micro_batch,
+                                          sp=layout.sp, param_bytes=param_bytes, recompute=recompute,
+                                          lm_head_loss=loss, offload_fraction=offload, attention=attention,
+                                          document_masking=document_masking, cp=cp)
+                    total = mem["total_distributed_optimizer_gib"]
+                    rows.append({**asdict(layout), "sp": layout.sp, "total_gib": total,
+                                 "fits": total <= usable_gib,
+                                 "extra_flops_pct": 100 * extra_flops_fraction(m, seq_len, c, layout),
+                                 "lm_head_loss_gib": mem["lm_head_loss_gib"],
+                                 "optimizer_host_gib": mem["optimizer_host_gib"]})
+    # least model parallelism first; at equal degree, no context parallelism (its K/V all-gather) first
+    rows.sort(key=lambda r: (r["offload_fraction"], round(r["extra_flops_pct"], 6), r["tp"] * r["pp"] * r["cp"],
+                             r["cp"], r["pp"]))
     return rows
 
 

@@ -125,7 +125,7 @@ def test_planner_on_one_8_gpu_node():
         assert fitting, preset
         best = fitting[0]
         assert best["offload_fraction"] == 0 and best["extra_flops_pct"] == 0, (preset, best)
-        assert all(r["tp"] * r["pp"] * r["dp"] == 8 for r in rows)
+        assert all(r["tp"] * r["pp"] * r["cp"] * r["dp"] == 8 for r in rows)
         if preset == "llama-13b":  # 13B weights + fp32 grads alone (6 B/param) exceed one GPU
             assert not any(r["fits"] for r in rows if r["tp"] * r["pp"] == 1)
     m = load_preset("smollm2-1.7b")
@@ -142,6 +142,26 @@ def test_planner_prefers_the_fused_loss_where_megatron_logits_do_not_fit():
     usable = fused["total_distributed_optimizer_gib"] + gap / 2  # between the two
     rows = plan_layouts(m, None, 8, seq, mb, usable)
     single = {(r["lm_head_loss"], r["recompute"], r["offload_fraction"]): r["fits"]
-              for r in rows if (r["tp"], r["pp"]) == (1, 1)}
+              for r in rows if (r["tp"], r["pp"], r["cp"]) == (1, 1, 1)}
     assert single[("fused", "none", 0.0)] and not single[("megatron", "none", 0.0)]
     assert Layout(2, 1, 4).sp and not Layout(1, 2, 4).sp
+
+
+def test_context_parallel_divides_activations_and_adds_the_gathered_keys():
+    """cp=2: layer activations and local attention state halve; every layer holds the whole sequence's
+    all-gathered K/V (bf16) and the head the gathered copy keys; the distributed optimizer shards over dp x cp."""
+    from cplm_megatron.model.accounting import CopyHeadShape, attention_bytes
+
+    m, c, seq = load_preset("smollm2-1.7b"), CopyHeadShape(4, 64), 32768
+    kw = dict(tp=1, pp=1, dp=2, seq_len=seq, micro_batch=1)
+    one, two = memory_estimate(m, c, **kw), memory_estimate(m, c, cp=2, **kw)
+    gathered = 2 * seq * m.kv_heads * m.head_dim * 2 * m.num_layers  # K and V, bf16, every layer
+    assert two["attention_held_gib"] * GIB == pytest.approx(one["attention_held_gib"] * GIB / 2 + gathered)
+    assert two["optimizer_distributed_gib"] == pytest.approx(one["optimizer_distributed_gib"] / 2)
+    assert two["activations_gib"] < 0.6 * one["activations_gib"]
+    masked = attention_bytes(m, seq, 1, 1, 1, document_masking=True, cp=4)["held"]
+    assert masked >= 3 * (seq // 4) * seq  # the [b, 1, T/cp, T] mask and its bf16 bias
+    rows = plan_layouts(m, c, 8, seq, 1, 80e9 / GIB * 0.9)
+    assert {r["cp"] for r in rows} == {1, 2, 4, 8}
+    assert all(r["tp"] * r["pp"] * r["cp"] * r["dp"] == 8 for r in rows)
+    assert not any(r["cp"] > 1 for r in plan_layouts(m, c, 8, seq, 1, 67.0, attention="megatron"))

@@ -14,7 +14,8 @@ import pytest
 from tests.slurm.jobs import REPO, SLURM_DIR, script_directive
 
 SIZE_SCRIPTS = {"135m": ("configs/smollm2_135m.yaml", 1), "360m": ("configs/smollm2_360m.yaml", 1),
-                "1p7b": ("configs/smollm2_1p7b.yaml", 2), "7b": ("configs/llama_7b.yaml", 4),
+                "1p7b": ("configs/smollm2_1p7b.yaml", 2),
+                "1p7b_32k": ("configs/smollm2_1p7b_32k.yaml", 1), "7b": ("configs/llama_7b.yaml", 4),
                 "13b": ("configs/llama_13b.yaml", 8)}
 
 

@@ -57,3 +57,12 @@ def test_plan_table_and_bad_memory_arguments():
     assert proc.returncode == 2 and "--plan needs --gpu-memory" in proc.stderr
     proc = run("--preset", "tiny", "--gpu-memory", "80XB")
     assert proc.returncode == 2 and "expected a size like 80GB" in proc.stderr
+
+
+def test_context_parallel_layout_and_its_errors():
+    proc = run("--preset", "smollm2-1.7b", "--json", "--cp", "2", "--dp", "4", "--seq-len", "32768")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout)
+    assert out["layout"]["cp"] == 2 and "cp=2" in out["memory_per_gpu"]["assumptions"]
+    proc = run("--preset", "tiny", "--cp", "2", "--seq-len", "250")
+    assert proc.returncode == 2 and "--seq-len 250 is not divisible by 2 x --cp = 4" in proc.stderr

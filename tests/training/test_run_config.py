@@ -62,7 +62,8 @@ def test_stream_shorthand_and_tokens_budget():
     assert cfg.train.total_iters() == 5  # ceil(10000 / (8 * 256))
 
 
-@pytest.mark.parametrize("recipe", ["tiny", "smollm2_135m", "smollm2_360m", "smollm2_1p7b", "llama_7b", "llama_13b"])
+@pytest.mark.parametrize("recipe", ["tiny", "smollm2_135m", "smollm2_360m", "smollm2_1p7b", "smollm2_1p7b_32k",
+                                    "llama_7b", "llama_13b"])
 def test_every_recipe_loads(recipe):
     cfg = load_run_config(str(REPO / f"configs/{recipe}.yaml"))
     assert cfg.model.preset and cfg.train.total_iters() > 0
