@@ -76,12 +76,15 @@ def _attention_cases(rank: int) -> Dict:
         ref = ref.permute(2, 0, 1, 3).reshape(T, B, heads * d)
         (ref * w).sum().backward()
         ql, kl, vl = (t[pos].clone().requires_grad_(True) for t in (q, k, v))
-        local_mask = None if global_mask is None else split_batch({"attention_mask": global_mask})["attention_mask"]
+        # the step's mask rows of this rank (built directly) = Megatron's split of the full mask
+        local_mask = None if global_mask is None else document_attention_mask(doc, pos)
+        same_rows = global_mask is None or torch.equal(
+            local_mask, split_batch({"attention_mask": global_mask})["attention_mask"])
         got = core(ql, kl, vl, local_mask)
         (got * w[pos]).sum().backward()
         out[name] = dict(got=got.detach(), ref=ref.detach()[pos], dq=(ql.grad, qf.grad[pos]),
                          dk=(kl.grad, kf.grad[pos]), dv=(vl.grad, vf.grad[pos]), mask_shape=tuple(local_mask.shape)
-                         if local_mask is not None else None)
+                         if local_mask is not None else None, same_rows=same_rows)
     return out
 
 

@@ -103,6 +103,7 @@ def test_sdpa_attention_at_cp2_equals_the_full_sequence(cp2, case):
         for key in ("dq", "dk", "dv"):
             torch.testing.assert_close(*r[key], rtol=1e-5, atol=1e-5, msg=key)
         assert r["mask_shape"] in (None, (2, 1, 16, 32))  # query rows local, key columns global
+        assert r["same_rows"]  # the step's local rows = megatron's get_batch_on_this_cp_rank of the full mask
 
 
 CP_ITERS = 6
