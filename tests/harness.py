@@ -413,8 +413,20 @@ def worker_pids(proc) -> List[int]:
 
 
 # ---------------------------------------------------------------------------------------------- tools
+def tool_command(name: str, *args: str) -> List[str]:
+    """`python tools/<name>.py ARGS`."""
+    return [sys.executable, str(REPO / "tools" / f"{name}.py"), *args]
+
+
 def run_tool(name: str, *args: str, env: Optional[Dict[str, str]] = None, timeout: int = PROCESS_TIMEOUT_S,
              cwd: Optional[Path] = None) -> subprocess.CompletedProcess:
-    """`python tools/<name>.py ARGS` as a user runs it (exit code and both streams)."""
-    return subprocess.run([sys.executable, str(REPO / "tools" / f"{name}.py"), *args], cwd=cwd or REPO,
-                          env=process_env(env), capture_output=True, text=True, timeout=timeout)
+    """A tool as a user runs it, to completion (exit code and both streams)."""
+    return subprocess.run(tool_command(name, *args), cwd=cwd or REPO, env=process_env(env), capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def start_tool(name: str, *args: str, env: Optional[Dict[str, str]] = None,
+               cwd: Optional[Path] = None) -> subprocess.Popen:
+    """A tool as a user runs it, in the background (stdout and stderr together, as text)."""
+    return subprocess.Popen(tool_command(name, *args), cwd=cwd or REPO, env=process_env(env), text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)

@@ -25,6 +25,8 @@ from cplm_megatron.training.checkpoint_lookup import resolve_checkpoint
 from tests.data_fixtures import write_synthetic_dataset
 from tests.dist_utils import run_distributed
 
+pytestmark = pytest.mark.mcore  # the outcome depends on megatron-core (both CI legs)
+
 # two independent fp32 implementations (Megatron in the saving layout vs HF) of the tiny preset (hidden 128,
 # ffn 384, 4 layers, vocab ~4096): other summation orders in every matmul and softmax plus separately computed
 # RoPE tables (angles < 64 rad rounded at 2^-24) give ~1e-5 relative on |logits|, |log p| <~ 10 -> 1e-4

@@ -18,6 +18,8 @@ from cplm_megatron.training.run_config import load_run_config
 from tests.dist_utils import run_distributed
 from tests.model import lm_head_workers as w
 
+pytestmark = pytest.mark.mcore  # the outcome depends on megatron-core (both CI legs)
+
 REPO_CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 FP32 = 1e-5

@@ -11,6 +11,8 @@ from tests.harness import run_distributed
 from tests.parallel.compat_scenarios import run_scenario
 from tests.training import pretrain_utils as pu
 
+pytestmark = [pytest.mark.mcore, pytest.mark.mcore_latest]  # where releases differ: every test on both legs
+
 BY_NAME = {p.name: p for p in PATCHES}
 
 # patch -> (scenario that needs it, what goes wrong without it)

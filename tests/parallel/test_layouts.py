@@ -9,7 +9,7 @@ import torch
 from tests.dist_utils import run_distributed
 from tests.parallel.layouts import one_step
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.mcore, pytest.mark.slow, pytest.mark.mcore_latest]
 # fp32 everywhere; a layout changes only the order of the sums (TP splits the hidden and vocab reductions,
 # PP/DP the micro-batch accumulation; the longest run over the 4096-entry vocabulary): random-walk rounding
 # ~sqrt(4096) * 2^-24 ~ 4e-6 relative -> 1e-5

@@ -9,6 +9,8 @@ import pytest
 from tests.data_fixtures import load_tool
 from tests.evaluation.fixtures import hf_exports, runs  # noqa: F401  (shared session fixtures)
 
+pytestmark = pytest.mark.mcore  # the outcome depends on megatron-core (both CI legs)
+
 SMALL = ["--limit", "4", "--batch-size", "4", "--copy-length", "64", "--spamlang-length", "32",
          "--passkey-lengths", "32,64", "--passkey-depths", "0,1", "--no-progress"]
 
