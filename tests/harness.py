@@ -425,6 +425,29 @@ def run_tool(name: str, *args: str, env: Optional[Dict[str, str]] = None, timeou
                           text=True, timeout=timeout)
 
 
+def _tool_main(rank: int, name: str, args: Tuple[str, ...]) -> None:
+    """In a warm process: tools/<name>.py's main(args), its return value (or SystemExit) as the exit code."""
+    from tests.data_fixtures import load_tool
+
+    try:
+        code = load_tool(name).main(list(args))
+    except SystemExit as e:  # argparse errors, SystemExit("message")
+        if isinstance(e.code, str):
+            print(e.code, file=sys.stderr)
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code or 0)
+
+
+def run_tool_warm(name: str, *args: str, env: Optional[Dict[str, str]] = None,
+                  timeout: int = PROCESS_TIMEOUT_S) -> subprocess.CompletedProcess:
+    """A tool's main(ARGS) in a warm process (no interpreter start; its megatron state dies with it): for the
+    tests of what a tool computes and refuses, where the interpreter boundary is not what is tested."""
+    out = run_captured(_tool_main, 1, name, tuple(args), env=env, timeout=timeout)
+    return subprocess.CompletedProcess(["tools/" + name + ".py", *args], out.returncode, out.stdout, out.stderr)
+
+
 def start_tool(name: str, *args: str, env: Optional[Dict[str, str]] = None,
                cwd: Optional[Path] = None) -> subprocess.Popen:
     """A tool as a user runs it, in the background (stdout and stderr together, as text)."""
