@@ -148,28 +148,35 @@ def copy_distribution(
     doc_ids: torch.Tensor | None = None,
     scale: float | None = None,
     block: int = 128,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    return_lse: bool = False,
+) -> tuple[torch.Tensor, ...]:
     """Copy distribution restricted to the vocab slice [vocab_start, vocab_end).
 
     Returns ``(p_copy [b, T, vocab_end - vocab_start] fp32, has_candidate [b, T] bool)``; ``p_copy``
     is the head-averaged attention mass scattered onto candidate labels inside the slice (rows with
-    no candidate are zero). Query-blocked, memory O(T * block + T * V_slice).
+    no candidate are zero). With ``return_lse`` also ``lse_all [b, H, T]`` (the candidates' log-sum-exp
+    per head, as :func:`copy_lse_naive`; the copy statistics a mixing rule may read). Query-blocked,
+    memory O(T * block + T * V_slice).
     """
     scale = default_scale(q.shape[-1]) if scale is None else scale
     b, _, T, _ = q.shape
     V = vocab_end - vocab_start
     out = torch.zeros(b, T, V, dtype=_acc(q).dtype, device=q.device)
     has_cand = torch.zeros(b, T, dtype=torch.bool, device=q.device)
+    lse_all = torch.full((b, q.shape[1], T), NEG_INF, dtype=out.dtype, device=q.device) if return_lse else None
     in_slice = (labels >= vocab_start) & (labels < vocab_end)
     local = torch.where(in_slice, labels - vocab_start, 0)
     for t0 in range(0, T, block):
         t1 = min(T, t0 + block)
         s = _scores(q[:, :, t0:t1], k[:, :, :t1], scale)
         cand, _ = candidate_masks(labels, doc_ids, t0, t1)
-        a = torch.softmax(s.masked_fill(~cand[:, None], NEG_INF), dim=-1)
+        masked = s.masked_fill(~cand[:, None], NEG_INF)
+        if lse_all is not None:
+            lse_all[:, :, t0:t1] = torch.logsumexp(masked, dim=-1)
+        a = torch.softmax(masked, dim=-1)
         a = torch.nan_to_num(a, nan=0.0).mean(dim=1)  # empty rows: softmax of all -inf is NaN
         a = a * in_slice[:, None, :t1]
         idx = local[:, None, :t1].expand(-1, t1 - t0, -1)
         out[:, t0:t1].scatter_add_(-1, idx, a)
         has_cand[:, t0:t1] = cand.any(-1)
-    return out, has_cand
+    return (out, has_cand, lse_all) if return_lse else (out, has_cand)

@@ -10,7 +10,7 @@ from transformers import LlamaConfig
 class CPLMConfig(LlamaConfig):
     """LlamaConfig + Copy-Paste head: ``copy_heads`` x ``copy_head_dim`` query/key heads and a gate.
 
-    ``copy_mixing``: the mixing variant (``mixing.py``: gate, constant). ``copy_eod_token_id``: the
+    ``copy_mixing``: the mixing variant (``mixing.py``: gate, constant, sentinel). ``copy_eod_token_id``: the
     end-of-document id (default: ``eos_token_id``); with ``copy_reset_at_eod`` (default on) copy
     candidates never cross it, as in training, where candidates stay inside a packed document.
     """

@@ -5,6 +5,7 @@ module's file under this name (``export.py``), so an export mixes exactly as tra
 """
 from cplm_megatron.model.mixing import (  # noqa: F401
     MIXING_RULES,
+    CopyStats,
     MixingRule,
     MixtureWeights,
     mix_log_probs,

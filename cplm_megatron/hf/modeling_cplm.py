@@ -19,6 +19,8 @@ KV-cache generation: the copy keys and the token ids of every cached position ar
 ``generate()`` (or the caller) passes in. The state is validated against the cache length on every
 call (a cropped cache, as in assisted decoding, crops the state; a cache filled without it is
 rejected) and reordered by ``_reorder_cache`` during beam search. Only dynamic caches are supported.
+The copy statistics a mixing rule may read (``copy_mixing: sentinel``: the candidates' log-sum-exp per
+copy head) are recomputed from these keys for every new query, so the cache needs nothing more.
 """
 
 import dataclasses
@@ -37,7 +39,7 @@ from transformers.models.llama.modeling_llama import (
 )
 
 from .configuration_cplm import CPLMConfig
-from .mixing import mix_log_probs, mixing_rule, mixture_weights
+from .mixing import CopyStats, MixtureWeights, mix_log_probs, mixing_rule, mixture_weights
 
 # transformers renamed the cache argument `past_key_values` -> `cache` (5.2x); use what is installed.
 _CACHE_KWARG = "cache" if "cache" in inspect.signature(LlamaModel.forward).parameters else "past_key_values"
@@ -74,7 +76,8 @@ class CopyKeyState:
 
 
 class CopyGate(nn.Linear):
-    """The gate's `Linear(hidden, 1)`; a distinct class so `_init_weights` can give it its bias init."""
+    """The gate's `Linear(hidden, rows)` (1 row, or one sentinel per copy head for `copy_mixing: sentinel`);
+    a distinct class so `_init_weights` can give it its bias init."""
 
 
 class CPLMCopyHead(nn.Module):
@@ -93,8 +96,9 @@ class CPLMCopyHead(nn.Module):
         else:
             self.q_norm = None
             self.k_norm = None
-        self.gate = CopyGate(config.hidden_size, 1, bias=True)
+        self.mixing = config.copy_mixing
         self.rule = mixing_rule(config.copy_mixing)
+        self.gate = CopyGate(config.hidden_size, self.rule.gate_rows(config.copy_heads), bias=True)
 
     def _project(self, linear: nn.Linear, norm: nn.Module | None, hidden: torch.Tensor) -> torch.Tensor:
         batch, length, _ = hidden.shape
@@ -112,8 +116,19 @@ class CPLMCopyHead(nn.Module):
         return self._project(self.k_proj, self.k_norm, hidden)
 
     def gate_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Logit of the copy weight g per position under the configured mixing rule, `[b, n]` (fp32)."""
+        """Logit of the copy weight g per position, `[b, n]` (fp32), for rules with one (gate, constant)."""
+        if self.rule.gate_logit is None:
+            raise ValueError(f"copy_mixing={self.mixing!r} has no single gate logit (it reads the copy statistics): "
+                             "use CPLMCopyHead.mixture_weights")
         return self.rule.gate_logit(hidden.float(), self.gate.weight.float(), self.gate.bias.float())
+
+    def mixture_weights(self, hidden: torch.Tensor, has_candidate: torch.Tensor,
+                        lse: torch.Tensor | None = None) -> MixtureWeights:
+        """log g, log(1 - g) `[b, n]` (fp32) under the configured rule; `lse` `[b, n, H_c]` is the candidates'
+        log-sum-exp per copy head (`copy_log_probs(..., return_lse=True)`), read by rules such as `sentinel`."""
+        stats = CopyStats(lse) if lse is not None else None
+        return self.rule.weights(hidden.float(), self.gate.weight.float(), self.gate.bias.float(), has_candidate,
+                                 stats)
 
 
 def candidate_labels(token_ids: torch.Tensor) -> torch.Tensor:
@@ -151,8 +166,10 @@ def copy_log_probs(
     labels: torch.Tensor,
     candidates: torch.Tensor,
     vocab_size: int,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """log p_copy `[b, nq, V]` (-inf where no copy mass) and has-candidate `[b, nq]`.
+    return_lse: bool = False,
+) -> tuple[torch.Tensor, ...]:
+    """log p_copy `[b, nq, V]` (-inf where no copy mass) and has-candidate `[b, nq]` (and with `return_lse`
+    the candidates' log-sum-exp per copy head `[b, nq, H]`, meaningful where t has a candidate).
 
     queries `[b, H, nq, d]`, keys `[b, H, L, d]` (fp32), labels `[b, L]`, candidates `[b, nq, L]`.
     p_copy(v|t) = mean over heads of the softmax-over-candidates mass on candidates with label v.
@@ -162,24 +179,28 @@ def copy_log_probs(
     scores = scores.masked_fill(~candidates[:, None], float("-inf"))
     # Rows without candidates would be all -inf (NaN softmax, NaN grads): give them zeros, then drop them.
     scores = torch.where(has_candidate[:, None, :, None], scores, torch.zeros_like(scores))
+    lse = torch.logsumexp(scores, dim=-1).transpose(1, 2) if return_lse else None
     weights = torch.softmax(scores, dim=-1) * candidates[:, None].to(scores.dtype)
     mean_weights = weights.mean(dim=1)  # [b, nq, L]
     index = labels[:, None, :].expand_as(mean_weights)
     p_copy = mean_weights.new_zeros(*mean_weights.shape[:2], vocab_size).scatter_add_(-1, index, mean_weights)
     has_mass = p_copy > 0
     safe_log = torch.log(torch.where(has_mass, p_copy, torch.ones_like(p_copy)))
-    return torch.where(has_mass, safe_log, torch.full_like(p_copy, float("-inf"))), has_candidate
+    log_p_copy = torch.where(has_mass, safe_log, torch.full_like(p_copy, float("-inf")))
+    return (log_p_copy, has_candidate, lse) if return_lse else (log_p_copy, has_candidate)
 
 
 def mixture_log_probs(
     lm_logits: torch.Tensor,
-    gate_logits: torch.Tensor,
+    gate: torch.Tensor | MixtureWeights,
     log_p_copy: torch.Tensor,
     has_candidate: torch.Tensor,
 ) -> torch.Tensor:
-    """log((1-g) p_LM + g p_copy) `[b, nq, V]` in fp32 (mixing.py), with g = 0 exactly where t has no candidate."""
+    """log((1-g) p_LM + g p_copy) `[b, nq, V]` in fp32 (mixing.py), with g = 0 exactly where t has no candidate;
+    `gate`: the gate logits `[b, nq]` or the rule's `MixtureWeights` (`CPLMCopyHead.mixture_weights`)."""
     log_p_lm = torch.log_softmax(lm_logits.float(), dim=-1)
-    return mix_log_probs(mixture_weights(gate_logits, has_candidate), log_p_lm, log_p_copy)
+    weights = gate if isinstance(gate, MixtureWeights) else mixture_weights(gate, has_candidate)
+    return mix_log_probs(weights, log_p_lm, log_p_copy)
 
 
 def mixture_nll(log_probs: torch.Tensor, labels: torch.Tensor, num_items_in_batch: int | None = None) -> torch.Tensor:
@@ -345,16 +366,16 @@ class CPLMForCausalLM(LlamaForCausalLM):
         kept = _kept_positions(logits_to_keep, new_len, hidden.device)
         hidden_kept = hidden[:, kept]
         eod = self.config.copy_eod_token_id if self.config.copy_reset_at_eod else None
-        log_p_copy, has_candidate = copy_log_probs(
+        log_p_copy, has_candidate, lse = copy_log_probs(
             self.copy_head.queries(hidden_kept),
             keys,
             candidate_labels(token_ids),
             candidate_mask(valid, past_len + kept, document_ids(token_ids, valid, eod)),
             self.config.vocab_size,
+            return_lse=True,
         )
-        log_probs = mixture_log_probs(
-            self.lm_head(hidden_kept), self.copy_head.gate_logits(hidden_kept), log_p_copy, has_candidate
-        )
+        weights = self.copy_head.mixture_weights(hidden_kept, has_candidate, lse)
+        log_probs = mixture_log_probs(self.lm_head(hidden_kept), weights, log_p_copy, has_candidate)
         loss = None if labels is None else mixture_nll(log_probs, labels, num_items_in_batch)
         result = CausalLMOutputWithPast(
             loss=loss,

@@ -20,6 +20,7 @@ import torch
 from cplm_megatron.hf.config_mapping import ConversionError, check_exportable
 from cplm_megatron.model.config import ModelConfig
 from cplm_megatron.model.copy_head import CopyHeadConfig
+from cplm_megatron.model.mixing import mixing_rule
 
 EMBEDDING = "embedding.word_embeddings.weight"
 POSITIONS = "embedding.position_embeddings.weight"
@@ -113,8 +114,9 @@ def _copy_head_tensors(
     tensors: Mapping[str, torch.Tensor], model: ModelConfig, copy_head: CopyHeadConfig
 ) -> dict[str, torch.Tensor]:
     width = copy_head.heads * copy_head.head_dim
+    rows = mixing_rule(copy_head.mixing).gate_rows(copy_head.heads)  # 1, or H_c sentinels (mixing: sentinel)
     shapes = {"q_proj.weight": (width, model.hidden_size), "k_proj.weight": (width, model.hidden_size),
-              "gate.weight": (1, model.hidden_size), "gate.bias": (1,),
+              "gate.weight": (rows, model.hidden_size), "gate.bias": (rows,),
               "q_norm.weight": (copy_head.head_dim,), "k_norm.weight": (copy_head.head_dim,)}
     return {key: _checked(tensors, key, shapes[key.removeprefix(COPY_HEAD)]) for key in copy_head_keys(copy_head)}
 

@@ -19,7 +19,7 @@ from torch import nn
 import cplm_kernels
 from cplm_kernels.configs import SUPPORTED_HEAD_DIMS
 from cplm_megatron.errors import ConfigError
-from cplm_megatron.model.mixing import MIXING_RULES, mix_log_probs, mixing_rule, mixture_weights
+from cplm_megatron.model.mixing import MIXING_RULES, CopyStats, MixtureWeights, mix_log_probs, mixing_rule
 
 NEG_INF = float("-inf")
 log = logging.getLogger(__name__)
@@ -35,7 +35,9 @@ class CopyHeadConfig:
     qk_norm: bool = False
     norm_eps: float = 1e-5
     gate_bias_init: float = -2.0
-    mixing: str = "gate"  # a variant of cplm_megatron/model/mixing.py: gate (g = sigmoid(w.h + b)), constant
+    # a variant of cplm_megatron/model/mixing.py: gate (g = sigmoid(w.h + b)), constant (g = sigmoid(b)),
+    # sentinel (g = mean_c sigmoid(lse_c - w_c.h - b_c): a pointer sentinel per copy head)
+    mixing: str = "gate"
     lm_loss_weight: float = 0.0  # auxiliary LM-only cross entropy
     # true: the mixture loss treats log p_LM as a constant, so the LM head (and the backbone through it)
     # learns from its own cross entropy (lm_loss_weight) exactly as a baseline does; the mixture trains
@@ -139,7 +141,8 @@ class CopyHeadOutput:
 
 
 class CopyPasteHead(nn.Module):
-    """q/k projections (+ optional per-head RMSNorm) and the gate; replicated across TP ranks."""
+    """q/k projections (+ optional per-head RMSNorm) and the gate (Linear(d, 1), or Linear(d, H_c) for the
+    sentinel rule); replicated across TP ranks."""
 
     def __init__(self, hidden_size: int, cfg: CopyHeadConfig, init_std: float = 0.02,
                  params_dtype: torch.dtype = torch.float32):
@@ -152,7 +155,7 @@ class CopyPasteHead(nn.Module):
         if cfg.qk_norm:
             self.q_norm = nn.RMSNorm(cfg.head_dim, eps=cfg.norm_eps, dtype=params_dtype)
             self.k_norm = nn.RMSNorm(cfg.head_dim, eps=cfg.norm_eps, dtype=params_dtype)
-        self.gate = nn.Linear(hidden_size, 1, bias=True, dtype=params_dtype)
+        self.gate = nn.Linear(hidden_size, self.rule.gate_rows(cfg.heads), bias=True, dtype=params_dtype)
         with torch.no_grad():
             nn.init.normal_(self.q_proj.weight, std=init_std)
             nn.init.normal_(self.k_proj.weight, std=init_std)
@@ -186,8 +189,18 @@ class CopyPasteHead(nn.Module):
         return q.transpose(1, 2), k.transpose(1, 2)
 
     def gate_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """[b, s, h] -> [b, s] logits of the copy weight under the configured mixing rule (fp32)."""
+        """[b, s, h] -> [b, s] logits of the copy weight (fp32), for rules with one (gate, constant)."""
+        if self.rule.gate_logit is None:
+            raise ValueError(f"copy_head.mixing={self.cfg.mixing!r} has no single gate logit (it reads the copy "
+                             "statistics): use CopyPasteHead.mixture_weights")
         return _fp32(self.rule.gate_logit(hidden, self.gate.weight, self.gate.bias))
+
+    def mixture_weights(self, hidden: torch.Tensor, has_cand: torch.Tensor,
+                        lse_all: Optional[torch.Tensor] = None) -> MixtureWeights:
+        """log g_t, log(1 - g_t) [b, s] under the configured rule; `lse_all` [b, H, s] are the copy statistics
+        (the candidates' log-sum-exp per copy head) a rule such as `sentinel` reads."""
+        stats = CopyStats(lse_all.transpose(1, 2)) if lse_all is not None else None
+        return self.rule.weights(hidden, self.gate.weight, self.gate.bias, has_cand, stats)
 
     def copy_lse(self, q, k, cand_labels, doc_ids, impl: str) -> Tuple[torch.Tensor, torch.Tensor]:
         """(lse_all, lse_match) [b, H, s] with the chosen implementation."""
@@ -225,7 +238,7 @@ class CopyPasteHead(nn.Module):
         log_p_copy = safe_logsumexp(log_p_head, dim=1) - math.log(self.cfg.heads)
         has_match = torch.isfinite(log_p_copy)
 
-        weights = mixture_weights(self.gate_logits(hidden), has_cand)
+        weights = self.mixture_weights(hidden, has_cand, lse_all)
         lm_ce = _fp32(lm_ce)
         lm_in_mixture = lm_ce.detach() if self.cfg.decouple_lm else lm_ce
         mix_nll = -mix_log_probs(weights, -lm_in_mixture, log_p_copy)
@@ -254,8 +267,8 @@ class CopyPasteHead(nn.Module):
         vocab_end = vocab_start + lm_log_probs.shape[-1]
         cand = candidate_labels(labels, loss_mask)
         q, k = self.queries_keys(hidden)
-        p_copy, has_cand = cplm_kernels.copy_distribution(
-            q, k, cand, vocab_start, vocab_end, doc_ids, self.scale, self.cfg.block_size
+        p_copy, has_cand, lse_all = cplm_kernels.copy_distribution(
+            q, k, cand, vocab_start, vocab_end, doc_ids, self.scale, self.cfg.block_size, return_lse=True
         )
-        weights = mixture_weights(self.gate_logits(hidden), has_cand)
+        weights = self.mixture_weights(hidden, has_cand, lse_all)
         return mix_log_probs(weights, _fp32(lm_log_probs), torch.log(p_copy))

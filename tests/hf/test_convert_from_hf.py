@@ -10,6 +10,7 @@
   and the TP=2 processes are shared by the tests marked slow).
 """
 
+import dataclasses
 import importlib.util
 import json
 import shutil
@@ -43,6 +44,7 @@ from transformers import (
 from cplm_megatron.hf.config_mapping import (
     ConversionError,
     check_preset_matches,
+    copy_head_config_from_hf,
     model_config_from_hf,
 )
 from cplm_megatron.hf.convert import continue_overrides, convert_from_hf, convert_to_hf
@@ -284,3 +286,23 @@ def test_cli_errors_exit_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureF
     assert capsys.readouterr().err.startswith("error: unsupported architecture")
     with pytest.raises(SystemExit):
         tool.main(["--hf", "x", "--output", "y", "--no-copy-head", "--copy-heads", "2"])
+
+
+def test_sentinel_copy_head_maps_both_ways_with_one_sentinel_per_copy_head() -> None:
+    """HF CPLM (copy_mixing: sentinel, gate [H_c, d]) -> Megatron tensors -> HF: the same tensors, and the
+    gate's shape follows the rule (a gate-shaped [1, d] tensor is refused by name)."""
+    from cplm_megatron.hf.weight_mapping import hf_to_megatron, megatron_to_hf
+
+    hf = tiny_cplm(cplm_config(copy_mixing="sentinel"), seed=2)
+    model = model_config_from_hf(hf.config, "sentinel")
+    copy = copy_head_config_from_hf(hf.config, enabled=True)
+    assert copy.mixing == "sentinel"
+    state = {k: v.detach().clone() for k, v in hf.state_dict().items()}
+    tensors = hf_to_megatron(state, model, copy)
+    assert tensors["copy_head.gate.weight"].shape == (3, 64) and tensors["copy_head.gate.bias"].shape == (3,)
+    back = megatron_to_hf(tensors, model, copy)
+    for key, value in back.items():
+        assert torch.equal(value, state[key]), key  # bitwise: the mapping only reshapes and copies
+    as_gate = dataclasses.replace(copy, mixing="gate")
+    with pytest.raises(ConversionError, match="copy_head.gate.weight"):
+        megatron_to_hf(tensors, model, as_gate)

@@ -66,6 +66,8 @@ def saved(tmp_path_factory: pytest.TempPathFactory, data_root: Path) -> dict:
         "cplm_pp2_vpp2": variant(CPLM + ["parallel.pp=2", "parallel.vpp=2"], "log_probs", seed=7),
         # random gate weights (randomize_constant_init) that the constant rule must ignore on both sides
         "cplm_constant_tp2": variant(CPLM + ["copy_head.mixing=constant", "parallel.tp=2"], "log_probs", seed=8),
+        # one sentinel per copy head (gate [3, d]); the mixture reads each head's candidate lse on both sides
+        "cplm_sentinel_tp2": variant(CPLM + ["copy_head.mixing=sentinel", "parallel.tp=2"], "log_probs", seed=9),
         "llama_untied_pp2": variant(LLAMA_UNTIED + ["parallel.pp=2"], "logits", seed=6, vocab=PADDED_VOCAB),
     }
     results = run_distributed(mw.save_and_score, 2, variants, str(root))
@@ -90,7 +92,7 @@ def max_diff(model: AutoModelForCausalLM, saved: dict, name: str, vocab: int) ->
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["cplm_tp2", "cplm_pp2", "cplm_pp2_vpp2", "cplm_constant_tp2"])
+@pytest.mark.parametrize("name", ["cplm_tp2", "cplm_pp2", "cplm_pp2_vpp2", "cplm_constant_tp2", "cplm_sentinel_tp2"])
 def test_cplm_logits_equal_megatron_mixture_log_probs(saved: dict, name: str, tmp_path: Path, tokenizer_dir: Path) -> None:
     """Megatron scores with the loader's document ids (a new document after each EOD, id 0 here, frequent in
     the batches); the export resets copy candidates at the tokenizer's EOD: the same distribution."""
@@ -98,7 +100,8 @@ def test_cplm_logits_equal_megatron_mixture_log_probs(saved: dict, name: str, tm
     assert type(model).__name__ == "CPLMForCausalLM"
     assert (model.config.copy_heads, model.config.copy_head_dim, model.config.copy_qk_norm) == (3, 16, True)
     assert (model.config.copy_eod_token_id, model.config.copy_reset_at_eod) == (mw.EOD_ID, True)
-    assert model.config.copy_mixing == ("constant" if "constant" in name else "gate")
+    assert model.config.copy_mixing == next((m for m in ("constant", "sentinel") if m in name), "gate")
+    assert model.copy_head.gate.weight.shape == (3 if "sentinel" in name else 1, model.config.hidden_size)
     assert all((ids == mw.EOD_ID).any() for ids in saved["variants"][name]["batches"])
     assert model.config.num_key_value_heads == 2 and model.config.tie_word_embeddings
     diff = max_diff(model, saved, name, 4096)

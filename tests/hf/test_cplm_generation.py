@@ -135,3 +135,27 @@ def test_assisted_decoding_matches_greedy(model: CPLMForCausalLM) -> None:
     plain = generate(model, prompt, do_sample=False, use_cache=False).sequences
     # integer tokens: assisted decoding verifies every draft with the main model's own argmax
     assert torch.equal(assisted, plain)
+
+
+def test_sentinel_mixing_generates_cached_as_uncached_and_resets_at_eod() -> None:
+    """`copy_mixing: sentinel` reads each copy head's candidate lse, recomputed from the cached copy keys for
+    every new query: cached = uncached steps over an EOD, and candidates reset at the EOD."""
+    model = tiny_cplm(cplm_config(copy_qk_norm=True, copy_mixing="sentinel"), seed=3, gate_bias=2.0)
+    assert model.copy_head.gate.weight.shape == (3, 64)  # one sentinel per copy head
+    prompt = repetitive_ids(2, 12, seed=7)
+    prompt[:, 8] = BOS_EOS_ID  # the current document is the last 3 tokens
+    cached = generate(model, prompt, do_sample=False, use_cache=True, output_logits=True)
+    uncached = generate(model, prompt, do_sample=False, use_cache=False)
+    assert torch.equal(cached.sequences, uncached.sequences)  # integer tokens, as above
+    with torch.no_grad():
+        for step, step_log_probs in enumerate(cached.logits):
+            prefix = cached.sequences[:, : prompt.shape[1] + step]
+            torch.testing.assert_close(step_log_probs, model(prefix).logits[:, -1], atol=STEP_ATOL, rtol=0)
+        as_gate = tiny_cplm(cplm_config(copy_qk_norm=True), seed=3, gate_bias=2.0)
+        across = tiny_cplm(cplm_config(copy_qk_norm=True, copy_mixing="sentinel", copy_reset_at_eod=False), seed=3,
+                           gate_bias=2.0)
+        gate_first, across_first = as_gate(prompt).logits[:, -1], across(prompt).logits[:, -1]
+    assert (gate_first - cached.logits[0]).abs().max() > 0.1  # the sentinel rule, not the gate, mixed
+    assert (across_first - cached.logits[0]).abs().max() > 0.1  # candidates before the EOD are not used
+    # a sum of 300 fp32 probabilities, as in the greedy test: 1e-5
+    assert cached.logits[-1].exp().sum(-1).sub(1).abs().max() < 1e-5

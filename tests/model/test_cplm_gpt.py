@@ -169,3 +169,31 @@ def test_a_changed_postprocess_signature_stops_model_building_with_a_clear_error
     print(message)
     assert isinstance(err.value, UserError)
     assert "megatron-core" in message and "0.16.1 ... 0.19.x" in message and "target_ids" in message
+
+
+@pytest.mark.slow
+def test_sentinel_mixing_at_tp2_and_pp2_equals_tp1(tmp_path):
+    """`copy_head.mixing=sentinel` (one sentinel per copy head, reading each head's candidate lse) in a real
+    train step: TP=2 and PP=2 (1F1B, 4 micro-batches) give TP=1's loss, gradient norm and copy-head gradients,
+    and the replicated head's gradients are bit-identical on both TP ranks."""
+    from tests.parallel.layouts import one_step
+
+    copy = {"heads": 2, "head_dim": 16, "impl": "chunked", "mixing": "sentinel", "gate_bias_init": 3.0}
+    [ref] = run_distributed(one_step, 1, {}, str(tmp_path / "init"), None, copy, 4, True)
+    assert ref["head_grads"]["copy_head.gate.weight"].shape[0] == 2  # one sentinel per copy head
+    assert ref["metrics"]["match_frac"] > 0 and 0 < ref["metrics"]["gate_mean"] < 1
+    # fp32 everywhere; a layout changes only the order of the sums (tests/parallel/test_layouts.py): 1e-5
+    rel = 1e-5
+    for layout in ({"tp": 2}, {"pp": 2}):
+        results = run_distributed(one_step, 2, layout, str(tmp_path / "init"), None, copy)
+        for r in results:
+            assert abs(r["metrics"]["loss"] - ref["metrics"]["loss"]) <= rel * abs(ref["metrics"]["loss"]), layout
+            assert abs(r["grad_norm"] - ref["grad_norm"]) <= rel * ref["grad_norm"], layout
+        head = {k: v for r in results for k, v in r["head_grads"].items()}
+        assert set(head) == set(ref["head_grads"]) and len(head) == 4
+        for name, grad in ref["head_grads"].items():
+            assert grad.abs().sum() > 0, name
+            assert (head[name] - grad).norm() <= rel * grad.norm() + 1e-12, (layout, name)
+        if "tp" in layout:
+            for name, grad in results[0]["head_grads"].items():  # bitwise: same inputs and ops on both ranks
+                assert torch.equal(grad, results[1]["head_grads"][name]), name
