@@ -15,6 +15,7 @@ import os
 import re
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -43,16 +44,25 @@ def _streaming_segments() -> set[str]:
     return {p.name for p in SHM_DIR.iterdir() if _STREAMING_SHM.match(p.name)} if SHM_DIR.is_dir() else set()
 
 
+@contextmanager
+def streaming_segments_removed() -> Iterator[None]:
+    """Remove the /dev/shm segments streaming created inside the block (processes of a module fixture)."""
+    before = _streaming_segments()
+    try:
+        yield
+    finally:
+        for name in _streaming_segments() - before:
+            (SHM_DIR / name).unlink(missing_ok=True)
+
+
 @pytest.fixture
 def isolated_streaming(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """Private temp dir for this test's streaming state; its new /dev/shm segments are removed after."""
     tmp = tmp_path_factory.mktemp("streaming-tmp")
     monkeypatch.setenv("TMPDIR", str(tmp))
     monkeypatch.setattr(tempfile, "tempdir", str(tmp))
-    before = _streaming_segments()
-    yield tmp
-    for name in _streaming_segments() - before:
-        (SHM_DIR / name).unlink(missing_ok=True)
+    with streaming_segments_removed():
+        yield tmp
 
 
 @dataclass(frozen=True)
