@@ -25,7 +25,7 @@ from cplm_megatron.training.checkpoint_lookup import resolve_checkpoint
 from tests.data_fixtures import write_synthetic_dataset
 from tests.dist_utils import run_distributed
 
-pytestmark = pytest.mark.mcore  # the outcome depends on megatron-core (both CI legs)
+pytestmark = [pytest.mark.mcore, pytest.mark.mcore_latest]  # the HF export of every layout on both legs
 
 # two independent fp32 implementations (Megatron in the saving layout vs HF) of the tiny preset (hidden 128,
 # ffn 384, 4 layers, vocab ~4096): other summation orders in every matmul and softmax plus separately computed
