@@ -202,6 +202,7 @@ class Trainer:
                 if stop_now or exit_now:
                     reason = f"signal {stop.received}" if stop_now else "train.exit_after_iters"
                     rank0_print(f"[train] stopping at iteration {it} ({reason}); exit code {RESUME_EXIT_CODE} = resume me")
+                    self._write_summary(stopped_early=True)  # a launch stopped early still reports its throughput
                     return RESUME_EXIT_CODE
             if self.saved_at != self.state.iteration:
                 self.save()
@@ -213,8 +214,9 @@ class Trainer:
             self.logger.close()
             stop.restore()
 
-    def _write_summary(self) -> None:
-        """RUN_DIR/summary.json: one throughput record of this launch (scaling studies aggregate these)."""
+    def _write_summary(self, stopped_early: bool = False) -> None:
+        """RUN_DIR/summary.json: one throughput record of this launch (scaling studies aggregate these); a launch
+        stopped early (exit 75) writes summary_stopped_early.json instead (its run is not finished)."""
         import json
 
         import torch.distributed as dist
@@ -244,7 +246,8 @@ class Trainer:
             "flops_per_token": self.speed.flops_per_token,
             "config_hash": self.cfg.hash(),
         }
-        (self.run_dir / "summary.json").write_text(json.dumps(record, indent=2))
+        name = "summary_stopped_early.json" if stopped_early else "summary.json"
+        (self.run_dir / name).write_text(json.dumps({**record, "stopped_early": stopped_early}, indent=2))
 
     def _log(self, result) -> None:
         m = result.metrics
