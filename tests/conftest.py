@@ -1,4 +1,5 @@
-"""Suite-wide fixtures: data fixtures (tests/data_fixtures.py) and repo paths; the `mcore` marker."""
+"""Suite-wide fixtures: data (tests/data_fixtures.py) and the session's trained runs (tests/trained_runs.py);
+the environment every test starts from; markers."""
 import os
 import shutil
 
@@ -10,7 +11,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 if shutil.which("nvidia-smi") is None:
     os.environ.setdefault("TRITON_INTERPRET", "1")  # fused copy kernels run in Triton's CPU interpreter
 
-pytest_plugins = ["tests.data_fixtures"]
+pytest_plugins = ["tests.data_fixtures", "tests.trained_runs"]
 
 # Markers live in the test modules (`pytestmark`): `slow`, `slurm`, and `mcore` where the outcome depends on
 # megatron-core. `make test-mcore-latest` runs `-m mcore_latest` on the newest megatron-core: every fast `mcore`

@@ -13,21 +13,18 @@ import yaml
 from cplm_megatron.training.checkpoint_lookup import list_checkpoints, read_latest
 from cplm_megatron.training.checkpointing import CRASH_ENV
 from cplm_megatron.training.signals import RESUME_EXIT_CODE
+from tests.trained_runs import REFERENCE_ITERS, copy_run
 from tests.training import pretrain_utils as pu
 
 pytestmark = [pytest.mark.mcore, pytest.mark.slow, pytest.mark.usefixtures("isolated_streaming")]
-ITERS = 10
+ITERS = REFERENCE_ITERS
 
 
-@pytest.fixture(scope="module")
-def reference(stdlib_corpus, tmp_path_factory):
-    """One uninterrupted single-process run: the losses every other run is compared with."""
-    run_dir = tmp_path_factory.mktemp("reference") / "run"
-    proc = pu.run(1, pu.tiny_overrides(stdlib_corpus, run_dir, ITERS, **{"train.eval_interval": 5,
-                                                                          "logging.wandb": "true"}),
-                  mode="python")  # the README's first command, in its own interpreter
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return {"dir": run_dir, "losses": pu.losses(run_dir), "stdout": proc.stdout}
+@pytest.fixture
+def reference(reference_run):
+    """The session's uninterrupted run (tests/trained_runs.py): the losses every other run is compared with."""
+    return reference_run
+
 
 
 @pytest.mark.mcore_latest  # end-to-end training and resume on the newest megatron-core too
@@ -203,19 +200,16 @@ def test_validation_loss_is_the_full_distribution_not_the_objective(stdlib_corpu
 
 # ---------------------------------------------------------------- resume safety: nothing lost, nothing silent
 
-@pytest.fixture(scope="module")
-def stopped_at_4(stdlib_corpus, tmp_path_factory):
-    """The reference recipe stopped after 4 iterations: checkpoints iter_0000003 and iter_0000004 (latest)."""
-    run_dir = tmp_path_factory.mktemp("stopped") / "run"
-    proc = pu.run(1, pu.tiny_overrides(stdlib_corpus, run_dir, ITERS, **{"train.exit_after_iters": 4}))
-    assert proc.returncode == RESUME_EXIT_CODE, proc.stderr[-3000:]
-    assert [p.name for p in list_checkpoints(run_dir / "checkpoints")] == ["iter_0000003", "iter_0000004"]
-    return run_dir
+@pytest.fixture
+def stopped_at_4(stopped_run):
+    """The session's run stopped after 4 iterations (tests/trained_runs.py); tests copy it before changing it."""
+    return stopped_run
+
 
 
 def test_missing_latest_resumes_from_the_newest_checkpoint_and_a_fresh_start_is_refused(
         stdlib_corpus, tmp_path, stopped_at_4, reference):
-    run_dir = shutil.copytree(stopped_at_4, tmp_path / "run")
+    run_dir = copy_run(stopped_at_4, tmp_path)
     (run_dir / "checkpoints" / "latest").unlink()
     before = pu.files_of(run_dir)
     refused = pu.run(1, pu.tiny_overrides(stdlib_corpus, run_dir, ITERS, **{"checkpoint.resume": "false"}))
@@ -230,7 +224,7 @@ def test_missing_latest_resumes_from_the_newest_checkpoint_and_a_fresh_start_is_
 
 
 def test_overwrite_starts_over_when_asked(stdlib_corpus, tmp_path, stopped_at_4):
-    run_dir = shutil.copytree(stopped_at_4, tmp_path / "run")
+    run_dir = copy_run(stopped_at_4, tmp_path)
     fresh = pu.run(1, pu.tiny_overrides(stdlib_corpus, run_dir, 3, **{"checkpoint.resume": "false",
                                                                      "checkpoint.overwrite": "true"}))
     assert fresh.returncode == 0, fresh.stderr[-3000:]
@@ -240,7 +234,7 @@ def test_overwrite_starts_over_when_asked(stdlib_corpus, tmp_path, stopped_at_4)
 
 
 def test_changed_model_is_refused_and_schedule_changes_take_effect(stdlib_corpus, tmp_path, stopped_at_4, reference):
-    run_dir = shutil.copytree(stopped_at_4, tmp_path / "run")
+    run_dir = copy_run(stopped_at_4, tmp_path)
     before = pu.files_of(run_dir)
     baseline = pu.run(1, pu.tiny_overrides(stdlib_corpus, run_dir, ITERS, **{"copy_head.enabled": "false"}))
     pu.assert_bad_input(baseline, "cannot resume from", "(copy_head.enabled: True -> False)",
@@ -266,7 +260,7 @@ def test_changed_model_is_refused_and_schedule_changes_take_effect(stdlib_corpus
                                                         "is missing")], ids=["shard", "common"])
 def test_damaged_checkpoint_names_the_fix_and_the_fix_works(stdlib_corpus, tmp_path, stopped_at_4, reference,
                                                             damage, what):
-    run_dir = shutil.copytree(stopped_at_4, tmp_path / "run")
+    run_dir = copy_run(stopped_at_4, tmp_path)
     (run_dir / "checkpoints" / "iter_0000004" / damage).unlink()
     overrides = pu.tiny_overrides(stdlib_corpus, run_dir, ITERS)
     damaged = pu.run(1, overrides)
@@ -337,7 +331,7 @@ def test_dataset_errors_are_one_line_and_exit_2(stdlib_corpus, tmp_path):
 def test_finetuning_from_another_run_leaves_it_untouched(stdlib_corpus, tmp_path, stopped_at_4, reference):
     """checkpoint.load + load_optimizer=false in a new run.dir: the weights of iter_0000004, a fresh optimizer and
     schedule, iteration 0; settings that change no tensor may differ; the source run is not modified."""
-    source = shutil.copytree(stopped_at_4, tmp_path / "source")
+    source = copy_run(stopped_at_4, tmp_path, "source")
     before = pu.files_of(source)
     run_dir = tmp_path / "finetune"
     proc = pu.run(1, pu.tiny_overrides(stdlib_corpus, run_dir, 2, **{
