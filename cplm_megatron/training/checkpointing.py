@@ -150,12 +150,14 @@ class Checkpointer:
         if int(os.environ.get(CRASH_ENV, "-1")) == train_state.iteration:
             os._exit(17)
         extra = {"has_optimizer": optimizer is not None}
-        finalize = lambda: self._finalize(target, train_state, extra)  # noqa: E731
+        # a snapshot: an async finalize runs steps later, when the live TrainState has moved on
+        saved_state = TrainState(**vars(train_state))
+        finalize = lambda: self._finalize(target, saved_state, extra)  # noqa: E731
         if self.async_save:
             request.add_finalize_fn(finalize)
             self._queue.schedule_async_request(request)
             if dist.get_rank() == 0:
-                self.log(f"[checkpoint] writing {target} in the background")
+                self.log(f"[checkpoint] writing {target} (iteration {saved_state.iteration}) in the background")
         else:
             finalize()
         return target
