@@ -40,6 +40,7 @@ class RunSection:
     dir: str = "runs/default"
     name: str = ""
     seed: int = 1234
+    check_memory: bool = True  # refuse a model the planner says does not fit the device/host (preflight)
 
     def validate(self) -> None:
         if not 0 <= self.seed < 2**32:
