@@ -55,9 +55,9 @@ class StopSignal:
         self.received: Optional[int] = None
         self._received_at = 0.0
         self._previous = {}
-        _start_resource_tracker_without(self.SIGNALS)
-        for sig in self.SIGNALS:
+        for sig in self.SIGNALS:  # first: starting the resource tracker unblocks SIGINT/SIGTERM (multiprocessing)
             self._previous[sig] = signal.signal(sig, self._handle)
+        _start_resource_tracker_without(self.SIGNALS)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, set(self.SIGNALS))  # deferred ones are delivered now
 
     def _handle(self, signum, frame) -> None:  # noqa: ARG002 - signal handler signature
