@@ -282,8 +282,8 @@ def read_live(path: Path, read: Callable[[CheckpointRef], T], say: Say = _say_to
         ref = resolve_checkpoint(path, say)
         try:
             return read(ref)
-        except Exception as e:  # noqa: BLE001 - a vanishing file fails inside torch in many ways
-            if not was_pruned(ref):
+        except BaseException as e:  # a vanishing file fails inside torch in many ways (some BaseExceptions)
+            if isinstance(e, (KeyboardInterrupt, SystemExit)) or not was_pruned(ref):
                 raise
             newest = newest_complete(ref.path.parent)
             if ref.path == path or attempt == attempts - 1:

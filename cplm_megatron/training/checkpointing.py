@@ -162,7 +162,7 @@ class Checkpointer:
         )
         try:
             request = dist_checkpointing.save(state, str(target), async_sharded_save=self.async_save)
-        except (OSError, RuntimeError) as e:
+        except BaseException as e:  # torch's CheckpointException is a BaseException
             self._raise_if_disk_full(e)
             raise
         if int(os.environ.get(CRASH_ENV, "-1")) == train_state.iteration:
@@ -212,6 +212,8 @@ class Checkpointer:
     def _raise_if_disk_full(self, error: BaseException) -> None:
         from cplm_megatron.training.preflight import disk_full_message
 
+        if isinstance(error, (KeyboardInterrupt, SystemExit, CheckpointError)):
+            return
         message = disk_full_message(self.root, self.checkpoint_size, error)
         if message is not None:
             self._broken = True
@@ -255,7 +257,7 @@ class Checkpointer:
             self._check_writers()
             try:
                 self._queue.maybe_finalize_async_calls(blocking=False)
-            except Exception as e:  # noqa: BLE001 - megatron wraps the writer's error
+            except BaseException as e:  # torch's CheckpointException is a BaseException
                 self._raise_if_disk_full(e)
                 raise
 
@@ -269,7 +271,7 @@ class Checkpointer:
             time.sleep(0.05)
         try:
             self._queue.maybe_finalize_async_calls(blocking=True)
-        except Exception as e:  # noqa: BLE001 - megatron wraps the writer's error
+        except BaseException as e:  # torch's CheckpointException is a BaseException
             self._raise_if_disk_full(e)
             raise
 

@@ -74,13 +74,40 @@ def disk_full_message(ckpt_dir: Path, needed: float, error: BaseException) -> Op
     """A save's failure explained as a full disk (None when the disk is not full)."""
     where = _existing_ancestor(ckpt_dir)
     free = shutil.disk_usage(where).free
-    full = (isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT)) or free < needed
+    text = " ".join(_error_texts(error))
+    full = ((isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT))
+            or "No space left on device" in text or "Disk quota exceeded" in text or free < needed)
     if not full:
         return None
     return (f"saving a checkpoint in {ckpt_dir} failed: the disk is full ({format_bytes(free)} free on {where}'s "
-            f"filesystem, a checkpoint needs ~{format_bytes(needed)}; {type(error).__name__}: "
-            f"{str(error).splitlines()[0] if str(error) else ''}); the previous checkpoint is intact: free space and "
-            f"relaunch to resume from it")
+            f"filesystem, a checkpoint needs ~{format_bytes(needed)}; {_first_line(error)}); the previous "
+            f"checkpoint is intact: free space and relaunch to resume from it")
+
+
+def _error_texts(error: BaseException) -> list:
+    """The messages of an exception, of the exceptions it was raised from, and of the per-rank failures torch's
+    CheckpointException wraps."""
+    texts, seen, todo = [], set(), [error]
+    while todo:
+        e = todo.pop(0)
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        texts.append(str(e))
+        failures = getattr(e, "failures", None)
+        if isinstance(failures, dict):
+            todo += [f[0] if isinstance(f, tuple) else f for f in failures.values() if isinstance(f, (tuple, BaseException))]
+        todo += [e.__cause__, e.__context__]
+    return texts
+
+
+def _first_line(error: BaseException) -> str:
+    """The line of an exception (or of the worker's error it wraps) that names what failed."""
+    lines = [line.strip() for text in _error_texts(error) for line in text.splitlines() if line.strip()]
+    for line in lines:
+        if "No space left" in line or "quota" in line.lower():
+            return line
+    return f"{type(error).__name__}: {lines[0] if lines else ''}"
 
 
 MEMORY_KEYS = ("train.micro_batch", "train.seq_len", "recompute.granularity=full", "optimizer.distributed=true",

@@ -12,10 +12,12 @@ def _save(cfg, root: Path, iterations, keep: int, resumed_from=None) -> None:
     from cplm_megatron.model.builder import build_model
     from cplm_megatron.parallel.config import ParallelConfig
     from cplm_megatron.training.checkpointing import Checkpointer, TrainState
+    from cplm_megatron.training.preflight import checkpoint_size
 
     with single_process_megatron(cfg.model, cfg.run.seed):
         [chunk] = build_model(cfg.model, cfg.copy_head, ParallelConfig())
-        saver = Checkpointer(root, keep=keep, log=lambda message: None, resumed_from=resumed_from)
+        saver = Checkpointer(root, keep=keep, log=lambda message: None, resumed_from=resumed_from,
+                             checkpoint_size=checkpoint_size(cfg))
         for iteration in iterations:
             saver.save([chunk], None, None, TrainState(iteration=iteration), None, cfg.to_dict())
 
@@ -37,3 +39,28 @@ def test_pruning_counts_the_history_resumed_through(tmp_path: Path) -> None:
     root = write_checkpoints(cfg, [2, 4])
     _save(cfg, root, [6, 8], keep=2, resumed_from=4)  # 2 and 4 are the run's history: pruned like its own saves
     assert names(root) == ["iter_0000006", "iter_0000008"]
+
+
+def test_a_full_disk_during_a_save_says_disk_and_keeps_the_previous_checkpoint(tmp_path: Path) -> None:
+    """A 512 KiB filesystem (tmpfs; needs mount rights) fits one checkpoint of the tiny model, not two: the
+    second save fails inside torch (ENOSPC, or the zip writer's "unexpected pos"), reported as a full disk."""
+    import subprocess
+
+    import pytest
+
+    from cplm_megatron.errors import CheckpointError
+    from cplm_megatron.training.checkpoint_lookup import verify_checkpoint
+
+    small = tmp_path / "small"
+    small.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(small)], capture_output=True).returncode:
+        pytest.skip("cannot mount a small tmpfs here (needs root in a privileged container)")
+    try:
+        cfg = tiny_config(tmp_path / "run", "model.vocab_size=64", "model.hidden_size=32", "model.ffn_hidden_size=64")
+        root = small / "checkpoints"
+        with pytest.raises(CheckpointError, match=r"saving a checkpoint in \S+ failed: the disk is full \(\d.* free "
+                                                  r"on .* a checkpoint needs ~.*the previous checkpoint is intact"):
+            _save(cfg, root, [1, 2, 3, 4, 5, 6], keep=10)
+        assert verify_checkpoint(read_latest(root)).iteration >= 1
+    finally:
+        subprocess.run(["umount", str(small)], check=False)
