@@ -149,9 +149,13 @@ class Checkpointer:
         target = self.root / iter_dir_name(train_state.iteration)
         rank = dist.get_rank()
         if rank == 0:
-            if target.exists():  # a leftover of a crashed save, or a damaged checkpoint `latest` was moved past
-                shutil.rmtree(target)
-            target.mkdir(parents=True)
+            try:
+                if target.exists():  # a leftover of a crashed save, or a damaged checkpoint `latest` was moved past
+                    shutil.rmtree(target)
+                target.mkdir(parents=True)
+            except OSError as e:
+                self._raise_if_storage_failed(e)
+                raise
         dist.barrier()
         state = self._sharded_state(chunks, optimizer, load=False, with_rng=True)
         state.update(
@@ -163,7 +167,7 @@ class Checkpointer:
         try:
             request = dist_checkpointing.save(state, str(target), async_sharded_save=self.async_save)
         except BaseException as e:  # torch's CheckpointException is a BaseException
-            self._raise_if_disk_full(e)
+            self._raise_if_storage_failed(e)
             raise
         if int(os.environ.get(CRASH_ENV, "-1")) == train_state.iteration:
             os._exit(17)
@@ -209,12 +213,12 @@ class Checkpointer:
             if it is not None and it < newest and not (partial / STATE_JSON).exists():
                 shutil.rmtree(partial, ignore_errors=True)
 
-    def _raise_if_disk_full(self, error: BaseException) -> None:
-        from cplm_megatron.training.preflight import disk_full_message
+    def _raise_if_storage_failed(self, error: BaseException) -> None:
+        from cplm_megatron.training.preflight import save_failure_message
 
         if isinstance(error, (KeyboardInterrupt, SystemExit, CheckpointError)):
             return
-        message = disk_full_message(self.root, self.checkpoint_size, error)
+        message = save_failure_message(self.root, self.checkpoint_size, error)
         if message is not None:
             self._broken = True
             raise CheckpointError(message) from error
@@ -258,7 +262,7 @@ class Checkpointer:
             try:
                 self._queue.maybe_finalize_async_calls(blocking=False)
             except BaseException as e:  # torch's CheckpointException is a BaseException
-                self._raise_if_disk_full(e)
+                self._raise_if_storage_failed(e)
                 raise
 
     def wait(self) -> None:
@@ -272,7 +276,7 @@ class Checkpointer:
         try:
             self._queue.maybe_finalize_async_calls(blocking=True)
         except BaseException as e:  # torch's CheckpointException is a BaseException
-            self._raise_if_disk_full(e)
+            self._raise_if_storage_failed(e)
             raise
 
     def close(self) -> None:

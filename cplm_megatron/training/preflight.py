@@ -70,35 +70,43 @@ def check_free_space(ckpt_dir: Path, needed: float, reclaimed: float = 0.0) -> N
             f"filesystem, or set checkpoint.enabled=false")
 
 
-def disk_full_message(ckpt_dir: Path, needed: float, error: BaseException) -> Optional[str]:
-    """A save's failure explained as a full disk (None when the disk is not full)."""
+def save_failure_message(ckpt_dir: Path, needed: float, error: BaseException) -> Optional[str]:
+    """A save's failure explained as a full disk or an unwritable checkpoint dir (None: neither)."""
     where = _existing_ancestor(ckpt_dir)
     free = shutil.disk_usage(where).free
     text = " ".join(_error_texts(error))
-    full = ((isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT))
-            or "No space left on device" in text or "Disk quota exceeded" in text or free < needed)
-    if not full:
-        return None
-    return (f"saving a checkpoint in {ckpt_dir} failed: the disk is full ({format_bytes(free)} free on {where}'s "
-            f"filesystem, a checkpoint needs ~{format_bytes(needed)}; {_first_line(error)}); the previous "
-            f"checkpoint is intact: free space and relaunch to resume from it")
+    codes = {getattr(e, "errno", None) for e in _error_chain(error)}
+    full = (codes & {errno.ENOSPC, errno.EDQUOT} or "No space left on device" in text
+            or "Disk quota exceeded" in text or free < needed)
+    if full:
+        return (f"saving a checkpoint in {ckpt_dir} failed: the disk is full ({format_bytes(free)} free on {where}'s "
+                f"filesystem, a checkpoint needs ~{format_bytes(needed)}; {_first_line(error)}); the previous "
+                f"checkpoint is intact: free space and relaunch to resume from it")
+    if codes & {errno.EACCES, errno.EPERM, errno.EROFS} or "Permission denied" in text or "Read-only file" in text:
+        return (f"saving a checkpoint in {ckpt_dir} failed: it is no longer writable ({_first_line(error)}); the "
+                f"previous checkpoint is intact: fix its permissions or mount and relaunch to resume from it")
+    return None
 
 
-def _error_texts(error: BaseException) -> list:
-    """The messages of an exception, of the exceptions it was raised from, and of the per-rank failures torch's
-    CheckpointException wraps."""
-    texts, seen, todo = [], set(), [error]
+def _error_chain(error: BaseException) -> list:
+    """An exception, the ones it was raised from, and the per-rank failures torch's CheckpointException wraps."""
+    chain, seen, todo = [], set(), [error]
     while todo:
         e = todo.pop(0)
         if e is None or id(e) in seen:
             continue
         seen.add(id(e))
-        texts.append(str(e))
+        chain.append(e)
         failures = getattr(e, "failures", None)
         if isinstance(failures, dict):
-            todo += [f[0] if isinstance(f, tuple) else f for f in failures.values() if isinstance(f, (tuple, BaseException))]
+            todo += [f[0] if isinstance(f, tuple) else f for f in failures.values()]
         todo += [e.__cause__, e.__context__]
-    return texts
+    return [e for e in chain if isinstance(e, BaseException)]
+
+
+def _error_texts(error: BaseException) -> list:
+    """The messages of `_error_chain(error)`."""
+    return [str(e) for e in _error_chain(error)]
 
 
 def _first_line(error: BaseException) -> str:
