@@ -47,8 +47,40 @@ from cplm_megatron.training.weights import load_model_state, model_sharded_state
 OPTIM_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
 # Fault-injection hook for the crash-during-save test: exit hard after writing shards, before finalize.
 CRASH_ENV = "CPLM_FAULT_CRASH_DURING_SAVE_ITER"
-# Fault-injection hook for the dead-writer test: SIGKILL rank 0's background writer of this iteration's save.
+# Fault-injection hook for the dead-writer test: rank 0's background writer of this iteration's save is
+# SIGKILLed while its file-writing workers (forked by it) are alive; they stop themselves at birth, so the
+# kill always lands mid-save and leaves them orphaned, as an out-of-memory kill of the writer would.
 KILL_WRITER_ENV = "CPLM_FAULT_KILL_ASYNC_WRITER_ITER"
+_FAULT = {"stop_grandchildren_of": None}
+
+
+def _stop_grandchildren_at_birth() -> None:  # os.register_at_fork hook of the dead-writer fault
+    parent = _FAULT["stop_grandchildren_of"]
+    if parent is not None and os.getppid() != parent:  # a worker forked by the writer, not the writer itself
+        os.kill(os.getpid(), 19)  # SIGSTOP
+
+
+def _kill_writer_mid_save(writer_pids) -> None:
+    """The dead-writer fault: wait for the writer's workers, then SIGKILL the writer."""
+    import time
+
+    import psutil
+
+    deadline = time.monotonic() + 30
+    for pid in writer_pids:
+        while time.monotonic() < deadline and not psutil.Process(pid).children():
+            time.sleep(0.005)
+        os.kill(pid, 9)
+    _FAULT["stop_grandchildren_of"] = None
+
+
+def _become_subreaper() -> None:
+    """Orphaned descendants (the workers of a writer that died) reparent to this process instead of init, so a
+    failing trainer can stop them (`signals.kill_descendants`) rather than leave them running."""
+    if os.uname().sysname == "Linux":
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
 
 
 class CheckpointWriterDied(RuntimeError):
@@ -130,6 +162,7 @@ class Checkpointer:
             from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
 
             self._queue = AsyncCallsQueue(persistent=False)
+            _become_subreaper()
 
     # ---------------------------------------------------------------- save
     def _sharded_state(self, chunks, optimizer, load: bool, with_rng: bool) -> Dict[str, Any]:
@@ -164,6 +197,10 @@ class Checkpointer:
             data=data_state,
             config=config,
         )
+        fault = int(os.environ.get(KILL_WRITER_ENV, "-1")) == train_state.iteration and rank == 0 and self.async_save
+        if fault:
+            os.register_at_fork(after_in_child=_stop_grandchildren_at_birth)
+            _FAULT["stop_grandchildren_of"] = os.getpid()
         try:
             request = dist_checkpointing.save(state, str(target), async_sharded_save=self.async_save)
         except BaseException as e:  # torch's CheckpointException is a BaseException
@@ -179,9 +216,8 @@ class Checkpointer:
             request.add_finalize_fn(finalize)
             self._queue.schedule_async_request(request)
             self._in_flight = target
-            if int(os.environ.get(KILL_WRITER_ENV, "-1")) == train_state.iteration and dist.get_rank() == 0:
-                for pid in self._writer_pids():
-                    os.kill(pid, 9)
+            if fault:
+                _kill_writer_mid_save(self._writer_pids())
             if dist.get_rank() == 0:
                 self.log(f"[checkpoint] writing {target} (iteration {saved_state.iteration}) in the background")
         else:
