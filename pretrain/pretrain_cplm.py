@@ -78,11 +78,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         raise
     finally:
         record_exit_status(code)  # for pretrain/launch_torchrun.py (torchrun reports only 0 or 1)
-        if code not in (0, BAD_INPUT_EXIT_CODE, RESUME_EXIT_CODE):
-            kill_descendants()  # a failed or stopped run leaves no helper process behind (e.g. a writer's Manager)
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # for an in-process caller (tests)
     return code
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_code = main()
+    if exit_code not in (0, BAD_INPUT_EXIT_CODE, RESUME_EXIT_CODE):
+        kill_descendants()  # a failed run leaves no helper process behind (a dead writer's orphaned workers)
+    sys.exit(exit_code)

@@ -5,8 +5,8 @@ on preemption/scancel; Ctrl-C is SIGINT (a terminal sends it to every process of
 process, or torchrun and its workers). A second stop signal, arriving more than `REPEAT_AFTER_S` after
 the first (a launcher forwarding the same Ctrl-C is not a second one), stops the process at once
 (exit 128 + the signal: the work since the last checkpoint is lost). The handler only records the signal;
-`StopSignal.requested()` agrees on it
-across all ranks (a MAX all-reduce), so every rank saves and exits on the same step. Entry points
+`StopSignal.requested()` agrees on it across all ranks (a MAX all-reduce), so every rank saves and exits on
+the same step. Entry points
 call `defer_stop_signals()` first, so a signal during start-up waits for the handler instead of
 killing the process (it returns the previous mask, for an in-process caller to restore).
 """
