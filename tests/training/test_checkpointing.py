@@ -69,8 +69,8 @@ def test_a_full_disk_during_a_save_says_disk_and_keeps_the_previous_checkpoint(t
     with small_filesystem(tmp_path / "small") as small:
         root = small / "checkpoints"
         with pytest.raises(CheckpointError, match=r"saving a checkpoint in \S+ failed: the disk is full \(\d.* free "
-                                                  r"on .* a checkpoint needs ~.*No space left on device\); the "
-                                                  r"previous checkpoint is intact"):
+                                                  r"on .* a checkpoint needs ~.*\); the previous checkpoint "
+                                                  r"is intact"):
             _save(tiny_config(tmp_path / "run", *SMALLEST), root, [1, 2, 3, 4, 5, 6], keep=10)
         assert verify_checkpoint(read_latest(root)).iteration >= 1
 
