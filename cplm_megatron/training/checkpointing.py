@@ -66,7 +66,7 @@ def _kill_writer_mid_save(writer_pids) -> None:
 
     import psutil
 
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 5
     for pid in writer_pids:
         while time.monotonic() < deadline and not psutil.Process(pid).children():
             time.sleep(0.005)
@@ -81,6 +81,19 @@ def _become_subreaper() -> None:
         import ctypes
 
         ctypes.CDLL(None, use_errno=True).prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
+
+
+def _async_strategy_kwargs() -> Dict[str, str]:
+    """megatron-core >= 0.19 defaults async saves to nvidia-resiliency-ext ("nvrx", not installed here); its
+    own "mcore" strategy is the one 0.16 always used."""
+    import inspect
+
+    from megatron.core import dist_checkpointing
+
+    return {"async_strategy": "mcore"} if "async_strategy" in inspect.signature(dist_checkpointing.save).parameters else {}
+
+
+_ASYNC_STRATEGY: Dict[str, str] = {}
 
 
 class CheckpointWriterDied(RuntimeError):
@@ -178,6 +191,8 @@ class Checkpointer:
         """Save iteration `train_state.iteration`; `latest` moves only once every rank has finished."""
         from megatron.core import dist_checkpointing
 
+        if self.async_save and not _ASYNC_STRATEGY:
+            _ASYNC_STRATEGY.update(_async_strategy_kwargs())
         self.wait()  # one save in flight at a time
         target = self.root / iter_dir_name(train_state.iteration)
         rank = dist.get_rank()
@@ -202,7 +217,8 @@ class Checkpointer:
             os.register_at_fork(after_in_child=_stop_grandchildren_at_birth)
             _FAULT["stop_grandchildren_of"] = os.getpid()
         try:
-            request = dist_checkpointing.save(state, str(target), async_sharded_save=self.async_save)
+            request = dist_checkpointing.save(state, str(target), async_sharded_save=self.async_save,
+                                              **_ASYNC_STRATEGY)
         except BaseException as e:  # torch's CheckpointException is a BaseException
             self._raise_if_storage_failed(e)
             raise
