@@ -357,3 +357,12 @@ def model_summary(m: ModelConfig, c: Optional[CopyHeadShape], seq_len: int) -> D
         "copy_head": asdict(c) if c else None,
         "seq_len": seq_len,
     }
+
+
+def checkpoint_bytes(m: ModelConfig, c: Optional[CopyHeadShape] = None, param_bytes: int = 2,
+                     with_optimizer: bool = True) -> float:
+    """Bytes of one training checkpoint on disk (all ranks together): the weights in their dtype, and with the
+    optimizer its fp32 Adam moments (8 B) plus fp32 master weights (4 B) for 16-bit parameters."""
+    params = backbone_params(m) + copy_head_params(m, c)
+    optimizer = (8 + (4 if param_bytes < 4 else 0)) if with_optimizer else 0
+    return params * (param_bytes + optimizer)
