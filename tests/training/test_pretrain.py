@@ -447,7 +447,7 @@ def test_ctrl_c_saves_a_checkpoint_and_exits_75(stdlib_corpus, tmp_path, launch)
     extra = {"checkpoint.interval": 0, **({"parallel.tp": 2} if launch != "python" else {})}
     nproc = 2 if launch != "python" else 1
     proc = pu.start(nproc, pu.tiny_overrides(stdlib_corpus, run_dir, 200, **extra), tmp_path / "run.log",
-                    launcher=launch == "launcher")
+                    mode=launch)  # the launch path itself: python, torchrun or the launcher
     pu.wait_for(lambda: max(pu.losses(run_dir), default=0) >= 2, proc=proc)
     pu.kill_group(proc, signal.SIGINT)
     proc.wait(timeout=300)
@@ -476,7 +476,7 @@ def test_a_dead_async_writer_is_one_line_exit_1_and_no_orphans(stdlib_corpus, tm
 
     run_dir = tmp_path / "run"
     proc = pu.start(1, pu.tiny_overrides(stdlib_corpus, run_dir, ITERS, **{"checkpoint.async_save": "true"}),
-                    tmp_path / "run.log", extra_env={KILL_WRITER_ENV: "6"})
+                    tmp_path / "run.log", extra_env={KILL_WRITER_ENV: "6"}, mode="python")  # process ownership
     proc.wait(timeout=300)
     log = (tmp_path / "run.log").read_text()
 
