@@ -180,20 +180,18 @@ def run_cases(calls: Sequence[Call], world_size: int, env: Optional[dict] = None
         results: Dict[str, List[Any]] = {}
         errors = []
         for name in names:
-            per_rank = []
-            for r in range(world_size):
+            per_rank = {}
+            for r in range(world_size):  # every rank's record, so a failing rank's error is reported
                 path = os.path.join(out_dir, f"{name}.rank{r}.pkl")
-                if not os.path.exists(path):
-                    per_rank = None
-                    break
-                with open(path, "rb") as f:
-                    status, value = pickle.load(f)
-                if status == "error":
-                    errors.append(value)
-                per_rank.append(value)
-            if errors or per_rank is None:
+                if os.path.exists(path):
+                    with open(path, "rb") as f:
+                        status, value = pickle.load(f)
+                    if status == "error":
+                        errors.append(value)
+                    per_rank[r] = value
+            if errors or len(per_rank) < world_size:
                 break
-            results[name] = per_rank
+            results[name] = [per_rank[r] for r in range(world_size)]
         if errors or len(results) != len(names):
             codes = {r: p.exitcode for r, p in enumerate(procs)}
             raise RuntimeError("\n".join(errors) or f"a worker process failed (exit codes {codes})")
@@ -334,8 +332,11 @@ class WarmRun:
         for p in self.procs:
             try:
                 os.killpg(p.pid, sig)
-            except (ProcessLookupError, PermissionError):
-                pass
+            except (ProcessLookupError, PermissionError):  # not yet its own group (before setsid) or gone
+                try:
+                    os.kill(p.pid, sig)
+                except ProcessLookupError:
+                    pass
 
 
 def start_pretrain(nproc: int, overrides: Sequence[str], log: Path, mode: str = "warm",
