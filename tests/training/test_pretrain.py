@@ -13,6 +13,7 @@ import yaml
 from cplm_megatron.training.checkpoint_lookup import list_checkpoints, read_latest
 from cplm_megatron.training.checkpointing import CRASH_ENV
 from cplm_megatron.training.signals import RESUME_EXIT_CODE
+from tests import harness
 from tests.trained_runs import REFERENCE_ITERS, copy_run
 from tests.training import pretrain_utils as pu
 
@@ -373,7 +374,7 @@ def _main_in_process(capsys, argv) -> tuple:
     """pretrain_cplm.main(argv) in this process (the refusals tested here come before any process group)."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("pretrain_cplm_entry", pu.ENTRY)
+    spec = importlib.util.spec_from_file_location("pretrain_cplm_entry", harness.PRETRAIN)
     entry = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(entry)
     capsys.readouterr()
