@@ -7,11 +7,18 @@ mixture NLL for CPLM, the LM cross entropy for a baseline) and h = the final (no
   component inside the column space of W ([V, d], d << V) reaches h, since dL/dh = G W and
   W^T (I - P) = 0 for P the projection onto span(W). Reported (Godey & Artzi):
   `logit_grad_outside_span` = ||(I - P) G||_F / ||G||_F, with P = Q Q^T from the QR of W
-  (and `logit_grad_inside_span` = ||P G||_F / ||G||_F, the retained fraction).
-* h feeds two heads. Split the backbone's gradient dL/dh = g_lm + g_copy by path: g_lm flows through
-  the LM head (G W), g_copy through the Copy-Paste head (queries, keys, gate). Reported: their
-  Frobenius norms over the batch and `copy_grad_share` = ||g_copy|| / (||g_lm|| + ||g_copy||)
-  (0 for a baseline).
+  (and `logit_grad_inside_span` = ||P G||_F / ||G||_F, the retained fraction). Its chance value:
+  a gradient with no relation to W keeps d/V of its energy inside span(W), so
+  `logit_grad_outside_span_chance` = sqrt(1 - d/V) (0.992 at V/d = 64), and `retained_over_chance`
+  = (1 - outside^2) / (d/V) says how many times chance the retained energy is (1: no structure).
+  The projection runs over row chunks in float64 (never an fp64 [N, V] matrix: 4.3 GB at V = 131072).
+* h feeds two heads. Split the backbone's gradient dL/dh = g = g_lm + g_copy by path: g_lm flows
+  through the LM head (G W), g_copy through the Copy-Paste head (queries, keys, gate). Reported:
+  their Frobenius norms over the batch; `copy_grad_share` = ||g_copy|| / (||g_lm|| + ||g_copy||)
+  (norms only: blind to cancellation); and the cosine-based split `copy_grad_projection` =
+  <g_copy, g> / ||g||^2 (with `lm_grad_projection` = <g_lm, g> / ||g||^2 they sum to 1; a path
+  working against the other has a negative share) and `copy_lm_grad_cosine` = cos(g_copy, g_lm),
+  Frobenius inner products over the batch (0 / 1 / nan for a baseline).
 
 Each path is measured by autograd on two detached copies of h fed to the model's own head modules.
 """
@@ -47,13 +54,28 @@ class HeadGradients:
     hidden_grad_copy: torch.Tensor | None  # [N, d] dL/dh through the Copy-Paste head (None: no head)
 
 
+CHUNK_ELEMENTS = 1 << 23  # float64 elements per row chunk of the projection (64 MB)
+
+
 def outside_span_fraction(logit_grad: torch.Tensor, weight: torch.Tensor) -> float:
-    """||(I - P) G||_F / ||G||_F for P the orthogonal projection onto the column space of weight [V, d]."""
+    """||(I - P) G||_F / ||G||_F for P the orthogonal projection onto the column space of weight [V, d].
+
+    Float64 over chunks of rows (CHUNK_ELEMENTS each), so memory stays O(V d + chunk) at any N."""
     q, _ = torch.linalg.qr(weight.double())  # [V, d] orthonormal basis of span(W)
-    g = logit_grad.double()
-    outside = g - (g @ q) @ q.T
-    total = torch.linalg.norm(g)
-    return float(torch.linalg.norm(outside) / total) if total > 0 else float("nan")
+    rows = max(1, CHUNK_ELEMENTS // max(1, logit_grad.shape[-1]))
+    outside_sq = total_sq = 0.0
+    for start in range(0, logit_grad.shape[0], rows):
+        g = logit_grad[start:start + rows].double()
+        outside = g - (g @ q) @ q.T
+        outside_sq += float((outside * outside).sum())
+        total_sq += float((g * g).sum())
+    return (outside_sq / total_sq) ** 0.5 if total_sq > 0 else float("nan")
+
+
+def chance_outside_span(weight: torch.Tensor) -> float:
+    """sqrt(1 - d/V): the outside-span fraction of a gradient unrelated to W [V, d] (d = its rank, <= V)."""
+    vocab, width = weight.shape
+    return (1.0 - min(width, vocab) / vocab) ** 0.5
 
 
 def megatron_head_gradients(scorer: MegatronScorer, batch: Batch) -> HeadGradients:
@@ -108,18 +130,20 @@ def hf_head_gradients(scorer: HFScorer, batch: Batch) -> HeadGradients:
         logits = model.lm_head(h_lm)
         if copy_head is not None:
             n = ids.shape[1]
-            log_p_copy, has_candidate = modeling.copy_log_probs(
+            log_p_copy, has_candidate, lse = modeling.copy_log_probs(
                 copy_head.queries(h_copy), copy_head.keys(h_copy), modeling.candidate_labels(ids),
                 modeling.candidate_mask(torch.ones_like(ids, dtype=torch.bool), torch.arange(n)),
-                model.config.vocab_size)
-            log_probs = modeling.mixture_log_probs(logits, copy_head.gate_logits(h_copy), log_p_copy, has_candidate)
+                model.config.vocab_size, return_lse=True)
+            # every mixing rule (gate, constant, sentinel) through the head's own weights; sentinel reads lse
+            weights = copy_head.mixture_weights(h_copy, has_candidate, lse)
+            log_probs = modeling.mixture_log_probs(logits, weights, log_p_copy, has_candidate)
         else:
             log_probs = torch.log_softmax(logits.float(), dim=-1)
         nll = -log_probs[0].gather(-1, labels[:, None]).squeeze(-1)
         segment_loss = (nll * mask).sum() / total_tokens
         wrt = [logits, h_lm] + ([h_copy] if copy_head is not None else [])
         grads = torch.autograd.grad(segment_loss, wrt)
-        loss += float(segment_loss)
+        loss += float(segment_loss.detach())
         logit_rows.append(grads[0][0].float())
         lm_rows.append(grads[1][0])
         if copy_head is not None:
@@ -158,15 +182,27 @@ def gradient_batch(scorer: Scorer, options: EvalOptions) -> Batch:
 
 def gradient_figures(grads: HeadGradients) -> dict:
     """The reported numbers of one batch's head gradients."""
-    lm_norm = float(torch.linalg.norm(grads.hidden_grad_lm.double()))
-    copy_norm = float(torch.linalg.norm(grads.hidden_grad_copy.double())) if grads.hidden_grad_copy is not None else 0.0
+    g_lm = grads.hidden_grad_lm.double()
+    g_copy = grads.hidden_grad_copy.double() if grads.hidden_grad_copy is not None else torch.zeros_like(g_lm)
+    lm_norm, copy_norm = float(torch.linalg.norm(g_lm)), float(torch.linalg.norm(g_copy))
+    total = g_lm + g_copy
+    total_sq = float((total * total).sum())
+    nan = float("nan")
     outside = outside_span_fraction(grads.logit_grad, grads.lm_weight)
+    vocab, width = grads.lm_weight.shape
+    chance_retained = min(width, vocab) / vocab
     return {
         "logit_grad_outside_span": outside,
         "logit_grad_inside_span": (1.0 - outside**2) ** 0.5,
+        "logit_grad_outside_span_chance": chance_outside_span(grads.lm_weight),
+        "retained_over_chance": (1.0 - outside**2) / chance_retained,
         "hidden_grad_norm_lm": lm_norm,
         "hidden_grad_norm_copy": copy_norm,
-        "copy_grad_share": copy_norm / (lm_norm + copy_norm) if lm_norm + copy_norm > 0 else float("nan"),
+        "copy_grad_share": copy_norm / (lm_norm + copy_norm) if lm_norm + copy_norm > 0 else nan,
+        "copy_grad_projection": float((g_copy * total).sum()) / total_sq if total_sq > 0 else nan,
+        "lm_grad_projection": float((g_lm * total).sum()) / total_sq if total_sq > 0 else nan,
+        "copy_lm_grad_cosine": (float((g_copy * g_lm).sum()) / (lm_norm * copy_norm)
+                                if lm_norm * copy_norm > 0 else nan),
         "gradient_batch_loss": grads.loss,
     }
 
