@@ -1,9 +1,10 @@
 """`cache`: the model plus a test-time continuous cache (Grave et al. 2017), the control that prices trivial copying.
 
 lambda and theta are tuned on the dev split (`--dev-data`, default: the `dev/` beside `--data`, which
-tools/build_stdlib_corpus.py writes), then the validation split is scored with and without the cache
-over the same positions as `val`. Reports the cache's val loss with its document-bootstrap interval,
-the model's own val loss, their paired difference with its interval, and the tuned lambda / theta.
+tools/build_stdlib_corpus.py writes; as many samples as `val` scores), then the validation split is
+scored with and without the cache over the same positions as `val`. Reports the cache's val loss with
+its document-bootstrap interval, the model's own val loss, their paired difference with its interval,
+and the tuned lambda / theta.
 The math (and its float64 reference test): cplm_megatron.evaluation.cache.
 """
 from __future__ import annotations
@@ -65,7 +66,8 @@ def run(scorer: Scorer, options: EvalOptions) -> TaskResult:
     dev = dev_path(options, paths)
     eod = read_manifest(paths[0]).tokenizer.eod_id
     dev_loader = open_val_loader([dev], options.batch_size, scorer.document_masking, scorer.vocab_size)
-    dev_segments = _segments(scorer, list(dev_loader), eod, options.show_progress, "cache dev")
+    # the dev split under the same sample budget as val (every sample with --val-all or without --limit)
+    dev_segments = _segments(scorer, val_batches(dev_loader, options), eod, options.show_progress, "cache dev")
     sq = [float((h[v].double() ** 2).sum(-1).mean()) for h, _, v, _, _ in dev_segments if v.any()]
     thetas = cache.theta_grid(sum(sq) / max(len(sq), 1))
     lam, theta, dev_loss = cache.tune(cache.collect(dev_segments, thetas))
