@@ -108,17 +108,19 @@ def _controls_table(scale: dict[str, Any]) -> list[str]:
     """The cache control beside every arm, the FLOPs efficiency and the paired intervals."""
     cache = scale.get("cache_control")
     lines = ["| arm | val loss (mean ± std) | Δ vs baseline, 95% paired interval | Δ vs baseline+cache, 95% paired "
-             "interval | tokens to baseline's loss | training FLOPs to baseline's loss |", "|---|---:|---:|---:|---:|---:|"]
+             "interval | tokens to baseline's loss | training FLOPs to baseline's loss | copy acc.: mixture / copy head "
+             "alone / mean gate |", "|---|---:|---:|---:|---:|---:|---:|"]
     seeds = len(scale["seeds"])
     if cache:
         lines.append(f"| baseline+cache (evaluation only) | {_pm(cache['mean_std']['val_loss'])} | "
-                     f"{_interval(cache['paired_vs_baseline']['val_loss'])} | – | – | – |")
+                     f"{_interval(cache['paired_vs_baseline']['val_loss'])} | – | – | – | – |")
     for arm, data in scale["arms"].items():
         ms = data["mean_std"]
         base = "–" if arm == "baseline" else _interval(data["paired_vs_baseline"]["val_loss"])
         vs_cache = _interval(scale.get("vs_cache", {}).get(arm))
+        copy_cells = " / ".join(_pm(ms.get(k, {})) for k in ("copy_accuracy", "copy_head_accuracy", "copy_mean_gate"))
         lines.append(f"| {arm} | {_pm(ms['val_loss'])} | {base} | {vs_cache} | {_efficiency(ms['efficiency'], seeds)} | "
-                     f"{_efficiency(ms.get('efficiency_flops', {'n': 0}), seeds)} |")
+                     f"{_efficiency(ms.get('efficiency_flops', {'n': 0}), seeds)} | {copy_cells} |")
     return lines
 
 
