@@ -152,3 +152,22 @@ def test_hf_split_sums_to_the_hf_models_own_gradient(mixing):
     figures = gradient_figures(got)
     assert figures["copy_grad_projection"] + figures["lm_grad_projection"] == pytest.approx(1.0, abs=1e-9)
     assert -1.0 <= figures["copy_lm_grad_cosine"] <= 1.0
+
+
+def test_task_in_sequence_chunks_equals_the_whole_batch(megatron, monkeypatch):
+    """The task runs its batch one sequence at a time (bounded memory at V = 131072) with the whole batch's loss
+    normalization: the same figures as the whole batch at once."""
+    from cplm_megatron.evaluation.options import EvalOptions
+    from cplm_megatron.evaluation.tasks import gradient
+
+    scorer = megatron["cplm"]
+    options = EvalOptions(limit=3, copy_length=64, show_progress=False)
+    whole = gradient_figures(gradient.head_gradients(scorer, gradient.gradient_batch(scorer, options)))
+    monkeypatch.setattr(gradient, "LOGIT_ELEMENTS", 1)  # one sequence per chunk
+    result = gradient.run(scorer, options)
+    assert result.details["sequences_per_chunk"] == 1 and result.details["sequences"] == 3
+    # the same fp32 per-sequence computations at another batch size (matmul blocking): ~1e-6 relative; sums of
+    # squares in fp64 -> 1e-5 leaves room
+    for key, value in whole.items():
+        if value == value:  # not nan
+            assert result.metrics[key] == pytest.approx(value, rel=1e-5, abs=1e-9), key

@@ -57,11 +57,17 @@ class HeadGradients:
 CHUNK_ELEMENTS = 1 << 23  # float64 elements per row chunk of the projection (64 MB)
 
 
-def outside_span_fraction(logit_grad: torch.Tensor, weight: torch.Tensor) -> float:
-    """||(I - P) G||_F / ||G||_F for P the orthogonal projection onto the column space of weight [V, d].
+LOGIT_ELEMENTS = 1 << 24  # logits per sequence chunk of the task's batch (64 MB in fp32; G and its copies alike)
 
-    Float64 over chunks of rows (CHUNK_ELEMENTS each), so memory stays O(V d + chunk) at any N."""
-    q, _ = torch.linalg.qr(weight.double())  # [V, d] orthonormal basis of span(W)
+
+def span_basis(weight: torch.Tensor) -> torch.Tensor:
+    """[V, d] float64 orthonormal basis of the column space of weight [V, d]."""
+    return torch.linalg.qr(weight.double())[0]
+
+
+def span_sums(logit_grad: torch.Tensor, q: torch.Tensor) -> tuple[float, float]:
+    """(||(I - P) G||_F^2, ||G||_F^2) for P = q q^T, in float64 over chunks of rows (CHUNK_ELEMENTS each), so
+    memory stays O(V d + chunk) at any N."""
     rows = max(1, CHUNK_ELEMENTS // max(1, logit_grad.shape[-1]))
     outside_sq = total_sq = 0.0
     for start in range(0, logit_grad.shape[0], rows):
@@ -69,6 +75,12 @@ def outside_span_fraction(logit_grad: torch.Tensor, weight: torch.Tensor) -> flo
         outside = g - (g @ q) @ q.T
         outside_sq += float((outside * outside).sum())
         total_sq += float((g * g).sum())
+    return outside_sq, total_sq
+
+
+def outside_span_fraction(logit_grad: torch.Tensor, weight: torch.Tensor) -> float:
+    """||(I - P) G||_F / ||G||_F for P the orthogonal projection onto the column space of weight [V, d]."""
+    outside_sq, total_sq = span_sums(logit_grad, span_basis(weight))
     return (outside_sq / total_sq) ** 0.5 if total_sq > 0 else float("nan")
 
 
@@ -78,7 +90,7 @@ def chance_outside_span(weight: torch.Tensor) -> float:
     return (1.0 - min(width, vocab) / vocab) ** 0.5
 
 
-def megatron_head_gradients(scorer: MegatronScorer, batch: Batch) -> HeadGradients:
+def megatron_head_gradients(scorer: MegatronScorer, batch: Batch, normalizer: float | None = None) -> HeadGradients:
     """Head gradients of a Megatron CPLMGPTModel (tp = 1): backbone once without grad, heads with autograd."""
     model = scorer.model
     inputs = scorer.model_inputs(batch)
@@ -98,7 +110,7 @@ def megatron_head_gradients(scorer: MegatronScorer, batch: Batch) -> HeadGradien
     per_token = model.compute_language_model_loss(labels, logits)  # [b, s]
     if model.copy_head is not None:
         per_token = model.copy_head(h_copy.transpose(0, 1), per_token, labels, mask, inputs["document_ids"]).loss
-    loss = (per_token * mask).sum() / mask.sum()
+    loss = (per_token * mask).sum() / (normalizer if normalizer is not None else mask.sum())
     wrt = [logits, h_lm] + ([h_copy] if model.copy_head is not None else [])
     grads = torch.autograd.grad(loss, wrt)
     w = weight if weight is not None else model.output_layer.weight
@@ -112,12 +124,12 @@ def megatron_head_gradients(scorer: MegatronScorer, batch: Batch) -> HeadGradien
     )
 
 
-def hf_head_gradients(scorer: HFScorer, batch: Batch) -> HeadGradients:
+def hf_head_gradients(scorer: HFScorer, batch: Batch, normalizer: float | None = None) -> HeadGradients:
     """Head gradients of an HF export, one document segment at a time (same loss normalization)."""
     model = scorer.model
     modeling = importlib.import_module(type(model).__module__)  # the export's own modeling_cplm
     copy_head = getattr(model, "copy_head", None)
-    total_tokens = batch["loss_mask"].sum()
+    total_tokens = normalizer if normalizer is not None else batch["loss_mask"].sum()
     logit_rows, lm_rows, copy_rows, loss = [], [], [], 0.0
     for row, start, end in document_segments(batch):
         ids = batch["tokens"][row:row + 1, start:end]
@@ -152,12 +164,12 @@ def hf_head_gradients(scorer: HFScorer, batch: Batch) -> HeadGradients:
                          torch.cat(copy_rows) if copy_head is not None else None)
 
 
-def head_gradients(scorer: Scorer, batch: Batch) -> HeadGradients:
-    """Dispatch on the backend."""
+def head_gradients(scorer: Scorer, batch: Batch, normalizer: float | None = None) -> HeadGradients:
+    """Dispatch on the backend; `normalizer`: the loss's token count (default: this batch's loss-masked tokens)."""
     if isinstance(scorer, MegatronScorer):
-        return megatron_head_gradients(scorer, batch)
+        return megatron_head_gradients(scorer, batch, normalizer)
     if isinstance(scorer, HFScorer):
-        return hf_head_gradients(scorer, batch)
+        return hf_head_gradients(scorer, batch, normalizer)
     raise TypeError(f"task gradient: unsupported scorer {type(scorer).__name__}")
 
 
@@ -180,15 +192,16 @@ def gradient_batch(scorer: Scorer, options: EvalOptions) -> Batch:
     return make_batch(samples)
 
 
-def gradient_figures(grads: HeadGradients) -> dict:
-    """The reported numbers of one batch's head gradients."""
+def gradient_figures(grads: HeadGradients, span: tuple[float, float] | None = None) -> dict:
+    """The reported numbers of one batch's head gradients (`span`: its `span_sums`, when G was not kept)."""
     g_lm = grads.hidden_grad_lm.double()
     g_copy = grads.hidden_grad_copy.double() if grads.hidden_grad_copy is not None else torch.zeros_like(g_lm)
     lm_norm, copy_norm = float(torch.linalg.norm(g_lm)), float(torch.linalg.norm(g_copy))
     total = g_lm + g_copy
     total_sq = float((total * total).sum())
     nan = float("nan")
-    outside = outside_span_fraction(grads.logit_grad, grads.lm_weight)
+    outside_sq, logit_sq = span if span is not None else span_sums(grads.logit_grad, span_basis(grads.lm_weight))
+    outside = (outside_sq / logit_sq) ** 0.5 if logit_sq > 0 else nan
     vocab, width = grads.lm_weight.shape
     chance_retained = min(width, vocab) / vocab
     return {
@@ -207,9 +220,30 @@ def gradient_figures(grads: HeadGradients) -> dict:
     }
 
 
+def _rows(batch: Batch, start: int, end: int) -> Batch:
+    return {k: v[start:end] for k, v in batch.items()}
+
+
 def run(scorer: Scorer, options: EvalOptions) -> TaskResult:
+    """The batch in chunks of sequences (<= LOGIT_ELEMENTS logits each; the loss keeps the whole batch's
+    normalization, and both heads act per sequence, so the gradients are the whole batch's), figures from
+    the accumulated sums: memory is bounded at any vocabulary (SpamLang at V = 131072)."""
     batch = gradient_batch(scorer, options)
-    grads = head_gradients(scorer, batch)
     b, s = batch["tokens"].shape
-    return TaskResult("gradient", gradient_figures(grads), {"source": options.gradient_source, "sequences": b,
-                                                             "length": s, "lm_head_shape": list(grads.lm_weight.shape)})
+    rows = max(1, LOGIT_ELEMENTS // (s * scorer.vocab_size))
+    normalizer = float(batch["loss_mask"].sum())
+    q, weight, outside_sq, total_sq, loss, lm_rows, copy_rows = None, None, 0.0, 0.0, 0.0, [], []
+    for start in range(0, b, rows):
+        grads = head_gradients(scorer, _rows(batch, start, start + rows), normalizer)
+        if q is None:
+            weight, q = grads.lm_weight, span_basis(grads.lm_weight)
+        part = span_sums(grads.logit_grad, q)
+        outside_sq, total_sq, loss = outside_sq + part[0], total_sq + part[1], loss + grads.loss
+        lm_rows.append(grads.hidden_grad_lm)
+        if grads.hidden_grad_copy is not None:
+            copy_rows.append(grads.hidden_grad_copy)
+        del grads
+    merged = HeadGradients(loss, torch.empty(0), weight, torch.cat(lm_rows), torch.cat(copy_rows) if copy_rows else None)
+    return TaskResult("gradient", gradient_figures(merged, (outside_sq, total_sq)),
+                      {"source": options.gradient_source, "sequences": b, "length": s,
+                       "lm_head_shape": list(weight.shape), "sequences_per_chunk": rows})
