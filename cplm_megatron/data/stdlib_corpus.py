@@ -175,10 +175,11 @@ def _window_hashes(ids: list[int], window: int, coefficients: Any) -> Any:
         return (views * coefficients).sum(axis=1, dtype=np.uint64)
 
 
-def verbatim_overlap(tokenizer_dir: Path, train: list[Path], held_out: list[Path],
-                     window: int = OVERLAP_WINDOW) -> dict[str, float | int]:
+def verbatim_overlap(tokenizer_dir: Path, train: list[Path], held_out: list[Path] | dict[str, list[Path]],
+                     window: int = OVERLAP_WINDOW) -> dict:
     """Fraction of the held-out files' `window`-token windows (within a document) that occur verbatim in a
-    training document, with the tokenizer of `tokenizer_dir`."""
+    training document, with the tokenizer of `tokenizer_dir`; a dict of splits gives one record per split
+    (training windows hashed once)."""
     import numpy as np
     from tokenizers import Tokenizer
 
@@ -191,10 +192,13 @@ def verbatim_overlap(tokenizer_dir: Path, train: list[Path], held_out: list[Path
         return np.concatenate(parts) if parts else np.empty(0, dtype=np.uint64)
 
     train_hashes = np.unique(hashes(train))
-    held = hashes(held_out)
-    shared = int(np.isin(held, train_hashes).sum())
-    return {"window_tokens": window, "windows": int(held.size), "windows_in_train": shared,
-            "fraction_in_train": shared / held.size if held.size else 0.0}
+    out = {}
+    for split, files in (held_out.items() if isinstance(held_out, dict) else [("", held_out)]):
+        held = hashes(files)
+        shared = int(np.isin(held, train_hashes).sum())
+        out[split] = {"window_tokens": window, "windows": int(held.size), "windows_in_train": shared,
+                      "fraction_in_train": shared / held.size if held.size else 0.0}
+    return out if isinstance(held_out, dict) else out[""]
 
 
 @dataclass
@@ -229,8 +233,8 @@ def _split_record(output: Path, tokenizer: TokenizerInfo, parts: dict[str, list[
         "fingerprint": key, "version": SPLIT_VERSION, "settings": settings,
         "files": {k: len(v) for k, v in parts.items()},
         "moved_to_train": moved,
-        "verbatim_overlap": {split: verbatim_overlap(output / "tokenizer", parts["train"], parts[split])
-                             for split in ("val", "dev") if parts.get(split)},
+        "verbatim_overlap": verbatim_overlap(output / "tokenizer", parts["train"],
+                                             {split: parts[split] for split in ("val", "dev") if parts.get(split)}),
         "note": (f"fraction_in_train: the share of a held-out split's {OVERLAP_WINDOW}-token windows (inside one "
                  f"document) that occur verbatim in a training document"),
     }

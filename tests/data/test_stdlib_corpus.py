@@ -87,3 +87,5 @@ def test_verbatim_overlap_counts_shared_windows(stdlib_corpus: StdlibCorpus, tmp
     assert full["fraction_in_train"] == 1.0 and full["windows"] > 100
     part = verbatim_overlap(stdlib_corpus.tokenizer_dir, [same], [half])
     assert 0.2 < part["fraction_in_train"] < 0.8
+    both = verbatim_overlap(stdlib_corpus.tokenizer_dir, [same], {"val": [same], "dev": [half]})
+    assert both == {"val": full, "dev": part}  # one record per split, training windows hashed once
