@@ -6,6 +6,8 @@
 #   make test-mcore-latest  a second venv (.venv-mcore-latest) with the newest tested megatron-core, and
 #                           the megatron-core tests selected for it (pytest marker `mcore_latest`) on it
 #   make demo               setup + the end-to-end demo (corpus, TP=2 training, eval vs baseline, HF export)
+#   make gpu-dry-run OUT=DIR  the GPU check (benchmarks/gpu/run_gpu_checks.sh) at tiny sizes on CPU, every step,
+#                           on .venv-mcore-latest (the GPU machine's megatron-core), bf16, SDPA attention -> DIR
 #   make data               the embedded corpus: tokenizer + MDS shards from the Python stdlib sources
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -36,7 +38,7 @@ PIP = $(@D)/bin/python -m pip -q --disable-pip-version-check
 DATA_DIR ?= data/stdlib
 PYTEST_ARGS ?=
 
-.PHONY: setup setup-mcore-latest test test-mcore-latest demo data lint clean-data
+.PHONY: setup setup-mcore-latest test test-mcore-latest demo data lint clean-data gpu-dry-run
 
 setup: $(STAMP)
 
@@ -68,6 +70,10 @@ test-mcore-latest: data $(LATEST_STAMP)
 
 demo: setup data
 	$(BIN)/python tools/demo.py --data $(DATA_DIR)
+
+gpu-dry-run: $(LATEST_STAMP)
+	@test -n "$(OUT)" || { echo "usage: make gpu-dry-run OUT=DIR" >&2; exit 2; }
+	OUT="$(OUT)" PYTHON=$(LATEST_VENV)/bin/python OMP_NUM_THREADS=1 bash benchmarks/gpu/run_gpu_checks.sh --cpu-dry-run
 
 lint: setup
 	$(BIN)/ruff check cplm_megatron kernels pretrain tools tests benchmarks

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import platform
 import sys
@@ -31,6 +30,8 @@ HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:
     # Triton picks interpreter vs GPU when the kernels are defined: set before cplm_kernels.fused loads.
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from partial_results import write_partial  # noqa: E402  (benchmarks/ is the script's directory)
 
 import cplm_kernels as ck  # noqa: E402
 from cplm_kernels.configs import KernelConfigs, TileConfig  # noqa: E402
@@ -427,8 +428,17 @@ def main(argv: list[str] | None = None) -> int:
           f"b={BATCH}, H_c={HEADS}; extra memory = peak during the call beyond the inputs", flush=True)
     started = time.perf_counter()
 
-    def log(row: Row) -> Row:
+    done: list[Row] = []
+
+    def log(row: Row) -> Row:  # every row is written as it is measured: a killed run keeps the rows so far
         print(format_row(row), flush=True)
+        done.append(row)
+        try:
+            partial_ratios = ratios(done)
+        except Exception as err:  # noqa: BLE001 -- the rows matter more than ratios over a partial table
+            partial_ratios = {"error": f"{type(err).__name__}: {err}"}
+        write_partial(args.json, {"environment": env, "rows": [asdict(r) for r in done], "ratios": partial_ratios,
+                                  "tile_sweep": []})
         return row
 
     rows = gpu_rows(plan, log) if HAS_CUDA or args.gpu_row_set else cpu_rows(plan, log)
@@ -443,9 +453,8 @@ def main(argv: list[str] | None = None) -> int:
     elapsed = time.perf_counter() - started
     print(f"# done in {elapsed:.1f} s", flush=True)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"environment": env, "rows": [asdict(r) for r in rows], "ratios": summary,
-                       "tile_sweep": sweep, "elapsed_s": round(elapsed, 1)}, f, indent=2)
+        write_partial(args.json, {"environment": env, "rows": [asdict(r) for r in rows], "ratios": summary,
+                                  "tile_sweep": sweep, "elapsed_s": round(elapsed, 1)}, complete=True)
         print(f"# wrote {args.json}")
     return 0 if all(not r.status.startswith("failed") for r in rows) else 1
 

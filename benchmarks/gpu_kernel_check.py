@@ -14,7 +14,6 @@ bf16 2e-2 and FP8 2e-2 (bf16 dS in the gradient matmuls; fp8 tensor-core accumul
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -24,6 +23,8 @@ import torch
 
 if "--tiny" in sys.argv[1:]:
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before cplm_kernels defines the kernels
+
+from partial_results import write_partial  # noqa: E402  (benchmarks/ is the script's directory)
 
 import cplm_kernels as ck  # noqa: E402
 
@@ -125,6 +126,12 @@ def main(argv: list[str] | None = None) -> int:
           f"H_c={HEADS}; tolerances {TOLERANCE}", flush=True)
     started = time.perf_counter()
     results: list[dict[str, object]] = []
+
+    def payload() -> dict[str, object]:
+        failures = sum(not r["ok"] for r in results)
+        return {"device": device_name, "T": T, "batch": BATCH, "heads": HEADS, "tolerance": TOLERANCE,
+                "cases": results, "passed": failures == 0 and len(results) == len(CASES)}
+
     for d, kind, docs, strided in CASES:
         try:
             result = check_case(d, kind, docs, strided)
@@ -133,18 +140,17 @@ def main(argv: list[str] | None = None) -> int:
                       "error": f"{type(err).__name__}: {err}"}
             print(f"FAIL d={d} {kind} docs={docs} strided={strided}: {result['error']}", flush=True)
             results.append(result)
+            write_partial(args.json, payload())
             continue
         results.append(result)
+        write_partial(args.json, payload())
         errs = " ".join(f"{k}={v:.2e}" for k, v in result["errors"].items())
         print(f"{'PASS' if result['ok'] else 'FAIL'} d={d:3d} {kind:4s} docs={docs!s:5s} strided={strided!s:5s} "
               f"{errs} deterministic={result['deterministic']} empty_rows_ok={result['empty_rows_ok']} "
               f"(first call {result['first_call_s']:.1f} s incl. compile)", flush=True)
     failures = sum(not r["ok"] for r in results)
     print(f"# {'PASS' if failures == 0 else f'FAIL ({failures} cases)'} in {time.perf_counter() - started:.1f} s")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"device": device_name, "T": T, "batch": BATCH, "heads": HEADS, "tolerance": TOLERANCE,
-                       "cases": results, "passed": failures == 0}, f, indent=2)
+    write_partial(args.json, payload(), complete=True)
     return 1 if failures else 0
 
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import platform
 import statistics
@@ -49,6 +48,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from cplm_kernels.linear_ce import CEChunks  # noqa: E402
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+from partial_results import write_partial  # noqa: E402
 
 VOCAB = 49152
 FULL_SIZES = [(576, 2048), (576, 8192), (2048, 2048), (2048, 8192)]  # (hidden, seq)
@@ -202,16 +204,25 @@ def bench_size(hidden: int, seq: int, vocab: int, dtype: torch.dtype, variants: 
             del out
         except torch.OutOfMemoryError:
             row.status = "skipped: OOM"
+        except Exception as err:  # noqa: BLE001 -- one failing variant must not lose the others
+            row.status = f"failed: {type(err).__name__}: {err}"[:500]
         gc.collect()
+        if HAS_CUDA:
+            torch.cuda.empty_cache()
     reference = None
     live = [impl for impl in impls if rows[impl].status == "ok"]
     times: Dict[str, List[float]] = {impl: [] for impl in live}
     for rep in range(reps + 1):  # the first round warms up (and compiles kernels)
-        for impl in live:
-            _sync()
-            start = clock()
-            runs[impl]()
-            _sync()
+        for impl in list(live):
+            try:
+                _sync()
+                start = clock()
+                runs[impl]()
+                _sync()
+            except Exception as err:  # noqa: BLE001 -- OOM or a kernel error while timing: keep the others
+                rows[impl].status = f"failed while timing: {type(err).__name__}: {err}"[:500]
+                live.remove(impl)
+                continue
             if rep:
                 times[impl].append(clock() - start)
     for impl in live:
@@ -302,33 +313,37 @@ def main(argv: Optional[List[str]] = None) -> int:
     variants = variants_for(args.quick, chunks)
     rows: List[Row] = []
     clock = time.process_time if args.clock == "process" else time.perf_counter
-    for hidden, seq in sizes:
-        for row in bench_size(hidden, seq, vocab, dtype, variants, reps, clock=clock):
-            rows.append(row)
-            print(format_row(row), flush=True)
+    environment = {"python": platform.python_version(), "torch": torch.__version__,
+                   "device": torch.cuda.get_device_name() if HAS_CUDA else "cpu",
+                   "threads": torch.get_num_threads(), "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+                   "chunks": asdict(chunks) if chunks else "default", "clock": args.clock}
+
+    def write(complete: bool) -> None:  # after every size: a killed run keeps the sizes measured so far
+        write_partial(args.json, {"environment": environment, "rows": [asdict(r) for r in rows],
+                                  "ratios": ratios(rows)}, complete)
+
+    plan = [(hidden, seq, vocab, dtype, variants, reps, "") for hidden, seq in sizes]
     if not HAS_CUDA and cplm_kernels.fused_available():
         h, s, v = INTERPRETER_SIZE
         note = "Triton CPU interpreter: correctness path, NOT a speed measurement"
-        interpreted = [("megatron", "megatron", None), ("fused", "fused", CEChunks(32, 128))]
-        for row in bench_size(h, s, v, torch.float32, interpreted, 1, note):
+        plan.append((h, s, v, torch.float32, [("megatron", "megatron", None), ("fused", "fused", CEChunks(32, 128))],
+                     1, note))
+    for hidden, seq, v, dt, variant_set, n, note in plan:
+        try:
+            measured = bench_size(hidden, seq, v, dt, variant_set, n, note, clock=clock)
+        except Exception as err:  # noqa: BLE001 -- e.g. OOM building the case: the next size still runs
+            measured = [Row(label, hidden, seq, v, str(dt).replace("torch.", ""), note=note,
+                            status=f"failed: {type(err).__name__}: {err}"[:500]) for label, _, _ in variant_set]
+        for row in measured:
             rows.append(row)
             print(format_row(row), flush=True)
+        write(complete=False)
     summary = ratios(rows)
     for key, value in summary.items():
         print(f"{key}: memory x{value['memory_ratio']} (peak x{value['peak_ratio']}, saved x{value['saved_ratio']}), "
               f"time x{value['time_ratio']}")
-    if args.json:
-        result = {
-            "environment": {"python": platform.python_version(), "torch": torch.__version__,
-                            "device": torch.cuda.get_device_name() if HAS_CUDA else "cpu",
-                            "threads": torch.get_num_threads(), "time": time.strftime("%Y-%m-%d %H:%M:%S"),
-                            "chunks": asdict(chunks) if chunks else "default", "clock": args.clock},
-            "rows": [asdict(r) for r in rows],
-            "ratios": summary,
-        }
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=2))
-    return 0
+    write(complete=True)
+    return 0 if all(r.status == "ok" or r.status.startswith("skipped") for r in rows) else 1
 
 
 if __name__ == "__main__":

@@ -125,8 +125,16 @@ def run(args: argparse.Namespace, tasks: list[str], options: EvalOptions) -> dic
         return evaluate_checkpoints(args.checkpoint, tasks, options, include_initial=args.include_initial)
     if args.hf:
         return evaluate(HFScorer.load(args.hf), tasks, options)
+    from cplm_megatron.training.checkpoint_lookup import read_live
+
     with single_process_megatron():
-        return evaluate(MegatronScorer.load(args.checkpoint), tasks, options)
+        # a run still training may prune the checkpoint while it loads: then the newest complete one is used
+        scorer = read_live(Path(args.checkpoint), lambda ref: MegatronScorer.load(ref.path), say=_say)
+        return evaluate(scorer, tasks, options)
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ The model is built for real as a Megatron-Core GPTModel on the meta device (no m
 even for 13B) and its parameter count is checked against the analytic formula. The memory estimate
 counts the LM head's loss per `--lm-head-loss` (Megatron's logits, or one tile) and the optimizer
 states left on the GPU with `--offload-fraction`; `--gpu-memory 80GB` says whether the layout fits,
-and `--plan` lists the layouts of `--gpus` GPUs that fit, least costly first.
+and `--plan` lists the layouts of `--gpus` GPUs that fit, least costly first. `--attention` follows
+`model.attention_impl` (sdpa/te: flash, no T x T activations; megatron: the unfused one's probabilities).
 
   python tools/model_info.py --preset smollm2-1.7b --tp 2 --pp 1 --dp 8 --seq-len 2048 --micro-batch 4
   python tools/model_info.py --preset llama-13b --gpu-memory 80GB --plan --gpus 8 --seq-len 4096
@@ -78,12 +79,13 @@ def report(args: argparse.Namespace) -> Dict[str, object]:
     summary["built_on_meta_device"] = built
     summary["layout"] = dict(tp=args.tp, pp=args.pp, dp=args.dp, sp=args.sp, seq_len=args.seq_len,
                              micro_batch=args.micro_batch, recompute=args.recompute, dtype=args.dtype,
-                             lm_head_loss=args.lm_head_loss, offload_fraction=args.offload_fraction)
+                             lm_head_loss=args.lm_head_loss, offload_fraction=args.offload_fraction,
+                             attention=args.attention, document_masking=args.document_masking)
     param_bytes = 4 if args.dtype == "fp32" else 2
     summary["memory_per_gpu"] = mem = memory_estimate(
         model, copy, tp=args.tp, pp=args.pp, dp=args.dp, seq_len=args.seq_len, micro_batch=args.micro_batch,
         sp=args.sp, param_bytes=param_bytes, recompute=args.recompute, lm_head_loss=args.lm_head_loss,
-        offload_fraction=args.offload_fraction,
+        offload_fraction=args.offload_fraction, attention=args.attention, document_masking=args.document_masking,
     )
     tokens = args.seq_len * args.micro_batch
     summary["lm_head_loss_per_micro_batch_gib"] = {
@@ -96,7 +98,8 @@ def report(args: argparse.Namespace) -> Dict[str, object]:
         summary["fit"] = {"gpu_memory_gib": args.gpu_memory, "usable_gib": usable, "total_gib": total,
                           "fits": total <= usable}
         if args.plan:
-            rows = plan_layouts(model, copy, args.gpus, args.seq_len, args.micro_batch, usable, param_bytes)
+            rows = plan_layouts(model, copy, args.gpus, args.seq_len, args.micro_batch, usable, param_bytes,
+                                args.attention, args.document_masking)
             summary["plan"] = {"gpus": args.gpus, "usable_gib": usable, "fitting": [r for r in rows if r["fits"]],
                                "considered": len(rows)}
     return summary
@@ -123,6 +126,8 @@ def print_table(s: Dict[str, object]) -> None:
          f"{mem['optimizer_distributed_gib']:.2f}"
          + (f", {mem['optimizer_host_gib']:.2f} offloaded to host memory)" if lay["offload_fraction"] else ")")),
         ("activations (GiB)", f"{mem['activations_gib']:.2f} (stage: {mem['busiest_stage']})"),
+        (f"  of which attention ({lay['attention']})", f"{mem['attention_held_gib']:.2f} held, "
+         f"{mem['attention_peak_gib']:.2f} one layer's peak"),
         ("LM-head loss, 1 micro-batch (GiB)", "  ".join(
             f"{impl} {v['peak']:.3f}" + (" <-" if impl == lay["lm_head_loss"] else "")
             for impl, v in s["lm_head_loss_per_micro_batch_gib"].items())),
@@ -169,6 +174,10 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--recompute", choices=["none", "selective", "full"], default="none")
     p.add_argument("--lm-head-loss", choices=["megatron", "chunked", "fused"], default="megatron",
                    help="model.lm_head_loss: Megatron's logits, or the loss over tiles (no logits tensor)")
+    p.add_argument("--attention", choices=["sdpa", "te", "megatron"], default="sdpa",
+                   help="model.attention_impl as resolved: sdpa/te (flash) or megatron (unfused, [b,heads,s,s])")
+    p.add_argument("--document-masking", action="store_true",
+                   help="data.document_masking: the step's [b,1,s,s] mask (and SDPA's bias) per micro-batch")
     p.add_argument("--offload-fraction", type=float, default=0.0,
                    help="optimizer.offload_fraction: share of the distributed optimizer's states on the CPU")
     p.add_argument("--gpu-memory", type=parse_memory, help="GPU memory, e.g. 80GB (decimal) or 80GiB: does it fit?")

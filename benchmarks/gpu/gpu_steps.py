@@ -3,11 +3,14 @@ and the summary that turns every step's raw output into the figures of the READM
 
     python benchmarks/gpu/gpu_steps.py env     WORK_DIR
     python benchmarks/gpu/gpu_steps.py compat  WORK_DIR
-    python benchmarks/gpu/gpu_steps.py summary WORK_DIR SUMMARY_JSON [--dry-run]
+    python benchmarks/gpu/gpu_steps.py summary WORK_DIR SUMMARY_JSON [--dry-run] [--budget-limit S]
 
-WORK_DIR holds the steps' files: steps.tsv (name, budget, exit code, seconds), env.json, compat.json,
-kernel_check.json, copy_kernel.json, train_<slot>_<variant>.json + .yaml (the trainer's summary.json and
-resolved config), lm_head_loss.json.
+WORK_DIR holds the steps' files: plan.tsv (the planned steps and budgets, in order), steps.tsv (name, budget,
+exit code or "interrupted", seconds; one row as each step ends), env.json, compat.json, kernel_check.json,
+copy_kernel.json, train_<slot>_<variant>.json + .yaml + .metrics.jsonl (the trainer's summary.json, or
+summary_stopped_early.json when its budget stopped it, resolved config and per-step metrics),
+lm_head_loss.json. The summary runs after every step and from the script's EXIT trap, so it imports no torch
+(the memory estimate of Megatron's LM-head path is torch-free) and reads partial files as they are.
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Optional
 
-GPU_BUDGET_S = 540  # the whole script must end within 9 minutes of one 15-minute lease
+GPU_BUDGET_S = 360  # one pass + a machine start leave the 4 minutes a second start needs in a 15-minute lease
 TRAIN_SLOTS = ("small", "large")  # GPU: SmolLM2-135M and 1.7B; dry run: the tiny preset twice
 
 
@@ -64,7 +67,11 @@ def check_compat(work: Path) -> int:
 
 
 def _load(path: Path) -> Optional[Any]:
-    return json.loads(path.read_text()) if path.exists() else None
+    """A step's JSON, or None if absent or unreadable (a step killed mid-write)."""
+    try:
+        return json.loads(path.read_text()) if path.exists() else None
+    except (OSError, ValueError):
+        return None
 
 
 def _ok_row(rows: list[dict], **key) -> Optional[dict]:
@@ -117,10 +124,33 @@ def memory_estimate_gib(config: dict) -> float:
     head = config["copy_head"]
     copy = CopyHeadShape(head["heads"], head["head_dim"], head["qk_norm"]) if head["enabled"] else None
     train = config["train"]
+    attention = "sdpa" if model.attention_impl == "auto" else model.attention_impl  # no TE in the image
     est = memory_estimate(model, copy, tp=1, pp=1, dp=1, seq_len=train["seq_len"], micro_batch=train["micro_batch"],
                           param_bytes=4 if config["precision"]["dtype"] == "fp32" else 2,
-                          recompute=config["recompute"]["granularity"])
+                          recompute=config["recompute"]["granularity"], lm_head_loss=model.lm_head_loss,
+                          attention=attention, document_masking=bool(config["data"].get("document_masking")))
     return est["total_gib"]
+
+
+def _from_metrics(path: Path) -> Optional[dict]:
+    """A throughput record from the trainer's per-step metrics (a run killed before it wrote one): the last
+    logged step's tokens/s, MFU and step time."""
+    if not path.exists():
+        return None
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if "tokens_per_sec" in record:
+            records.append(record)
+    if not records:
+        return None
+    last = records[-1]
+    return {"iterations": last.get("iteration"), "tokens_per_sec": last.get("tokens_per_sec"), "mfu": last.get("mfu"),
+            "step_time": last.get("step_time"), "tflops_per_device": last.get("tflops_per_device"),
+            "peak_memory_gib": last.get("peak_memory_gib"), "source": "metrics.jsonl (no summary record)"}
 
 
 def training_figures(work: Path) -> dict[str, Any]:
@@ -132,14 +162,24 @@ def training_figures(work: Path) -> dict[str, Any]:
     for slot in TRAIN_SLOTS:
         entry: dict[str, Any] = {}
         for variant in ("base", "cplm"):
-            record = _load(work / f"train_{slot}_{variant}.json")
-            config_path = work / f"train_{slot}_{variant}.yaml"
+            name = f"train_{slot}_{variant}"
+            record = _load(work / f"{name}.json") or _from_metrics(work / f"{name}.metrics.jsonl")
+            config_path = work / f"{name}.yaml"
             if record is None or not config_path.exists():
                 continue
-            estimate = memory_estimate_gib(yaml.safe_load(config_path.read_text()))
+            config = yaml.safe_load(config_path.read_text())
+            record.setdefault("preset", config["model"].get("preset"))
+            record.setdefault("seq_len", config["train"]["seq_len"])
+            record.setdefault("global_batch", config["train"]["global_batch"])
+            estimate = memory_estimate_gib(config)
             entry[variant] = {key: record.get(key) for key in ("preset", "device", "seq_len", "global_batch",
                                                                 "iterations", "tokens_per_sec", "mfu", "step_time",
                                                                 "tflops_per_device", "peak_memory_gib")}
+            entry[variant]["micro_batch"] = config["train"]["micro_batch"]
+            entry[variant]["attention_impl"] = config["model"].get("attention_impl")
+            entry[variant]["dtype"] = config["precision"]["dtype"]
+            entry[variant]["record"] = record.get("source") or (
+                "stopped early at its budget" if record.get("stopped_early") else "complete")
             entry[variant]["memory_estimate_gib"] = round(estimate, 3)
             entry[variant]["peak_over_estimate"] = _ratio(record.get("peak_memory_gib"), estimate)
         if "base" in entry and "cplm" in entry:
@@ -149,13 +189,36 @@ def training_figures(work: Path) -> dict[str, Any]:
     return out
 
 
+def step_status(rc: Optional[int], interrupted: bool = False) -> str:
+    """A step's exit code in words (GNU timeout: 124 when its SIGTERM ended the step, 137 = SIGKILL)."""
+    if interrupted:
+        return "interrupted (the script ended during it)"
+    if rc is None:
+        return "not run"
+    return {0: "ok", 124: "timed out (SIGTERM at its budget)", 137: "killed (SIGKILL)",
+            75: "stopped early (resume code)", 143: "terminated (SIGTERM)"}.get(rc, f"failed (exit {rc})")
+
+
 def read_steps(work: Path) -> list[dict[str, Any]]:
-    steps = []
+    """Every planned step in order with its status, exit code and seconds (steps.tsv rows as they ended)."""
+    ran: dict[str, dict[str, Any]] = {}
     path = work / "steps.tsv"
     for line in path.read_text().splitlines() if path.exists() else []:
-        name, budget, rc, seconds = line.split("\t")
-        steps.append({"name": name, "budget_s": int(budget), "rc": int(rc), "seconds": int(seconds)})
-    return steps
+        parts = line.split("\t")
+        if len(parts) != 4:
+            continue
+        name, budget, rc, seconds = parts
+        interrupted = rc == "interrupted"
+        code = None if interrupted else int(rc)
+        ran[name] = {"name": name, "budget_s": int(budget), "rc": code, "seconds": int(seconds),
+                     "status": step_status(code, interrupted)}
+    plan = work / "plan.tsv"
+    steps = []
+    for line in plan.read_text().splitlines() if plan.exists() else []:
+        name, budget = line.split("\t")
+        steps.append(ran.pop(name, {"name": name, "budget_s": int(budget), "rc": None, "seconds": None,
+                                    "status": step_status(None)}))
+    return steps + list(ran.values())
 
 
 def missing_figures(summary: dict) -> list[str]:
@@ -181,8 +244,9 @@ def missing_figures(summary: dict) -> list[str]:
     return missing
 
 
-def summarize(work: Path, dest: Path, dry_run: bool) -> int:
-    """Every figure the README's GPU table needs -> one summary.json; exit 1 if a step failed or one is missing."""
+def summarize(work: Path, dest: Path, dry_run: bool, budget_limit: int = GPU_BUDGET_S) -> int:
+    """Every figure the README's GPU table needs -> one summary.json (rewritten atomically: it is refreshed after
+    every step); exit 1 if a step failed or a figure is missing."""
     steps = read_steps(work)
     lm_head = _load(work / "lm_head_loss.json")
     summary: dict[str, Any] = {
@@ -191,8 +255,8 @@ def summarize(work: Path, dest: Path, dry_run: bool) -> int:
         "environment": _load(work / "env.json"),
         "steps": steps,
         "budget_total_s": sum(s["budget_s"] for s in steps),
-        "budget_limit_s": GPU_BUDGET_S,
-        "wall_s": sum(s["seconds"] for s in steps),
+        "budget_limit_s": budget_limit,
+        "wall_s": sum(s["seconds"] or 0 for s in steps),
         "compat": _load(work / "compat.json"),
         "kernel_check": _load(work / "kernel_check.json"),
         "copy_kernel": kernel_figures(_load(work / "copy_kernel.json")),
@@ -200,10 +264,13 @@ def summarize(work: Path, dest: Path, dry_run: bool) -> int:
         "lm_head_loss": lm_head if lm_head is not None else "lm_head_loss step failed: see its log",
     }
     summary["missing"] = missing_figures(summary)
-    dest.write_text(json.dumps(summary, indent=2))
-    failed = [s["name"] for s in steps if s["rc"] != 0]
+    summary["summary_imported_torch"] = "torch" in sys.modules  # it must not: it runs from the EXIT trap
+    tmp = dest.with_name(f".{dest.name}.tmp")
+    tmp.write_text(json.dumps(summary, indent=2))
+    tmp.replace(dest)
+    failed = [s["name"] for s in steps if s["rc"] != 0 and s["name"] != "summary"]
     print(f"[summary] {dest}: {len(steps)} steps, failed: {failed or 'none'}; missing figures: "
-          f"{summary['missing'] or 'none'}; budgets {summary['budget_total_s']} s of {GPU_BUDGET_S}")
+          f"{summary['missing'] or 'none'}; budgets {summary['budget_total_s']} s of {budget_limit}")
     return 1 if failed or summary["missing"] else 0
 
 
@@ -213,6 +280,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     p.add_argument("work", type=Path, help="the run's working directory")
     p.add_argument("dest", type=Path, nargs="?", help="summary: where to write summary.json")
     p.add_argument("--dry-run", action="store_true", help="summary: label it a CPU dry run")
+    p.add_argument("--budget-limit", type=int, default=GPU_BUDGET_S, help="summary: the script's budget limit (s)")
     args = p.parse_args(argv)
     if args.what == "env":
         record_env(args.work)
@@ -221,7 +289,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         return check_compat(args.work)
     if args.dest is None:
         p.error("summary needs DEST")
-    return summarize(args.work, args.dest, args.dry_run)
+    return summarize(args.work, args.dest, args.dry_run, args.budget_limit)
 
 
 if __name__ == "__main__":

@@ -4,10 +4,11 @@
 # The working tree plus these wheels travel at most 64 MiB per call; this script fails above 32 MiB.
 #
 # The image (Python 3.12, torch 2.11 cu130, triton 3.6, transformers 5.x, numpy, pyyaml, safetensors,
-# tokenizers, psutil, einops, xxhash, pillow, ...) lacks megatron-core and mosaicml-streaming. Not carried:
-# Transformer Engine (its CUDA core wheel is too large to carry, and its torch extension ships as source
-# only, too slow to build in a lease), DeepSpeed (source only; used for the FLOPs cross-check in
-# tests), wandb and lm-eval (not used by the checks).
+# tokenizers, psutil, einops, xxhash, pillow, ...) lacks megatron-core and mosaicml-streaming. Only what the
+# checks import is carried: megatron-core (the training steps use synthetic data, so streaming is not needed;
+# the CPU dry run blocks `import streaming` to prove it). Not carried: mosaicml-streaming and its needs (5.4
+# MiB, never imported by the checks), Transformer Engine (its CUDA core wheel is too large to carry, and its
+# torch extension ships as source only, too slow to build in a lease), DeepSpeed, wandb and lm-eval.
 #
 #   bash benchmarks/gpu/prepare_wheels.sh        # WHEEL_DIR=DIR to download elsewhere
 set -euo pipefail
@@ -18,8 +19,6 @@ MCORE=$(sed -n 's/^megatron-core==\([0-9.]*\); python_version >= "3.12"$/\1/p' r
 [ -n "$MCORE" ] || { echo "no Python >= 3.12 megatron-core pin in requirements/constraints-megatron-core.txt" >&2; exit 2; }
 WHEELS=(
   "megatron-core==$MCORE"        # the newest release we test (its only hard needs, torch/numpy/packaging, are there)
-  "mosaicml-streaming==0.13.0"   # MDS data loading (the checks train on synthetic data; carried for data runs)
-  zstd brotli catalogue python-snappy cramjam  # streaming's light needs (newest with a cp312 manylinux wheel)
 )
 PLATFORMS=()
 for tag in manylinux_2_28 manylinux_2_27 manylinux_2_24 manylinux_2_17 manylinux2014 manylinux1; do

@@ -7,15 +7,19 @@ Conventions (stated so numbers can be compared with other stacks):
 * The Copy-Paste head adds its q/k/gate projections and its T×T score product (no value product).
 * Memory estimates are for mixed precision (bf16 weights, fp32 grads/master/Adam states, Megatron
   defaults) unless `param_bytes=4`; activations follow Korthikanti et al. 2022 adapted to GQA/SwiGLU,
-  with flash attention (no T×T activations) — an estimate to plan layouts, not a measurement.
+  with the core attention in use (`attention_bytes`): SDPA/flash keeps no T×T activations, megatron-core's
+  unfused DotProductAttention keeps [b, heads/tp, T, T] probabilities — an estimate to plan layouts, not a
+  measurement.
 """
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Dict, Optional
+from typing import TYPE_CHECKING, Dict, Optional
 
-from cplm_kernels.linear_ce import GPU_CHUNKS, CEChunks
 from cplm_megatron.model.config import ModelConfig
+
+if TYPE_CHECKING:  # cplm_kernels imports torch: only the tiled loss's estimate needs it (the GPU check's
+    from cplm_kernels.linear_ce import CEChunks  # summary step estimates Megatron's path without torch)
 
 GIB = 1024**3
 
@@ -130,7 +134,7 @@ def activation_bytes_per_layer_token(m: ModelConfig, tp: int, sp: bool, recomput
 
 
 def lm_head_loss_bytes(m: ModelConfig, tokens: int, tp: int, lm_head_loss: str = "megatron",
-                       param_bytes: int = 2, tile: CEChunks = GPU_CHUNKS) -> Dict[str, float]:
+                       param_bytes: int = 2, tile: Optional["CEChunks"] = None) -> Dict[str, float]:
     """Memory of the LM head's loss for one micro-batch of ``tokens`` on one GPU of the last stage:
     ``held`` from its forward until its backward, ``peak`` while it runs (inputs and the returned
     gradients excluded).
@@ -145,11 +149,45 @@ def lm_head_loss_bytes(m: ModelConfig, tokens: int, tp: int, lm_head_loss: str =
     logits = tokens * m.padded_vocab_size / tp
     if lm_head_loss == "megatron":  # + a target mask (bool) and masked targets (int64) per token
         return {"held": 4 * logits + 9 * tokens, "peak": (4 + (param_bytes if param_bytes < 4 else 0)) * logits}
+    if tile is None:  # the GPU default tile
+        from cplm_kernels.linear_ce import GPU_CHUNKS as tile
     rows, cols = min(tokens, tile.tokens), min(m.padded_vocab_size / tp, tile.vocab)
     per_tile = param_bytes + (4 if lm_head_loss == "chunked" and param_bytes < 4 else 0)
     accumulators = 4 * m.hidden_size * (tokens + cols) if param_bytes < 4 else 0
     scaled_rows = param_bytes * rows * m.hidden_size  # a tile's hidden rows times the upstream gradient
     return {"held": 12 * tokens, "peak": per_tile * rows * cols + scaled_rows + accumulators + 40 * tokens}
+
+
+def attention_bytes(m: ModelConfig, seq_len: int, micro_batch: int, tp: int, layers: float, attention: str = "sdpa",
+                    param_bytes: int = 2, recompute: str = "none", document_masking: bool = False
+                    ) -> Dict[str, float]:
+    """Core-attention memory of one micro-batch on one GPU beyond the q/k/v and output activations that
+    `activation_bytes_per_layer_token` counts: ``held`` from the forward to the backward (all ``layers``),
+    ``peak`` while one layer runs.
+
+    sdpa / te (flash or memory-efficient kernels): a fp32 log-sum-exp per head and token per layer; with
+    document masking, the step's boolean ``[b, 1, T, T]`` mask (1 B) and SDPA's additive bias built from it
+    once per micro-batch (``param_bytes``; cplm_megatron/model/attention.py), and key/value groups repeated to
+    the query heads (GQA). megatron (unfused
+    DotProductAttention): per ``[b, heads/tp, T, T]`` element, the softmax output in fp32 (kept for the
+    softmax backward) and, in 16-bit training, its 16-bit copy (kept for the probabilities x values
+    backward): 4 (+ ``param_bytes``) B per layer; one layer's transient scores buffer, fp32 scores and
+    masked scores, and in the backward the probabilities' gradients, are the peak (3 x 4 + ``param_bytes``
+    B, bounded above). Selective or full recompute keeps none of it between forward and backward."""
+    tokens = seq_len * micro_batch
+    heads = m.num_attention_heads / tp
+    mask = (1 + param_bytes) * micro_batch * seq_len * seq_len if document_masking else 0
+    if attention == "megatron":
+        elements = micro_batch * heads * seq_len * seq_len
+        per_layer = (4 + (param_bytes if param_bytes < 4 else 0)) * elements
+        held = 0.0 if recompute in ("selective", "full") else per_layer * layers
+        peak = (3 * 4 + param_bytes) * elements
+        return {"held": held + (1 if document_masking else 0) * micro_batch * seq_len * seq_len, "peak": peak}
+    lse = 4 * heads * tokens
+    # with a mask and GQA, key/value copies repeated to the query heads (the memory-efficient kernel takes no GQA)
+    repeated = 2 * heads * m.head_dim * tokens * param_bytes if document_masking and m.kv_heads != m.num_attention_heads else 0
+    held = ((lse + repeated) * layers if recompute == "none" else 0.0) + mask  # recompute: core attention re-run
+    return {"held": held, "peak": lse + repeated}
 
 
 def optimizer_bytes_per_param(param_bytes: int, dp: int, distributed: bool, offload_fraction: float = 0.0
@@ -179,22 +217,29 @@ def memory_estimate(
     recompute: str = "none",
     lm_head_loss: str = "megatron",
     offload_fraction: float = 0.0,
+    attention: str = "sdpa",
+    document_masking: bool = False,
 ) -> Dict[str, object]:
     """Per-GPU memory (GiB) on the most loaded pipeline stage, with and without the distributed optimizer.
 
     Stages are accounted separately under 1F1B: stage ``i`` holds ``pp - i`` micro-batches of layer
     activations in flight; the last stage adds the LM head's loss and the copy head for one micro-batch.
-    ``offload_fraction`` applies to the distributed optimizer's figures."""
+    ``offload_fraction`` applies to the distributed optimizer's figures; ``attention`` is the resolved
+    `model.attention_impl` (sdpa, te or megatron; `attention_bytes`)."""
     stage = _stage_params(m, c, tp, pp)
     tokens = seq_len * micro_batch
     layers_per_stage = m.num_layers / pp
-    per_micro_batch = activation_bytes_per_layer_token(m, tp, sp, recompute) * tokens * layers_per_stage
+    attn = attention_bytes(m, seq_len, micro_batch, tp, layers_per_stage, attention, param_bytes, recompute,
+                           document_masking)
+    per_micro_batch = activation_bytes_per_layer_token(m, tp, sp, recompute) * tokens * layers_per_stage + attn["held"]
     head = lm_head_loss_bytes(m, tokens, tp, lm_head_loss, param_bytes)
     copy = 0.0
     if c is not None:
         copy = tokens * (2 * 2 * c.heads * c.head_dim + 4 * 2 * c.heads)  # q, k (bf16) + 2 fp32 stats
     loss_side = head["peak"] + copy
-    activations = {"first": per_micro_batch * pp, "last": per_micro_batch + loss_side}
+    # one layer's attention transient, or the loss side on the last stage, whichever is larger (not at once)
+    activations = {"first": per_micro_batch * pp + attn["peak"],
+                   "last": per_micro_batch + max(loss_side, attn["peak"])}
     opt_plain = optimizer_bytes_per_param(param_bytes, dp, distributed=False)
     opt_dist = optimizer_bytes_per_param(param_bytes, dp, distributed=True, offload_fraction=offload_fraction)
     weights_grads = 2 + 4 if param_bytes < 4 else 4 + 4  # weights + fp32 main-grad buffer
@@ -214,11 +259,15 @@ def memory_estimate(
         "activations_gib": activations[busiest] / GIB,
         "lm_head_loss_gib": head["peak"] / GIB,
         "lm_head_loss_held_gib": head["held"] / GIB,
+        "attention_held_gib": attn["held"] / GIB,
+        "attention_peak_gib": attn["peak"] / GIB,
         "busiest_stage": busiest if pp > 1 else "only",
         "total_gib": max(total(n, opt_plain) for n in stage) / GIB,
         "total_distributed_optimizer_gib": total(busiest, opt_dist) / GIB,
         "assumptions": (
-            f"{'bf16' if param_bytes == 2 else 'fp32'} params, fp32 grads/Adam, flash attention, "
+            f"{'bf16' if param_bytes == 2 else 'fp32'} params, fp32 grads/Adam, "
+            f"{'unfused megatron attention' if attention == 'megatron' else 'flash attention (' + attention + ')'}"
+            f"{' with document masks' if document_masking else ''}, "
             f"1F1B (first stage {pp} micro-batch(es) in flight), recompute={recompute}, sp={sp}, "
             f"lm_head_loss={lm_head_loss}, offload_fraction={offload_fraction}"
         ),
@@ -269,7 +318,8 @@ def extra_flops_fraction(m: ModelConfig, seq_len: int, c: Optional[CopyHeadShape
 
 
 def plan_layouts(m: ModelConfig, c: Optional[CopyHeadShape], gpus: int, seq_len: int, micro_batch: int,
-                 usable_gib: float, param_bytes: int = 2) -> list:
+                 usable_gib: float, param_bytes: int = 2, attention: str = "sdpa",
+                 document_masking: bool = False) -> list:
     """Every layout of ``gpus`` GPUs (distributed optimizer; SP with TP) with each recomputation,
     LM-head loss and offload option, as dicts with the per-GPU estimate and whether it fits in
     ``usable_gib``; the least costly first: no offload before offload, then fewest extra FLOPs, then
@@ -286,7 +336,8 @@ def plan_layouts(m: ModelConfig, c: Optional[CopyHeadShape], gpus: int, seq_len:
                         layout = Layout(tp, pp, dp, recompute, loss, offload)
                         mem = memory_estimate(m, c, tp=tp, pp=pp, dp=dp, seq_len=seq_len, micro_batch=micro_batch,
                                               sp=layout.sp, param_bytes=param_bytes, recompute=recompute,
-                                              lm_head_loss=loss, offload_fraction=offload)
+                                              lm_head_loss=loss, offload_fraction=offload, attention=attention,
+                                              document_masking=document_masking)
                         total = mem["total_distributed_optimizer_gib"]
                         rows.append({**asdict(layout), "sp": layout.sp, "total_gib": total,
                                      "fits": total <= usable_gib,
@@ -312,3 +363,12 @@ def model_summary(m: ModelConfig, c: Optional[CopyHeadShape], seq_len: int) -> D
         "copy_head": asdict(c) if c else None,
         "seq_len": seq_len,
     }
+
+
+def checkpoint_bytes(m: ModelConfig, c: Optional[CopyHeadShape] = None, param_bytes: int = 2,
+                     with_optimizer: bool = True) -> float:
+    """Bytes of one training checkpoint on disk (all ranks together): the weights in their dtype, and with the
+    optimizer its fp32 Adam moments (8 B) plus fp32 master weights (4 B) for 16-bit parameters."""
+    params = backbone_params(m) + copy_head_params(m, c)
+    optimizer = (8 + (4 if param_bytes < 4 else 0)) if with_optimizer else 0
+    return params * (param_bytes + optimizer)

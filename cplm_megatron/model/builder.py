@@ -52,25 +52,44 @@ def te_available() -> bool:
 
 
 def use_te_spec(model: ModelConfig, precision: Optional[PrecisionConfig] = None) -> bool:
-    """Resolve `model.layer_spec` (auto: TE when available) and check FP8 can run."""
+    """Resolve `model.layer_spec` (auto: TE when available) and check FP8 and the attention can run."""
     if model.layer_spec == "te" and not te_available():
         raise ConfigError("model.layer_spec=te needs transformer_engine and a CUDA GPU; use model.layer_spec=local")
+    if model.attention_impl == "te" and not te_available():
+        raise ConfigError("model.attention_impl=te needs transformer_engine and a CUDA GPU; "
+                          "use model.attention_impl=sdpa (flash attention through torch)")
+    if model.attention_impl == "te" and model.layer_spec == "local":
+        raise ConfigError("model.attention_impl=te needs the Transformer Engine layer spec; "
+                          "use model.layer_spec=te (or auto) or model.attention_impl=sdpa")
     use_te = model.layer_spec == "te" or (model.layer_spec == "auto" and te_available())
     if precision is not None and precision.fp8 and not use_te:
         raise ConfigError("precision.fp8 needs the Transformer Engine layer spec (model.layer_spec=te on a GPU)")
     return use_te
 
 
+def attention_impl(model: ModelConfig, use_te: bool) -> str:
+    """Resolve `model.attention_impl`: auto = TE's attention with the TE spec, SDPA otherwise."""
+    if model.attention_impl == "auto":
+        return "te" if use_te else "sdpa"
+    return model.attention_impl
+
+
 def layer_spec(model: ModelConfig, use_te: bool):
-    """Megatron-Core transformer layer spec for the backbone."""
+    """Megatron-Core transformer layer spec for the backbone, its core attention per `model.attention_impl`."""
     from megatron.core.models.gpt.gpt_layer_specs import (
         get_gpt_layer_local_spec,
         get_gpt_layer_with_transformer_engine_spec,
     )
 
-    if use_te:
-        return get_gpt_layer_with_transformer_engine_spec()
-    return get_gpt_layer_local_spec(normalization=model.normalization)
+    spec = get_gpt_layer_with_transformer_engine_spec() if use_te else get_gpt_layer_local_spec(
+        normalization=model.normalization)
+    impl = attention_impl(model, use_te)
+    if impl != "te":
+        from cplm_megatron.model.attention import core_attention_class
+
+        # ModuleSpec(TransformerLayer).submodules.self_attention = ModuleSpec(SelfAttention, submodules=...)
+        spec.submodules.self_attention.submodules.core_attention = core_attention_class(impl)
+    return spec
 
 
 def transformer_config(

@@ -35,6 +35,9 @@ class ModelConfig:
     tie_embeddings: bool = True
     init_method_std: float = 0.02
     layer_spec: Literal["auto", "local", "te"] = "auto"
+    # Core attention: auto = TE's with the TE layer spec, else SDPA (flash / memory-efficient kernels);
+    # megatron = megatron-core's unfused DotProductAttention ([b, heads, s, s] scores; kept for comparison).
+    attention_impl: Literal["auto", "sdpa", "megatron", "te"] = "auto"
     # The LM head's cross entropy: Megatron's logits tensor, or computed over tiles without one
     # (cplm_megatron/model/lm_head_loss.py; chunked: torch, fused: Triton on GPUs). Same values.
     lm_head_loss: Literal["megatron", "chunked", "fused"] = "megatron"
@@ -74,6 +77,9 @@ class ModelConfig:
                 f"model.num_attention_heads={self.num_attention_heads} is not divisible by "
                 f"model.num_query_groups={self.kv_heads}"
             )
+        if self.attention_impl == "te" and self.layer_spec == "local":
+            raise ConfigError("model.attention_impl=te needs the Transformer Engine layer spec; "
+                              "use model.layer_spec=te (or auto) or model.attention_impl=sdpa")
         if self.vocab_pad_multiple <= 0:
             raise ConfigError(f"model.vocab_pad_multiple must be positive, got {self.vocab_pad_multiple}")
 

@@ -35,3 +35,20 @@ def test_quick_cpu_run_reports_memory_and_time_ratios(tmp_path):
     assert fused and "NOT a speed measurement" in fused[0]["note"]
     assert all(err <= 1e-5 for err in fused[0]["max_rel_err"].values())
     assert "memory x" in result.stdout and "time x" in result.stdout
+
+
+def test_a_failing_variant_is_reported_and_the_others_kept(tmp_path):
+    """A variant that raises (here an unknown model.lm_head_loss) becomes a failed row; Megatron's row and the
+    JSON (written after every size) are still there, and the exit code says something failed."""
+    out = tmp_path / "lm_head.json"
+    code = (f"import sys; sys.path.insert(0, {str(SCRIPT.parent)!r}); import lm_head_loss as b\n"
+            "real = b.variants_for\n"
+            "b.variants_for = lambda quick, chunks: real(quick, chunks)[:1] + [('broken', 'no-such-loss', None)]\n"
+            f"sys.exit(b.main(['--quick', '--sizes', '64x64', '--json', {str(out)!r}]))")
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 1, result.stdout + result.stderr
+    report = json.loads(out.read_text())
+    status = {(r["impl"], r["hidden"]): r["status"] for r in report["rows"]}
+    assert status[("megatron", 64)] == "ok" and status[("broken", 64)].startswith("failed: ConfigError"), status
+    assert report["complete"]

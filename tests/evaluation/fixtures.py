@@ -1,28 +1,13 @@
-"""Fixtures of the evaluation tests: a trained tiny baseline/CPLM pair, their HF exports, scorers.
-
-Imported by tests/evaluation/conftest.py and by tool tests that need a checkpoint (tests/tools).
-"""
+"""Fixtures of the evaluation tests: scorers of the session's trained pair and its HF exports (`runs`,
+`hf_exports`: tests/trained_runs.py), a packed validation set. Imported by tests/evaluation/conftest.py."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
 
-from tests.data_fixtures import TinyCorpus, synthetic_tokenizer, write_synthetic_dataset
-from tests.evaluation.runs import SEQ_LEN, VOCAB, shared_exports, shared_runs
-
-
-@pytest.fixture(scope="session")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """{'baseline': run dir, 'cplm': run dir}, trained once per session (~15-30 s)."""
-    return shared_runs(tmp_path_factory.getbasetemp())
-
-
-@pytest.fixture(scope="session")
-def hf_exports(runs: dict[str, Path], tiny_corpus: TinyCorpus, tmp_path_factory: pytest.TempPathFactory
-               ) -> dict[str, Path]:
-    """tools/convert_to_hf.py exports of both runs (CPLMForCausalLM / LlamaForCausalLM)."""
-    return shared_exports(tmp_path_factory.getbasetemp(), runs, tiny_corpus.tokenizer_dir)
+from tests.data_fixtures import synthetic_tokenizer, write_synthetic_dataset
+from tests.evaluation.runs import SEQ_LEN, VOCAB
 
 
 @pytest.fixture(scope="module")

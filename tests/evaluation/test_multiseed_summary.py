@@ -6,6 +6,8 @@ from cplm_megatron.evaluation.multiseed import GLOBAL_BATCH, SEQ_LEN
 from cplm_megatron.evaluation.multiseed_report import headline_table, readme_block
 from cplm_megatron.evaluation.multiseed_summary import summarize, tokens_to_reach
 
+pytestmark = pytest.mark.mcore  # the outcome depends on megatron-core (both CI legs)
+
 TOKENS_PER_STEP = GLOBAL_BATCH * SEQ_LEN
 
 

@@ -86,21 +86,6 @@ def test_spamlang_claim_cplm_reaches_99_percent(tmp_path: Path):
         assert (out / name).read_bytes()[:8] == PNG
 
 
-@pytest.mark.slow
-def test_corpus_ablation_builds_the_full_report(tmp_path: Path, stdlib_corpus):
-    out = tmp_path / "ablation"
-    code = load_tool("ablate").main(["--output", str(out), "--quick", "--experiments", "corpus",
-                                     "--data", str(stdlib_corpus.root), "--corpus-iters", "4", "--corpus-interval", "2",
-                                     "--eval-sequences", "2"])
-    assert code == 0
-    report = (out / "report.md").read_text()
-    assert "## Embedded corpus" in report and "Passkey operating points, CPLM" in report
-    assert (out / "passkey.png").read_bytes()[:8] == PNG
-    evals = json.loads((out / "runs" / "corpus-cplm" / "eval.json").read_text())["checkpoints"]
-    assert [e["iteration"] for e in evals] == [0, 2, 4]
-    assert set(evals[-1]["tasks"]) == {"val", "copy", "passkey", "gradient"}
-
-
 def test_study_settings_refuse_what_cannot_give_a_spread():
     ablate = load_tool("ablate")
 

@@ -7,13 +7,15 @@ from pathlib import Path
 import pytest
 
 from tests.data_fixtures import load_tool
-from tests.evaluation.fixtures import hf_exports, packed_val, runs  # noqa: F401  (shared session fixtures)
+from tests.evaluation.fixtures import packed_val  # noqa: F401  (the runs and exports: tests/trained_runs.py)
+
+pytestmark = pytest.mark.mcore  # the outcome depends on megatron-core (both CI legs)
 
 SMALL = ["--limit", "4", "--batch-size", "4", "--copy-length", "64", "--spamlang-length", "32",
          "--passkey-lengths", "32,64", "--passkey-depths", "0,1", "--no-progress"]
 
 
-def test_checkpoint_evaluation_writes_json_and_prints_a_table(runs, tmp_path: Path, capsys):  # noqa: F811
+def test_checkpoint_evaluation_writes_json_and_prints_a_table(runs, tmp_path: Path, capsys):
     out = tmp_path / "eval.json"
     code = load_tool("evaluate").main(["--checkpoint", str(runs["cplm"]), "--tasks", "copy,passkey,spamlang,gradient",
                                        "--output", str(out), *SMALL])
@@ -27,7 +29,7 @@ def test_checkpoint_evaluation_writes_json_and_prints_a_table(runs, tmp_path: Pa
     assert "copy_accuracy" in printed and "copy_grad_share" in printed and "passkey accuracy" in printed
 
 
-def test_all_checkpoints_with_the_initial_model(runs, tmp_path: Path):  # noqa: F811
+def test_all_checkpoints_with_the_initial_model(runs, tmp_path: Path):
     out = tmp_path / "curve.json"
     code = load_tool("evaluate").main(["--checkpoint", str(runs["baseline"]), "--all-checkpoints", "--include-initial",
                                        "--tasks", "spamlang", "--output", str(out), *SMALL])
@@ -37,7 +39,7 @@ def test_all_checkpoints_with_the_initial_model(runs, tmp_path: Path):  # noqa: 
     assert all("spamlang_accuracy" in c["tasks"]["spamlang"]["metrics"] for c in curve)
 
 
-def test_hf_export_evaluation(hf_exports, tmp_path: Path):  # noqa: F811
+def test_hf_export_evaluation(hf_exports, tmp_path: Path):
     out = tmp_path / "hf.json"
     code = load_tool("evaluate").main(["--hf", str(hf_exports["cplm"]), "--tasks", "copy,gradient", "--output", str(out),
                                        *SMALL])
@@ -51,7 +53,7 @@ def test_hf_export_evaluation(hf_exports, tmp_path: Path):  # noqa: F811
     (["--tasks", "lm-eval"], "lm-eval runs on HF exports"),
     (["--tasks", "val"], None),  # the run trained on synthetic data: no validation streams
 ])
-def test_errors_exit_2_with_the_fix(runs, tmp_path: Path, capsys, args, message):  # noqa: F811
+def test_errors_exit_2_with_the_fix(runs, tmp_path: Path, capsys, args, message):
     code = load_tool("evaluate").main(["--checkpoint", str(runs["cplm"]), "--output", str(tmp_path / "x.json"),
                                        *SMALL, *args])
     assert code == 2
@@ -65,7 +67,7 @@ def test_missing_checkpoint_exits_2(tmp_path: Path, capsys):
     assert "does not exist" in capsys.readouterr().err
 
 
-def test_val_and_cache_on_a_checkpoint_and_its_hf_export(runs, hf_exports, packed_val, tmp_path: Path,  # noqa: F811
+def test_val_and_cache_on_a_checkpoint_and_its_hf_export(runs, hf_exports, packed_val, tmp_path: Path,
                                                          isolated_streaming):
     """--tasks val,cache --val-all scores every validation sample; the cache control gives the same numbers on
     a Megatron checkpoint and on its HF export (same weights)."""

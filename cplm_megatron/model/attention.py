@@ -1,0 +1,131 @@
+"""Core attention through torch's `scaled_dot_product_attention` (SDPA) for the local layer spec.
+
+megatron-core's local `DotProductAttention` is unfused: it materialises `[b, heads/tp, s, s]` scores and keeps
+fp32 and 16-bit copies of the probabilities for the backward. `SDPAttention` has its constructor and forward
+signature (a drop-in `core_attention` submodule) and calls SDPA instead:
+
+* causal, no document mask: `is_causal=True` -- flash attention on CUDA (and torch's fused CPU kernel), no
+  `[s, s]` tensor at all;
+* `data.document_masking`: the `[b, 1, s, s]` boolean mask that the training step builds (True = masked) becomes
+  one additive bias per micro-batch, shared by every layer (cached by identity), and SDPA runs its
+  memory-efficient kernel on CUDA (no per-head scores kept) or the math/flash-CPU kernel on CPU: exact
+  block-diagonal causal attention;
+* GQA: key/value groups repeated to the local heads only where the kernel needs it (`enable_gqa` otherwise);
+* TP: local heads (heads/tp, groups/tp); SP and PP need nothing here (q/k/v arrive full-sequence);
+* attention dropout with the tensor-parallel RNG tracker, as DotProductAttention does.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+import torch
+import torch.nn.functional as F
+from megatron.core import tensor_parallel
+from megatron.core.transformer.enums import AttnMaskType
+from megatron.core.transformer.module import MegatronModule
+from megatron.core.utils import divide
+
+ATTENTION_IMPLS = ("auto", "sdpa", "megatron", "te")
+
+
+class SDPAttention(MegatronModule):
+    """DotProductAttention's interface (q/k/v `[s, b, heads, head_dim]` -> `[s, b, heads*head_dim]`) on SDPA."""
+
+    def __init__(
+        self,
+        config,
+        layer_number: int,
+        attn_mask_type: AttnMaskType,
+        attention_type: str,
+        attention_dropout: Optional[float] = None,
+        softmax_scale: Optional[float] = None,
+        cp_comm_type: Optional[str] = None,
+        pg_collection: Any = None,
+        **_unused: Any,
+    ):
+        super().__init__(config=config)
+        if config.context_parallel_size != 1:
+            raise ValueError("SDPA attention has no context parallelism; use parallel.cp=1 (or the TE layer spec)")
+        if getattr(config, "softmax_type", "vanilla") != "vanilla" or getattr(config, "window_size", None):
+            raise ValueError("SDPA attention supports the vanilla softmax without a sliding window")
+        self.layer_number = max(1, layer_number)
+        self.attn_mask_type = attn_mask_type
+        self.attention_type = attention_type
+        if pg_collection is None:
+            from megatron.core.process_groups_config import ProcessGroupCollection
+
+            pg_collection = ProcessGroupCollection.use_mpu_process_groups(required_pgs=["tp"])
+        self.pg_collection = pg_collection
+        self.tp_group = pg_collection.tp
+        tp = self.tp_group.size()
+        projection = config.kv_channels * config.num_attention_heads
+        self.hidden_size_per_partition = divide(projection, tp)
+        self.heads = divide(config.num_attention_heads, tp)
+        self.groups = divide(config.num_query_groups or config.num_attention_heads, tp)
+        # apply_query_key_layer_scaling divides the scores by layer_number and the softmax multiplies them back:
+        # the net scale is the plain one.
+        self.softmax_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(config.kv_channels)
+        self.dropout_p = config.attention_dropout if attention_dropout is None else attention_dropout
+
+    @staticmethod
+    def _mask_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Megatron's boolean mask (True = masked) -> SDPA's additive bias (0 / -inf), computed once per mask."""
+        cached = _SHARED_BIAS.get("entry")
+        if cached is not None and cached[0] is mask and cached[1] == dtype:
+            return cached[2]
+        bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(mask, float("-inf"))
+        _SHARED_BIAS["entry"] = (mask, dtype, bias)
+        return bias
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: Optional[torch.Tensor],
+        attn_mask_type: Optional[AttnMaskType] = None,
+        attention_bias: Optional[torch.Tensor] = None,
+        packed_seq_params: Any = None,
+        **_unused: Any,
+    ) -> torch.Tensor:
+        """q `[sq, b, heads, d]`, k/v `[sk, b, groups, d]`, mask `[b, 1, sq, sk]` bool (True = masked) or None."""
+        if packed_seq_params is not None or attention_bias is not None:
+            raise ValueError("SDPA attention takes an attention mask, not packed_seq_params or attention_bias")
+        mask_type = attn_mask_type if attn_mask_type is not None else self.attn_mask_type
+        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, heads|groups, s, d]
+        rep = self.heads // self.groups
+        kwargs: dict = {}
+        if attention_mask is not None:
+            kwargs["attn_mask"] = self._mask_bias(attention_mask, q.dtype)
+        else:
+            kwargs["is_causal"] = mask_type == AttnMaskType.causal and q.shape[2] > 1
+        if rep > 1:
+            if attention_mask is None:
+                kwargs["enable_gqa"] = True  # flash takes grouped k/v as they are
+            else:  # the memory-efficient kernel (masks) wants one k/v head per query head
+                k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        dropout = self.dropout_p if self.training else 0.0
+        if dropout and not self.config.sequence_parallel:
+            with tensor_parallel.get_cuda_rng_tracker().fork():
+                out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, scale=self.softmax_scale, **kwargs)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, scale=self.softmax_scale, **kwargs)
+        # [b, heads, sq, d] -> [sq, b, heads * d]
+        return out.permute(2, 0, 1, 3).reshape(out.shape[2], out.shape[0], self.hidden_size_per_partition)
+
+
+# The bias of the last mask seen, shared by every layer of every model chunk of this process (the step
+# passes one mask object to all layers of a micro-batch).
+_SHARED_BIAS: dict = {}
+
+
+def core_attention_class(impl: str):
+    """The core-attention module class for a resolved `model.attention_impl` ("sdpa" or "megatron")."""
+    if impl == "sdpa":
+        return SDPAttention
+    if impl == "megatron":
+        from megatron.core.transformer.dot_product_attention import DotProductAttention
+
+        return DotProductAttention
+    raise ValueError(f"no local core attention for model.attention_impl={impl!r}")
