@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 
 from tests.data_fixtures import load_tool
-from tests.evaluation.fixtures import packed_val  # noqa: F401  (the runs and exports: tests/trained_runs.py)
 
 pytestmark = pytest.mark.mcore  # the outcome depends on megatron-core (both CI legs)
 
