@@ -6,7 +6,8 @@
 * `stopped_run`: the same recipe stopped after 4 iterations (`train.exit_after_iters`, exit 75): checkpoints
   iter_0000003 and iter_0000004 (latest). Tests that resume or damage it copy it first (`copy_run`).
 * `runs` / `hf_exports`: a tiny baseline and CPLM pair on synthetic copy data and their HF exports
-  (tests/evaluation/runs.py), for the evaluation, HF and tool tests.
+  (tests/evaluation/runs.py), for the evaluation, HF and tool tests; `packed_val`, a validation set in their
+  vocabulary and sequence length.
 A test that modifies a run works on `copy_run(run, tmp_path)`, never on the shared directory.
 """
 from __future__ import annotations
@@ -65,3 +66,19 @@ def hf_exports(runs: dict[str, Path], tiny_corpus, tmp_path_factory: pytest.Temp
     from tests.evaluation.runs import shared_exports
 
     return shared_exports(tmp_path_factory.getbasetemp(), runs, tiny_corpus.tokenizer_dir)
+
+
+@pytest.fixture(scope="session")
+def packed_val(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A prepared dataset of short random documents (5-40 tokens), packed several to a sample of the pair's length."""
+    import torch
+
+    from tests.data_fixtures import synthetic_tokenizer, write_synthetic_dataset
+    from tests.evaluation.runs import SEQ_LEN, VOCAB
+
+    g = torch.Generator().manual_seed(7)
+    docs = [torch.randint(1, VOCAB, (int(torch.randint(5, 41, (1,), generator=g)),), generator=g).tolist()
+            for _ in range(80)]
+    path = tmp_path_factory.mktemp("packed-val")
+    write_synthetic_dataset(path, docs, SEQ_LEN, synthetic_tokenizer(VOCAB))
+    return path

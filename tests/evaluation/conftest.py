@@ -1,2 +1,2 @@
 """The evaluation fixtures (tests/evaluation/fixtures.py) for every test in this directory."""
-from tests.evaluation.fixtures import hf, megatron, packed_val  # noqa: F401
+from tests.evaluation.fixtures import hf, megatron  # noqa: F401

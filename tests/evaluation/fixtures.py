@@ -1,13 +1,10 @@
 """Fixtures of the evaluation tests: scorers of the session's trained pair and its HF exports (`runs`,
-`hf_exports`: tests/trained_runs.py), a packed validation set. Imported by tests/evaluation/conftest.py."""
+`hf_exports`: tests/trained_runs.py). Imported by tests/evaluation/conftest.py."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-
-from tests.data_fixtures import synthetic_tokenizer, write_synthetic_dataset
-from tests.evaluation.runs import SEQ_LEN, VOCAB
 
 
 @pytest.fixture(scope="module")
@@ -25,16 +22,3 @@ def hf(hf_exports: dict[str, Path]):
     from cplm_megatron.evaluation.scorers import HFScorer
 
     return {name: HFScorer.load(path) for name, path in hf_exports.items()}
-
-
-@pytest.fixture(scope="session")
-def packed_val(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A prepared dataset of short random documents (5-40 tokens), packed several to a 64-token sample."""
-    import torch
-
-    g = torch.Generator().manual_seed(7)
-    docs = [torch.randint(1, VOCAB, (int(torch.randint(5, 41, (1,), generator=g)),), generator=g).tolist()
-            for _ in range(80)]
-    path = tmp_path_factory.mktemp("packed-val")
-    write_synthetic_dataset(path, docs, SEQ_LEN, synthetic_tokenizer(VOCAB))
-    return path

@@ -64,3 +64,22 @@ def test_errors_exit_2_with_the_fix(runs, tmp_path: Path, capsys, args, message)
 def test_missing_checkpoint_exits_2(tmp_path: Path, capsys):
     assert load_tool("evaluate").main(["--checkpoint", str(tmp_path / "none"), "--output", str(tmp_path / "x.json")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+def test_val_and_cache_on_a_checkpoint_and_its_hf_export(runs, hf_exports, packed_val, tmp_path: Path,
+                                                         isolated_streaming):
+    """--tasks val,cache --val-all scores every validation sample; the cache control gives the same numbers on
+    a Megatron checkpoint and on its HF export (same weights)."""
+    data = ["--data", str(packed_val), "--dev-data", str(packed_val), "--val-all"]
+    results = {}
+    for source in (["--checkpoint", str(runs["baseline"])], ["--hf", str(hf_exports["baseline"])]):
+        out = tmp_path / f"{source[0][2:]}.json"
+        assert load_tool("evaluate").main([*source, "--tasks", "val,cache", "--output", str(out), *SMALL, *data]) == 0
+        results[source[0]] = json.loads(out.read_text())["tasks"]
+    mega, hf = results["--checkpoint"], results["--hf"]
+    assert mega["val"]["details"]["sequences"] == mega["val"]["details"]["samples_available"] > 4  # not --limit 4
+    assert mega["cache"]["details"]["tokens"] == mega["val"]["details"]["tokens"]
+    # two fp32 backends (see test_scorers.py BACKEND_ATOL): ~1e-5 on log-probs and hidden states; the cache's
+    # scores theta h.h (theta ||h||^2 <= 32) magnify a hidden-state error ~30x -> 1e-3 relative on the losses
+    for metric in ("model_val_loss", "cache_val_loss"):
+        assert hf["cache"]["metrics"][metric] == pytest.approx(mega["cache"]["metrics"][metric], rel=1e-3)
