@@ -6,10 +6,12 @@ One process per device, launched by torchrun or srun:
   torchrun --nproc_per_node 2 pretrain/pretrain_cplm.py --config configs/tiny.yaml \\
       --set parallel.tp=2 train.iters=50 run.dir=runs/x
 
-Exit codes: 0 done; 75 stopped early with a checkpoint (SIGTERM/SIGUSR1 or train.exit_after_iters):
-relaunch the same command to resume from run.dir/checkpoints/latest; 2 bad input (config, data,
-checkpoint: one line on stderr naming the fix); 1 failure. torchrun turns every worker exit code
-other than 0 into 1: launch with pretrain/launch_torchrun.py to keep 75 and 2.
+Exit codes: 0 done; 75 stopped early with a checkpoint (Ctrl-C/SIGINT, SIGTERM, SIGUSR1 or
+train.exit_after_iters): relaunch the same command to resume from run.dir/checkpoints/latest; a second
+Ctrl-C stops at once (130); 2 bad input (config, data, checkpoint, disk, memory: one line on stderr naming
+the fix; nothing in run.dir written or deleted); 1 failure (one `error:` line; helper processes are
+stopped). torchrun turns every worker exit code other than 0 into 1: launch with
+pretrain/launch_torchrun.py to keep 75 and 2.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import sys
 from typing import List, Optional
 
 from cplm_megatron.training.exit_status import BAD_INPUT_EXIT_CODE, record_exit_status
-from cplm_megatron.training.signals import defer_stop_signals
+from cplm_megatron.training.signals import RESUME_EXIT_CODE, defer_stop_signals, kill_descendants
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
@@ -51,11 +53,12 @@ def run(args: argparse.Namespace) -> int:
             yaml.safe_dump(cfg.to_dict(), buf, sort_keys=False)
             print(buf.getvalue())
             return 0
+        from cplm_megatron.training.checkpointing import CheckpointWriterDied
         from cplm_megatron.training.trainer import NonFiniteLossError, train
 
         try:
             return train(cfg)
-        except NonFiniteLossError as e:
+        except (NonFiniteLossError, CheckpointWriterDied) as e:
             print(f"error: {e}", file=sys.stderr, flush=True)
             return 1
     except UserError as e:
@@ -64,7 +67,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    defer_stop_signals()  # before the heavy imports: a stop signal during start-up is not lost
+    import signal
+
+    mask = defer_stop_signals()  # before the heavy imports: a stop signal during start-up is not lost
     code = 1  # an exception escaping is a failure
     try:
         code = run(parse_args(argv))
@@ -73,8 +78,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         raise
     finally:
         record_exit_status(code)  # for pretrain/launch_torchrun.py (torchrun reports only 0 or 1)
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # for an in-process caller (tests)
     return code
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_code = main()
+    if exit_code not in (0, BAD_INPUT_EXIT_CODE, RESUME_EXIT_CODE):
+        kill_descendants()  # a failed run leaves no helper process behind (a dead writer's orphaned workers)
+    sys.exit(exit_code)

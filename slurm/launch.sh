@@ -11,7 +11,11 @@
 # the step runs). USR1 (the time-limit warning, `#SBATCH --signal=B:USR1@...`) and TERM reaching
 # this shell are forwarded to the step as USR1: the training checkpoints at the next step boundary
 # and exits 75 ("resume me"); this script then requeues the job (`scontrol requeue`), and the
-# restarted job resumes from <run.dir>/checkpoints/latest. Any other exit code ends the job.
+# restarted job resumes from the newest complete checkpoint (`latest`, or a checkpoint that committed
+# before a crash could move `latest`). Any other exit code ends the job: 2 (refused: bad config, data,
+# checkpoint, disk or memory; the run directory is left unchanged, this launcher's log stays in $TMPDIR)
+# needs a fix before a resubmission, 1 is a failure. The step's output is teed into a log in $TMPDIR
+# and appended to <run.dir>/logs/slurm-<job id>.log once the step was not refused.
 #
 # Python environment hooks (CPLM_ENV_SETUP combines with the others):
 #   CPLM_ENV_SETUP=FILE      bash file sourced first (module loads, exports, your own activation)
@@ -38,7 +42,7 @@ set -euo pipefail
 readonly RESUME_EXIT_CODE=75
 readonly USR1_EXIT_CODE=$((128 + 10))  # a task killed by SIGUSR1 (a signal that came before its handler)
 REPO=$(cd "$(dirname "$(readlink -f "${BASH_SOURCE[0]}")")/.." && pwd)
-RUN_LOG=""          # <run.dir>/logs/slurm-<job id>.log once the run directory exists
+RUN_LOG=""          # this launch's log: in $TMPDIR while the step runs, then <run.dir>/logs/slurm-<job id>.log
 STOP_SIGNAL=""      # the first stop signal this shell received
 STEP_PID=""         # srun's pid while the training step runs
 STEP_RC=0           # the training step's exit status
@@ -155,7 +159,22 @@ on_signal() {
   fi
 }
 
+# Appends this launch's log to <run.dir>/logs/ (not after a refusal: the run directory stays as it was).
+keep_log() {
+  local rc=$1 final="$RUN_DIR/logs/slurm-$SLURM_JOB_ID.log"
+  if [ -z "$RUN_LOG" ] || [ "$RUN_LOG" = "$final" ]; then return 0; fi
+  if [ "$rc" -eq 2 ]; then
+    log "the run directory $RUN_DIR is unchanged; this launch's log: $RUN_LOG"
+    return 0
+  fi
+  if mkdir -p "$RUN_DIR/logs" && cat "$RUN_LOG" >> "$final"; then
+    rm -f "$RUN_LOG"
+    RUN_LOG=$final
+  fi
+}
+
 requeue_or_exit() {
+  keep_log "$RESUME_EXIT_CODE"
   if [ "${CPLM_REQUEUE:-1}" = 0 ]; then
     log "CPLM_REQUEUE=0: not requeueing; resubmit the same command to resume from the checkpoint"
     exit "$RESUME_EXIT_CODE"
@@ -165,7 +184,7 @@ requeue_or_exit() {
     log "job restarted $restarts times (CPLM_MAX_REQUEUES=${CPLM_MAX_REQUEUES:-100}): not requeueing again"
     exit "$RESUME_EXIT_CODE"
   fi
-  log "requeueing job $SLURM_JOB_ID (restart $((restarts + 1))): it resumes from $RUN_DIR/checkpoints/latest"
+  log "requeueing job $SLURM_JOB_ID (restart $((restarts + 1))): it resumes from the newest complete checkpoint in $RUN_DIR/checkpoints"
   if ! scontrol requeue "$SLURM_JOB_ID"; then
     log "error: 'scontrol requeue $SLURM_JOB_ID' failed (job submitted without --requeue, or being cancelled); resubmit the same command to resume"
   fi
@@ -175,7 +194,7 @@ requeue_or_exit() {
 print_dry_run() {
   echo "[dry-run] working directory: $REPO"
   echo "[dry-run] python environment: $ENV_DESC ($PYTHON)"
-  echo "[dry-run] run directory: ${RUN_DIR:-<not resolved>} (step output also appended to <run.dir>/logs/slurm-<job id>.log)"
+  echo "[dry-run] run directory: ${RUN_DIR:-<not resolved>} (step output also appended to <run.dir>/logs/slurm-<job id>.log unless the step refuses its input)"
   if [ -z "${SLURM_JOB_ID:-}" ]; then echo "[dry-run] not inside a SLURM job: MASTER_ADDR/PORT are placeholders"; fi
   echo "[dry-run] environment:"
   local var
@@ -225,6 +244,14 @@ run_step() {
 # Ends the job according to the step's exit status: done, requeue, or failure.
 finish() {
   local rc=$1
+  if [ "$rc" -eq 2 ]; then
+    log "training refused its input (exit 2, the error line above names the fix): not requeueing; fix it and resubmit"
+    keep_log 2
+    exit 2
+  fi
+  if [ "$rc" -ne "$RESUME_EXIT_CODE" ] && ! { [ -n "$STOP_SIGNAL" ] && [ "$rc" -eq "$USR1_EXIT_CODE" ]; }; then
+    keep_log "$rc"
+  fi
   if [ "$rc" -eq 0 ]; then
     log "training finished"
     exit 0
@@ -271,8 +298,7 @@ main() {
     exit 0
   fi
 
-  mkdir -p "$RUN_DIR/logs"
-  RUN_LOG="$RUN_DIR/logs/slurm-$SLURM_JOB_ID.log"
+  RUN_LOG=$(mktemp "${TMPDIR:-/tmp}/cplm-launch-$SLURM_JOB_ID.XXXXXX.log")  # moved into run.dir/logs by keep_log
   log "job $SLURM_JOB_ID restart ${SLURM_RESTART_COUNT:-0} on ${SLURM_JOB_NODELIST}: ${SLURM_NTASKS:-?} tasks," \
       "rendezvous $MASTER_ADDR:$MASTER_PORT, python from $ENV_DESC, run dir $RUN_DIR"
   if [ -n "$STOP_SIGNAL" ]; then

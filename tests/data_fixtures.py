@@ -5,19 +5,17 @@
 * `tiny_corpus` (session): a 512-token BPE and a seq_len-64 dataset over ~300 KB of stdlib sources.
 * `stdlib_corpus` (session): `make data`'s data/stdlib when complete, else a capped build.
 * `write_synthetic_dataset`: a real packed dataset from given token-id documents.
-* `run_processes`: run a function in N spawned processes joined by a gloo process group, with no
-  RANK/WORLD_SIZE/LOCAL_* environment (the data layer must not need it) and without importing
-  megatron (fast).
+* `run_processes`: run a function in N processes joined by a gloo process group, with no
+  RANK/WORLD_SIZE/LOCAL_* environment (the data layer must not need it); tests/harness.py.
 """
 from __future__ import annotations
 
 import importlib.util
 import os
-import pickle
 import re
-import socket
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -46,16 +44,25 @@ def _streaming_segments() -> set[str]:
     return {p.name for p in SHM_DIR.iterdir() if _STREAMING_SHM.match(p.name)} if SHM_DIR.is_dir() else set()
 
 
+@contextmanager
+def streaming_segments_removed() -> Iterator[None]:
+    """Remove the /dev/shm segments streaming created inside the block (processes of a module fixture)."""
+    before = _streaming_segments()
+    try:
+        yield
+    finally:
+        for name in _streaming_segments() - before:
+            (SHM_DIR / name).unlink(missing_ok=True)
+
+
 @pytest.fixture
 def isolated_streaming(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """Private temp dir for this test's streaming state; its new /dev/shm segments are removed after."""
     tmp = tmp_path_factory.mktemp("streaming-tmp")
     monkeypatch.setenv("TMPDIR", str(tmp))
     monkeypatch.setattr(tempfile, "tempdir", str(tmp))
-    before = _streaming_segments()
-    yield tmp
-    for name in _streaming_segments() - before:
-        (SHM_DIR / name).unlink(missing_ok=True)
+    with streaming_segments_removed():
+        yield tmp
 
 
 @dataclass(frozen=True)
@@ -149,33 +156,9 @@ def subprocess_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _process_entry(rank: int, fn: Callable, world_size: int, port: int, out_dir: str, args: tuple) -> None:
-    import torch
-    import torch.distributed as dist
-
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
-    result = fn(rank, *args)
-    with open(os.path.join(out_dir, f"{rank}.pkl"), "wb") as f:
-        pickle.dump(result, f)
-    dist.destroy_process_group()
-
-
 def run_processes(fn: Callable, world_size: int, *args: object) -> list:
-    """fn(rank, *args) in `world_size` processes (default process group initialized); their results.
-    A failing rank raises here with its traceback (torch.multiprocessing stops the others)."""
-    import torch.multiprocessing as mp
+    """fn(rank, *args) in `world_size` processes with a gloo default group and no RANK/WORLD_SIZE/LOCAL_*
+    environment (tests/harness.py)."""
+    from tests.harness import run_processes as run
 
-    with tempfile.TemporaryDirectory() as out_dir:
-        mp.spawn(_process_entry, args=(fn, world_size, _free_port(), out_dir, args), nprocs=world_size, join=True)
-        results = []
-        for rank in range(world_size):
-            with open(os.path.join(out_dir, f"{rank}.pkl"), "rb") as f:
-                results.append(pickle.load(f))
-        return results
+    return run(fn, world_size, *args)

@@ -7,11 +7,14 @@
   .venv/bin/python tools/ablate.py --study --smoke --output runs/study     # 3 arms x 2 seeds, a few steps (CI)
   .venv/bin/python tools/ablate.py --study-table runs/study/summary.json   # the README's table
 
---study trains every arm (baseline, mixture, aux0.5, aux1, decoupled) x seed x scale (tiny: hidden 64 x 4
-layers, vocab 4096; 4x: hidden 128 x 8 layers, vocab 8192; corpora built under --data-root when missing),
-2 single-threaded runs at a time, reusing finished runs; then applies the study's decision rule, runs
-SpamLang at vocabulary 131072 (hidden 64 and 128) for baseline vs the chosen default, and writes
-OUTPUT/summary.json, OUTPUT/report.md and plots with error bands.
+--study trains every active arm (baseline, mixture, aux1, aux1+copy, sentinel, sentinel+aux1; the retired
+aux0.5 and decoupled run only when named in --arms) x seed x scale (tiny: hidden 64 x 4 layers, vocab 4096;
+4x: hidden 128 x 8 layers, vocab 8192; corpora with train/dev/val splits built under --data-root when
+missing), 2 single-threaded runs at a time, reusing finished runs; evaluates each on every validation
+sample (document intervals) and the baselines with the continuous-cache control (baseline+cache, tuned on
+dev); then applies the study's decision rule (a default changes only beyond the paired interval;
+provisional until the planned grid is complete), runs SpamLang at vocabulary 131072 (hidden 64 and 128)
+for baseline vs the chosen default, and writes OUTPUT/summary.json, OUTPUT/report.md and plots.
 
 Experiments (each a baseline/CPLM pair that differs only in `copy_head.enabled`):
   corpus    the embedded corpus (--data, `make data`): hidden 64, vocab 4096; val loss, copy, passkey, gradient
@@ -31,7 +34,7 @@ import sys
 from pathlib import Path
 
 from cplm_megatron.evaluation.ablation import JobResult, Settings
-from cplm_megatron.evaluation.multiseed import ARMS, SCALES, StudySettings
+from cplm_megatron.evaluation.multiseed import ACTIVE_ARMS, ARMS, SCALES, StudySettings
 from cplm_megatron.evaluation.multiseed_report import headline_table, readme_block
 from cplm_megatron.evaluation.study import SpamLangSettings, run_ablation, run_recipe_study
 
@@ -67,7 +70,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     study = p.add_argument_group("recipe study (--study)")
     study.add_argument("--study", action="store_true", help="the multi-seed, two-scale recipe study")
     study.add_argument("--smoke", action="store_true", help="with --study: every arm, 2 seeds, tiny scale, a few steps")
-    study.add_argument("--arms", help=f"comma-separated arms (default: all: {','.join(ARMS)})")
+    study.add_argument("--arms", help=f"comma-separated arms (default: {','.join(ACTIVE_ARMS)}; also: "
+                                      f"{','.join(a for a in ARMS if a not in ACTIVE_ARMS)})")
     study.add_argument("--seeds", type=_ints, help="seeds (default 1,2,3)")
     study.add_argument("--scales", help=f"comma-separated scales (default: {','.join(SCALES)})")
     study.add_argument("--data-root", default="data", help="where the study's corpora are (built when missing)")
@@ -109,7 +113,10 @@ def main_study(args: argparse.Namespace, argv: list[str]) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 1
     print(headline_table(outcome.summary))
-    print(f"[study] default: {outcome.summary['decision']['default']} — {outcome.summary['decision']['reason']}")
+    decision = outcome.summary["decision"]
+    status = (f"provisional: {decision['planned_runs_missing']} of {decision['planned_runs']} planned runs missing"
+              if decision.get("provisional") else "the planned grid is complete")
+    print(f"[study] default: {decision['default']} ({status}) — {decision['reason']}")
     print(f"[study] report: {outcome.report}; summary: {outcome.summary_json}")
     return 0
 

@@ -3,9 +3,11 @@
 
     python tools/build_stdlib_corpus.py --output data/stdlib [--vocab-size 4096] [--seq-len 256]
 
-Writes DIR/tokenizer (byte-level BPE trained on the training modules), DIR/train and DIR/val
-(packed MDS datasets with manifests; ~5% of modules, chosen by a hash of the module name, are
-validation). Idempotent: a rerun on the same interpreter does nothing.
+Writes DIR/tokenizer (byte-level BPE trained on the training modules), DIR/train, DIR/dev and
+DIR/val (packed MDS datasets with manifests; ~5% of modules each, chosen by a hash of the module
+name, are validation and dev; generated and near-duplicate modules stay in train) and DIR/split.json
+(what moved to train and why; the fraction of validation 32-token windows found verbatim in
+training). Idempotent: a rerun on the same interpreter does nothing.
 """
 from __future__ import annotations
 
@@ -15,8 +17,10 @@ import sys
 import time
 
 from cplm_megatron.data.stdlib_corpus import (
+    DEFAULT_DEV_FRACTION,
     DEFAULT_MAX_BYTES,
     DEFAULT_VAL_FRACTION,
+    NEAR_DUPLICATE_FRACTION,
     build_stdlib_corpus,
 )
 
@@ -30,6 +34,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-bytes", type=int, default=DEFAULT_MAX_BYTES,
                         help="cap on source bytes (a deterministic subset is taken above it)")
     parser.add_argument("--val-fraction", type=float, default=DEFAULT_VAL_FRACTION)
+    parser.add_argument("--dev-fraction", type=float, default=DEFAULT_DEV_FRACTION,
+                        help="share of modules in the dev split (tuning; 0: none)")
+    parser.add_argument("--near-duplicate", type=float, default=NEAR_DUPLICATE_FRACTION,
+                        help="a held-out module sharing this fraction of its 16-word shingles with train moves to train")
     parser.add_argument("--workers", type=int, default=None, help="tokenizer processes (default: min(4, cores))")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")
     return parser.parse_args(argv)
@@ -42,7 +50,11 @@ def main(argv: list[str] | None = None) -> int:
     corpus = build_stdlib_corpus(
         args.output, vocab_size=args.vocab_size, seq_len=args.seq_len, max_bytes=args.max_bytes,
         val_fraction=args.val_fraction, workers=args.workers, show_progress=not args.quiet,
+        dev_fraction=args.dev_fraction, near_duplicate=args.near_duplicate,
     )
+    parts = [("train", corpus.train_dir, corpus.train), ("val", corpus.val_dir, corpus.val)]
+    if corpus.dev is not None:
+        parts.append(("dev", corpus.dev_dir, corpus.dev))
     summary = {
         "status": "built" if corpus.rebuilt else "up to date",
         "output": str(corpus.root),
@@ -51,8 +63,10 @@ def main(argv: list[str] | None = None) -> int:
         **{
             split: {"path": str(path), "files": len(m.source_files), "documents": m.documents,
                     "tokens": m.tokens, "samples": m.samples}
-            for split, path, m in (("train", corpus.train_dir, corpus.train), ("val", corpus.val_dir, corpus.val))
+            for split, path, m in parts
         },
+        "moved_to_train": len(corpus.split["moved_to_train"]),
+        "verbatim_overlap": {k: v["fraction_in_train"] for k, v in corpus.split["verbatim_overlap"].items()},
     }
     print(json.dumps(summary, indent=2))
     return 0

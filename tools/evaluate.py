@@ -7,8 +7,10 @@
 
 --checkpoint takes a run dir (its checkpoints/latest), a checkpoints/ dir or one checkpoints/iter_*
 dir; --hf an exported directory (tools/convert_to_hf.py). Tasks: val (loss/perplexity on --data or
-the run's validation streams), copy, passkey, spamlang, gradient, lm-eval (HF only), or `all` (every
-task but lm-eval). Writes the results as JSON to --output and prints a table.
+the run's validation streams, with a 95% interval over documents), copy, passkey, spamlang, gradient,
+cache (the model + a continuous cache, Grave et al. 2017, lambda/theta tuned on --dev-data, default
+the dev/ split beside the validation data), lm-eval (HF only), or `all` (every task but lm-eval and
+cache). Writes the results as JSON to --output and prints a table.
 """
 from __future__ import annotations
 
@@ -42,10 +44,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--checkpoint", help="Megatron run dir, checkpoints/ dir or checkpoints/iter_* dir")
     source.add_argument("--hf", help="exported Hugging Face model directory")
-    p.add_argument("--tasks", default="all", help="comma-separated: val,copy,passkey,spamlang,gradient,lm-eval "
-                                                  "or all (default: all but lm-eval)")
+    p.add_argument("--tasks", default="all", help="comma-separated: val,copy,passkey,spamlang,gradient,cache,"
+                                                  "lm-eval or all (default: all but lm-eval and cache)")
     p.add_argument("--output", required=True, help="results JSON file")
     p.add_argument("--data", help="prepared dataset dir for val (default: the run's data.val_streams)")
+    p.add_argument("--dev-data", help="prepared dataset to tune the cache task's lambda/theta on (default: the dev/ "
+                                      "beside the validation data)")
+    p.add_argument("--val-all", action="store_true", help="val and cache score every validation sample whatever "
+                                                          "--limit says")
     p.add_argument("--limit", type=int, help=f"sequences per task (passkey: per cell); default {DEFAULT_LIMITS}")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--seed", type=int, default=0, help="offset of the synthetic tasks' sample seed")
@@ -71,6 +77,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def options_from_args(args: argparse.Namespace) -> EvalOptions:
     return EvalOptions(
         batch_size=args.batch_size, limit=args.limit, seed=args.seed, data=args.data,
+        dev_data=args.dev_data, val_all=args.val_all,
         copy_length=args.copy_length, spamlang_length=args.spamlang_length,
         passkey_lengths=tuple(args.passkey_lengths), passkey_depths=tuple(args.passkey_depths),
         gradient_source=args.gradient_source, lm_eval_tasks=args.lm_eval_tasks,
@@ -118,8 +125,16 @@ def run(args: argparse.Namespace, tasks: list[str], options: EvalOptions) -> dic
         return evaluate_checkpoints(args.checkpoint, tasks, options, include_initial=args.include_initial)
     if args.hf:
         return evaluate(HFScorer.load(args.hf), tasks, options)
+    from cplm_megatron.training.checkpoint_lookup import read_live
+
     with single_process_megatron():
-        return evaluate(MegatronScorer.load(args.checkpoint), tasks, options)
+        # a run still training may prune the checkpoint while it loads: then the newest complete one is used
+        scorer = read_live(Path(args.checkpoint), lambda ref: MegatronScorer.load(ref.path), say=_say)
+        return evaluate(scorer, tasks, options)
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

@@ -20,13 +20,38 @@ from cplm_megatron.errors import ConfigError
 T = TypeVar("T")
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses a key given twice in one mapping (YAML keeps the last one silently)."""
+
+    def construct_mapping(self, node, deep=False):  # noqa: ANN001 - PyYAML's signature
+        seen: Dict[Any, Any] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                mark = key_node.start_mark
+                raise ConfigError(f"{mark.name}:{mark.line + 1}:{mark.column + 1}: key {key!r} is given twice "
+                                  f"(first at line {seen[key].line + 1}); keep one of them")
+            seen[key] = key_node.start_mark
+        return super().construct_mapping(node, deep=deep)
+
+
 def read_yaml(path: Union[str, Path]) -> Dict[str, Any]:
-    """Read a YAML mapping (empty file -> {})."""
+    """Read a YAML mapping (empty file -> {}); a syntax error or a duplicated key is a ConfigError
+    naming the file, line and column."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file not found: {path}")
     with open(path) as f:
-        data = yaml.safe_load(f) or {}
+        try:
+            data = yaml.load(f, Loader=_StrictLoader) or {}  # noqa: S506 - a SafeLoader subclass
+        except yaml.MarkedYAMLError as e:
+            mark = e.problem_mark or e.context_mark
+            where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
+            problem = " ".join(str(x) for x in (e.context, e.problem) if x)
+            hint = " (YAML indents with spaces, not tabs)" if "\\t" in problem else ""
+            raise ConfigError(f"{where}: invalid YAML: {problem}{hint}") from None
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{path}: invalid YAML: {str(e).splitlines()[0]}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: top level must be a mapping, got {type(data).__name__}")
     return data

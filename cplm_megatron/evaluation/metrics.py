@@ -52,3 +52,88 @@ class TokenTally:
     @property
     def perplexity(self) -> float:
         return math.exp(min(self.loss, 50.0)) if self.count else float("nan")
+
+
+def document_index(tokens: torch.Tensor, eod_id: int, offset: int) -> tuple[torch.Tensor, int]:
+    """Global document number [b, s] of every input position of consecutive packed rows, and the next offset.
+
+    Rows of one unshuffled pass tile the EOD-separated stream (sample i's tokens are stream[i*S:(i+1)*S]),
+    so a position's document is the number of EODs before it in the stream (an EOD belongs to the
+    document it ends)."""
+    is_eod = (tokens == eod_id).long().flatten()
+    before = torch.cumsum(is_eod, 0) - is_eod
+    return (before + offset).view_as(tokens), offset + int(is_eod.sum())
+
+
+@dataclass
+class DocumentTally:
+    """NLL sums and token counts per document, for intervals that resample documents (not tokens)."""
+
+    nll: dict[int, float]
+    count: dict[int, int]
+
+    @classmethod
+    def empty(cls) -> DocumentTally:
+        return cls({}, {})
+
+    def add(self, log_probs: torch.Tensor, labels: torch.Tensor, select: torch.Tensor, documents: torch.Tensor) -> None:
+        """Add the selected positions' NLL to their documents ([b, s] documents from `document_index`)."""
+        select = select.bool()
+        self.add_nll(-target_log_probs(log_probs, labels).double(), select, documents)
+
+    def add_nll(self, nll: torch.Tensor, select: torch.Tensor, documents: torch.Tensor) -> None:
+        """Add per-position NLL [b, s] (already computed) at the selected positions."""
+        docs = documents[select.bool()]
+        values = nll[select.bool()].double()
+        for doc, total, n in zip(*_group_sums(docs, values)):
+            self.nll[doc] = self.nll.get(doc, 0.0) + total
+            self.count[doc] = self.count.get(doc, 0) + n
+
+    def arrays(self, order: list[int] | None = None) -> tuple[list[float], list[int], list[int]]:
+        """(nll sums, counts, document numbers) in `order` (default: sorted documents)."""
+        docs = sorted(self.nll) if order is None else order
+        return [self.nll[d] for d in docs], [self.count[d] for d in docs], docs
+
+    @property
+    def loss(self) -> float:
+        total = sum(self.count.values())
+        return sum(self.nll.values()) / total if total else float("nan")
+
+
+def _group_sums(docs: torch.Tensor, values: torch.Tensor) -> tuple[list[int], list[float], list[int]]:
+    unique, inverse = torch.unique(docs, return_inverse=True)
+    sums = torch.zeros(len(unique), dtype=torch.float64).index_add_(0, inverse, values)
+    counts = torch.zeros(len(unique), dtype=torch.long).index_add_(0, inverse, torch.ones_like(inverse))
+    return unique.tolist(), sums.tolist(), counts.tolist()
+
+
+BOOTSTRAP_SAMPLES = 2000
+BOOTSTRAP_SEED = 12345
+
+
+def bootstrap_ratio_ci(nll: list[float], count: list[int], level: float = 0.95, samples: int = BOOTSTRAP_SAMPLES,
+                       seed: int = BOOTSTRAP_SEED) -> tuple[float, float]:
+    """Percentile interval of sum(nll)/sum(count) when documents are resampled with replacement."""
+    import numpy as np
+
+    nll_a, count_a = np.asarray(nll, dtype=np.float64), np.asarray(count, dtype=np.float64)
+    if nll_a.size == 0:
+        return float("nan"), float("nan")
+    idx = np.random.default_rng(seed).integers(0, nll_a.size, size=(samples, nll_a.size))
+    ratios = nll_a[idx].sum(axis=1) / np.maximum(count_a[idx].sum(axis=1), 1.0)
+    alpha = (1.0 - level) / 2
+    return float(np.quantile(ratios, alpha)), float(np.quantile(ratios, 1 - alpha))
+
+
+def bootstrap_paired_ci(nll_a: list[float], nll_b: list[float], count: list[int], level: float = 0.95,
+                        samples: int = BOOTSTRAP_SAMPLES, seed: int = BOOTSTRAP_SEED) -> tuple[float, float, float]:
+    """(difference, low, high) of loss(a) - loss(b) on the same documents (the same tokens), documents resampled."""
+    import numpy as np
+
+    a, b, n = (np.asarray(x, dtype=np.float64) for x in (nll_a, nll_b, count))
+    if a.size == 0:
+        return float("nan"), float("nan"), float("nan")
+    idx = np.random.default_rng(seed).integers(0, a.size, size=(samples, a.size))
+    diffs = (a[idx].sum(axis=1) - b[idx].sum(axis=1)) / np.maximum(n[idx].sum(axis=1), 1.0)
+    alpha = (1.0 - level) / 2
+    return float((a.sum() - b.sum()) / n.sum()), float(np.quantile(diffs, alpha)), float(np.quantile(diffs, 1 - alpha))

@@ -19,7 +19,7 @@ from cplm_megatron.evaluation.multiseed import SCALES
 README_BEGIN = "<!-- study-table:begin (generated from benchmarks/results/study_cpu/summary.json) -->"
 README_END = "<!-- study-table:end -->"
 ARM_COLORS = {"baseline": "tab:blue", "mixture": "tab:gray", "aux0.5": "tab:orange", "aux1": "tab:red",
-              "decoupled": "tab:green"}
+              "decoupled": "tab:green", "aux1+copy": "tab:purple", "sentinel": "tab:brown", "sentinel+aux1": "tab:pink"}
 
 
 def _pm(stats: dict[str, Any], digits: int = 3) -> str:
@@ -83,10 +83,44 @@ def _per_seed_table(scale: dict[str, Any]) -> list[str]:
 
 
 def _gradient_table(scale: dict[str, Any]) -> list[str]:
-    lines = ["| arm | logit gradient outside the LM head's span | copy head's share of dL/dh |", "|---|---:|---:|"]
+    lines = ["| arm | logit gradient outside the LM head's span | chance sqrt(1 - d/V) | retained energy / chance "
+             "(d/V) | copy head's share of dL/dh (norms) | copy path's projection share <g_copy, g>/‖g‖² | "
+             "cos(g_copy, g_lm) |", "|---|---:|---:|---:|---:|---:|---:|"]
     for arm, data in scale["arms"].items():
         ms = data["mean_std"]
-        lines.append(f"| {arm} | {_pm(ms['logit_grad_outside_span'], 4)} | {_pm(ms['copy_grad_share'])} |")
+        get = (lambda k, d=3, ms=ms: _pm(ms.get(k, {}), d))  # noqa: E731
+        lines.append(f"| {arm} | {get('logit_grad_outside_span', 4)} | {get('logit_grad_outside_span_chance', 4)} | "
+                     f"{get('retained_over_chance', 2)} | {get('copy_grad_share')} | {get('copy_grad_projection')} | "
+                     f"{get('copy_lm_grad_cosine')} |")
+    return lines
+
+
+def _interval(stats: dict[str, Any] | None) -> str:
+    """'+m [lo, hi] (n seeds)' of a paired t-interval ('–' when missing)."""
+    if not stats or stats.get("mean") is None:
+        return "–"
+    if stats.get("ci_low") is None:
+        return f"{stats['mean']:+.3f} (no interval: {stats.get('n', 0)} seed)"
+    return f"{stats['mean']:+.3f} [{stats['ci_low']:+.3f}, {stats['ci_high']:+.3f}]"
+
+
+def _controls_table(scale: dict[str, Any]) -> list[str]:
+    """The cache control beside every arm, the FLOPs efficiency and the paired intervals."""
+    cache = scale.get("cache_control")
+    lines = ["| arm | val loss (mean ± std) | Δ vs baseline, 95% paired interval | Δ vs baseline+cache, 95% paired "
+             "interval | tokens to baseline's loss | training FLOPs to baseline's loss | copy acc.: mixture / copy head "
+             "alone / mean gate |", "|---|---:|---:|---:|---:|---:|---:|"]
+    seeds = len(scale["seeds"])
+    if cache:
+        lines.append(f"| baseline+cache (evaluation only) | {_pm(cache['mean_std']['val_loss'])} | "
+                     f"{_interval(cache['paired_vs_baseline']['val_loss'])} | – | – | – | – |")
+    for arm, data in scale["arms"].items():
+        ms = data["mean_std"]
+        base = "–" if arm == "baseline" else _interval(data["paired_vs_baseline"]["val_loss"])
+        vs_cache = _interval(scale.get("vs_cache", {}).get(arm))
+        copy_cells = " / ".join(_pm(ms.get(k, {})) for k in ("copy_accuracy", "copy_head_accuracy", "copy_mean_gate"))
+        lines.append(f"| {arm} | {_pm(ms['val_loss'])} | {base} | {vs_cache} | {_efficiency(ms['efficiency'], seeds)} | "
+                     f"{_efficiency(ms.get('efficiency_flops', {'n': 0}), seeds)} | {copy_cells} |")
     return lines
 
 
@@ -111,18 +145,28 @@ def write_study_report(output: Path, summary: dict[str, Any], spamlang: list[dic
         f"Command: `{summary.get('command', '')}`; wall time {summary.get('wall_seconds', 0) / 60:.0f} min "
         f"on 2 CPU cores (2 single-threaded runs at a time).", "",
         "Every run of a seed and scale shares the backbone initialization and the data order; arms differ only in "
-        "the copy head and its training objective. Val loss: the trainer's last validation (128 sequences x 256 "
-        "tokens, the same for every arm of a seed) of the model's full distribution (the mixture for CPLM); "
-        "LM-head val loss: the LM head's own distribution on the same batches. Copy/passkey/gradient: "
-        "`tools/evaluate.py` on the last checkpoint. Efficiency: fraction of the baseline's training tokens at "
-        "which the run first reaches the baseline's final val loss (< 1: faster). Mean ± sample std over seeds; "
-        "Δ: paired difference vs the baseline of the same seed, (k/n) = better in k of n seeds.", "",
+        "the copy head and its training objective. Val loss: `tools/evaluate.py --tasks val --val-all` on the last "
+        "checkpoint, every sample of the clean validation split (generated and near-duplicate modules moved to "
+        "train; see the corpus' split.json), of the model's full distribution (the mixture for CPLM); LM-head val "
+        "loss: the LM head's own distribution on the same samples. baseline+cache: the baseline's checkpoint with "
+        "a continuous cache (Grave et al. 2017) whose lambda/theta are tuned on the dev split. Copy/passkey/"
+        "gradient: `tools/evaluate.py` on the last checkpoint. Efficiency: fraction of the baseline's training "
+        "tokens (and training FLOPs, the copy head's counted) at which the run first reaches the baseline's final "
+        "val loss on the trainer's periodic validation curve (< 1: faster). Mean ± sample std over seeds; Δ: paired "
+        "difference vs the baseline of the same seed, (k/n) = better in k of n seeds; intervals: 95% Student t "
+        "over seeds of the paired differences.", "",
         "## Arms", "",
     ]
     first = next(iter(summary["scales"].values()))
     for arm, data in first["arms"].items():
         overrides = ", ".join(f"`{o}`" for o in data["overrides"]) or "`copy_head.enabled=false`"
         lines.append(f"- **{arm}**: {data['description']} ({overrides})")
+    from cplm_megatron.evaluation.multiseed import ARMS
+
+    retired = [a for a in ARMS.values() if a.retired and a.name not in first["arms"]]
+    if retired:
+        lines += ["", "Arms no longer run (the previous study dominated them):", ""]
+        lines += [f"- **{a.name}**: {a.retired}" for a in retired]
     not_run = [SCALES[s] for s in SCALES if s not in summary["scales"]]
     if not_run:
         lines += ["", "**Scales not run:** " + "; ".join(
@@ -130,7 +174,11 @@ def write_study_report(output: Path, summary: dict[str, Any], spamlang: list[dic
             + ". The decision below rests on the scales that ran only."]
     lines += ["", "## Decision", "", f"Rule: {summary['rule']}", "",
               f"**Default: {decision['default']}** ({', '.join(f'`{o}`' for o in decision['overrides'])}). "
-              f"{decision['reason']}.", "", "## Results", "", headline_table(summary), ""]
+              f"{decision['reason']}.", ""]
+    if decision.get("provisional"):
+        lines += [f"**Provisional**: {decision['planned_runs_missing']} of the {decision['planned_runs']} runs of the "
+                  f"planned grid (every active arm x 3 seeds x 2 scales) are not in this summary.", ""]
+    lines += ["## Results", "", headline_table(summary), ""]
     for name, scale in summary["scales"].items():
         m, flat = scale["model"], scale["baseline_flattening"]
         at = ", ".join(f"{k}: {v:.3f}" for k, v in flat["mean_val_loss_at"].items())
@@ -138,7 +186,10 @@ def write_study_report(output: Path, summary: dict[str, Any], spamlang: list[dic
                   f"{m['iters']} steps ({scale['tokens'] / 1e6:.2f}M tokens), seeds {scale['seeds']}", "",
                   f"Baseline val loss (mean over seeds) at {at} of training; it improved by "
                   f"{100 * flat['relative_improvement_last_quarter']:.1f}% over the last quarter (the WSD schedule's "
-                  f"decay covers the last 20%).", "", "Per seed:", "", *_per_seed_table(scale), "",
+                  f"decay covers the last 20%). Baseline copy accuracy: {_pm(scale.get('baseline_copy_accuracy', {}))}"
+                  f" (0 means the comparison is a copy mechanism against none learned yet).", "",
+                  "Controls, intervals and costs:", "", *_controls_table(scale), "",
+                  "Per seed:", "", *_per_seed_table(scale), "",
                   "Passkey retrieval by context length (whole key, key tokens in parentheses; mean ± std over seeds, "
                   "averaged over needle depths; trained at 256 tokens):", "", *_passkey_table(scale), "",
                   "Gradient figures (a validation batch, last checkpoint):", "", *_gradient_table(scale), ""]

@@ -1,12 +1,15 @@
 """Aggregate the recipe study: per-run figures, mean ± std over seeds, paired differences, the decision.
 
 Per run: the final validation loss of the full distribution (the mixture for CPLM) and of the LM head
-alone (the trainer's last periodic validation, the same batches for every arm of a seed), copy accuracy,
+alone (the `val` task over every validation sample when the run has it, with its document-bootstrap
+interval; else the trainer's last periodic validation), the cache control's val loss on the baseline
+(the evaluation-only arm `baseline+cache`), copy accuracy,
 passkey retrieval per context length, the gradient figures, and the training efficiency: the fraction of
 the baseline's training tokens at which the run's validation loss first reaches the baseline's final
-validation loss (linear interpolation between evaluations; the paper's "training becomes more efficient").
+validation loss (linear interpolation between evaluations; the paper's "training becomes more efficient"),
+in tokens and in training FLOPs (the Copy-Paste head's FLOPs counted: cplm_megatron.model.accounting).
 Per arm and scale: mean and sample standard deviation over seeds, and differences vs the baseline of
-the same seed. The decision applies `DECISION_RULE`, fixed before the study ran.
+the same seed with their 95% paired t-interval over seeds. The decision applies `DECISION_RULE`.
 """
 from __future__ import annotations
 
@@ -20,21 +23,34 @@ from cplm_megatron.evaluation.ablation import RunResults
 from cplm_megatron.evaluation.multiseed import ARMS, GLOBAL_BATCH, SEQ_LEN
 
 DECISION_RULE = (
-    "Fixed before the study ran: the recipe default is the CPLM arm with the lowest mean validation loss (full "
-    "distribution) at the largest scale, among the arms whose validation loss is below the baseline's in every "
-    "seed at every scale. If no arm qualifies, the default is the CPLM arm with the lowest mean validation loss "
-    "at the largest scale, and the report says plainly that no arm beat the baseline everywhere."
+    "Fixed before the grid ran: rank the CPLM training arms by mean validation loss (full distribution, every "
+    "validation sample) at the largest scale. The best arm becomes the default only if it beats the next arm by more "
+    "than the paired interval (the 95% t-interval over seeds of their per-seed difference lies below 0); otherwise "
+    "the default is the simplest arm (the earliest in the study's arm order) among those the interval does not "
+    "separate from the best. The decision is provisional until every run of the planned grid (every active arm x "
+    "3 seeds x 2 scales) is in the summary."
 )
+PREVIOUS_DEFAULT = "aux1"  # configs/tiny.yaml's copy-head objective when this rule was fixed
+# Two-sided 95% Student t quantiles by degrees of freedom (seeds - 1).
+T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 # Figures aggregated per arm; `lower` says which direction is better (for paired wins).
 FIGURES: dict[str, bool] = {
     "val_loss": True,
     "lm_val_loss": True,
     "copy_accuracy": False,
+    "copy_head_accuracy": False,
+    "copy_mean_gate": False,
     "passkey_accuracy": False,
     "passkey_token_accuracy": False,
     "efficiency": True,
+    "efficiency_flops": True,
     "logit_grad_outside_span": True,
+    "logit_grad_outside_span_chance": True,
+    "retained_over_chance": False,
     "copy_grad_share": False,
+    "copy_grad_projection": False,
+    "copy_lm_grad_cosine": False,
+    "cache_val_loss": True,
 }
 PAIRED = ("val_loss", "lm_val_loss", "copy_accuracy", "passkey_accuracy", "passkey_token_accuracy")
 
@@ -69,6 +85,23 @@ def _task_metric(run: RunResults, task: str, metric: str) -> float | None:
     return run.final["tasks"].get(task, {}).get("metrics", {}).get(metric)
 
 
+def train_flops_per_token(run: RunResults) -> float | None:
+    """Training FLOPs per token of a run's model (backbone, LM head and, for CPLM, the Copy-Paste head)."""
+    from cplm_megatron.evaluation.ablation import RECIPE
+    from cplm_megatron.model.accounting import CopyHeadShape
+    from cplm_megatron.model.accounting import train_flops_per_token as flops
+    from cplm_megatron.training.run_config import load_run_config
+
+    try:
+        cfg = load_run_config(str(RECIPE), [f"copy_head.enabled={str(run.spec.copy_head).lower()}",
+                                            *run.spec.overrides])
+    except Exception:  # noqa: BLE001 - a run made from another recipe: tokens only
+        return None
+    c = cfg.copy_head
+    shape = CopyHeadShape(c.heads, c.head_dim, c.qk_norm, c.mixing) if c.enabled else None
+    return flops(cfg.model, SEQ_LEN, shape)
+
+
 def passkey_by_length(run: RunResults) -> dict[int, dict[str, float]]:
     """Whole-key and per-token retrieval per context length, averaged over needle depths."""
     details = run.final["tasks"].get("passkey", {}).get("details")
@@ -94,16 +127,38 @@ def run_figures(run: RunResults, baseline: RunResults) -> dict[str, Any]:
                          f"end ({label['iters']}); the run did not finish")
     base_tokens = base_curve[-1][0] * GLOBAL_BATCH * SEQ_LEN
     reached = tokens_to_reach([(it, v) for it, v, _ in curve], base_curve[-1][1])
+    flops, base_flops = train_flops_per_token(run), train_flops_per_token(baseline)
+    val = run.final["tasks"].get("val", {})
+    full = val.get("metrics")  # every validation sample, with the document interval
     return {
-        "val_loss": curve[-1][1],
-        "lm_val_loss": curve[-1][2],
+        "val_loss": full["val_loss"] if full else curve[-1][1],
+        "lm_val_loss": full.get("val_lm_loss", full["val_loss"]) if full else curve[-1][2],
+        "val_loss_source": "val task (every sample)" if full else "trainer's periodic validation",
+        "val_loss_ci": [full["val_loss_ci_low"], full["val_loss_ci_high"]] if full else None,
+        "val_documents": val.get("details", {}).get("documents"),
+        "cache_val_loss": _task_metric(run, "cache", "cache_val_loss"),
+        "cache_val_loss_ci": ([_task_metric(run, "cache", "cache_val_loss_ci_low"),
+                               _task_metric(run, "cache", "cache_val_loss_ci_high")]
+                              if _task_metric(run, "cache", "cache_val_loss") is not None else None),
+        "cache_lambda": _task_metric(run, "cache", "cache_lambda"),
+        "cache_theta": _task_metric(run, "cache", "cache_theta"),
+        "cache_documents": run.final["tasks"].get("cache", {}).get("details", {}).get("documents"),
         "copy_accuracy": _task_metric(run, "copy", "copy_accuracy"),
+        "copy_head_accuracy": _task_metric(run, "copy", "copy_head_accuracy"),
+        "copy_mean_gate": _task_metric(run, "copy", "copy_mean_gate"),
         "passkey_accuracy": _task_metric(run, "passkey", "passkey_accuracy"),
         "passkey_token_accuracy": _task_metric(run, "passkey", "passkey_token_accuracy"),
         "passkey_by_length": passkey_by_length(run),
         "efficiency": None if reached is None else reached / base_tokens,
+        "train_flops_per_token": flops,
+        "efficiency_flops": (None if reached is None or flops is None or base_flops is None
+                             else reached * flops / (base_tokens * base_flops)),
         "logit_grad_outside_span": _task_metric(run, "gradient", "logit_grad_outside_span"),
+        "logit_grad_outside_span_chance": _task_metric(run, "gradient", "logit_grad_outside_span_chance"),
+        "retained_over_chance": _task_metric(run, "gradient", "retained_over_chance"),
         "copy_grad_share": _task_metric(run, "gradient", "copy_grad_share"),
+        "copy_grad_projection": _task_metric(run, "gradient", "copy_grad_projection"),
+        "copy_lm_grad_cosine": _task_metric(run, "gradient", "copy_lm_grad_cosine"),
         "val_curve": [{"iteration": it, "tokens": it * GLOBAL_BATCH * SEQ_LEN, "val_loss": v, "lm_val_loss": lm}
                       for it, v, lm in curve],
     }
@@ -131,10 +186,57 @@ def aggregate_arm(per_seed: dict[int, dict[str, Any]], baseline: dict[int, dict[
         diffs = {s: per_seed[s][figure] - baseline[s][figure] for s in seeds
                  if per_seed[s][figure] is not None and baseline[s][figure] is not None}
         better = [(d < 0) if FIGURES[figure] else (d > 0) for d in diffs.values()]
-        paired[figure] = {"per_seed": {str(s): d for s, d in diffs.items()}, **mean_std(list(diffs.values())),
+        paired[figure] = {"per_seed": {str(s): d for s, d in diffs.items()}, **paired_interval(list(diffs.values())),
                           "better_in": sum(better), "seeds": len(diffs)}
     out["paired_vs_baseline"] = paired
     return out
+
+
+def paired_interval(diffs: Sequence[float]) -> dict[str, Any]:
+    """Mean, std and the 95% t-interval over seeds of per-seed paired differences (no interval below 2 seeds)."""
+    stats = mean_std(diffs)
+    n = stats["n"]
+    if n >= 2 and stats["std"] is not None:
+        half = T95.get(n - 1, 1.96) * stats["std"] / math.sqrt(n)
+        stats.update(ci_low=stats["mean"] - half, ci_high=stats["mean"] + half)
+    else:
+        stats.update(ci_low=None, ci_high=None)
+    return stats
+
+
+def document_paired(a: dict[str, Any] | None, b: dict[str, Any] | None) -> list[float] | None:
+    """(difference, low, high) of loss a - loss b on the same validation documents (document bootstrap)."""
+    from cplm_megatron.evaluation.metrics import bootstrap_paired_ci
+
+    if not a or not b or a["ids"] != b["ids"] or a["count"] != b["count"]:
+        return None
+    return list(bootstrap_paired_ci(a["nll"], b["nll"], a["count"]))
+
+
+def cache_arm(baseline: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
+    """The evaluation-only arm `baseline+cache`: the baseline's checkpoints with the tuned continuous cache."""
+    seeds = sorted(s for s in baseline if baseline[s].get("cache_val_loss") is not None)
+    if not seeds:
+        return None
+    per_seed = {str(s): {k: baseline[s][k] for k in ("cache_val_loss", "cache_val_loss_ci", "cache_lambda",
+                                                     "cache_theta")} for s in seeds}
+    diffs = [baseline[s]["cache_val_loss"] - baseline[s]["val_loss"] for s in seeds]
+    return {"description": "evaluation only: the baseline + a continuous cache (Grave et al. 2017), lambda/theta "
+                           "tuned on the dev split", "per_seed": per_seed,
+            "mean_std": {"val_loss": mean_std([baseline[s]["cache_val_loss"] for s in seeds])},
+            "paired_vs_baseline": {"val_loss": {**paired_interval(diffs), "per_seed": dict(zip(map(str, seeds), diffs)),
+                                                "better_in": sum(d < 0 for d in diffs), "seeds": len(diffs)}}}
+
+
+def paired_between(figures: dict[str, dict[int, dict[str, Any]]], a: str, b: str, key_b: str = "val_loss"
+                   ) -> dict[str, Any]:
+    """Per-seed val loss of arm a minus arm b's `key_b` (same seed), with the t-interval and document intervals."""
+    seeds = sorted(s for s in figures[a] if s in figures[b] and figures[b][s].get(key_b) is not None)
+    diffs = {s: figures[a][s]["val_loss"] - figures[b][s][key_b] for s in seeds}
+    docs_b = "cache_documents" if key_b == "cache_val_loss" else "val_documents"
+    return {**paired_interval(list(diffs.values())), "per_seed": {str(s): d for s, d in diffs.items()},
+            "document_interval_per_seed": {str(s): document_paired(figures[a][s].get("val_documents"),
+                                                                   figures[b][s].get(docs_b)) for s in seeds}}
 
 
 def flattening(curves: Sequence[list[dict[str, Any]]]) -> dict[str, Any]:
@@ -152,35 +254,47 @@ def flattening(curves: Sequence[list[dict[str, Any]]]) -> dict[str, Any]:
 @dataclass
 class Decision:
     default: str
-    qualified: list[str]  # arms better than the baseline in every seed at every scale
+    qualified: list[str]  # arms the interval does not separate from the best (the best first)
     reason: str
+    established: bool = False  # the best beat the next arm by more than the paired interval
+    ranking: list[str] | None = None
 
 
-def decide(scales: dict[str, dict[str, Any]], largest: str) -> Decision:
-    """Apply DECISION_RULE to the aggregated scales."""
-    def better_everywhere(arm: str) -> bool:
-        paired = [s["arms"][arm]["paired_vs_baseline"]["val_loss"] for s in scales.values() if arm in s["arms"]]
-        return all(p["seeds"] > 0 and p["better_in"] == p["seeds"] for p in paired)
+def decide(scales: dict[str, dict[str, Any]], largest: str, figures: dict[str, dict[int, dict[str, Any]]]
+           ) -> Decision:
+    """Apply DECISION_RULE at the largest scale (figures: that scale's per-arm, per-seed figures)."""
+    arms = [a for a in scales[largest]["arms"] if a != "baseline" and a in ARMS]
+    mean = {a: scales[largest]["arms"][a]["mean_std"]["val_loss"]["mean"] for a in arms}
+    ranking = sorted(arms, key=lambda a: mean[a])
+    best = ranking[0]
+    if len(ranking) == 1:
+        return Decision(best, [best], f"{best} is the only CPLM arm at scale {largest}", False, ranking)
+    vs_next = paired_between(figures, best, ranking[1])
+    if vs_next["ci_high"] is not None and vs_next["ci_high"] < 0:
+        return Decision(best, [best], (
+            f"{best} has the lowest mean validation loss at scale {largest} ({mean[best]:.3f}) and beats the next arm "
+            f"{ranking[1]} by {vs_next['mean']:+.3f}, 95% paired interval [{vs_next['ci_low']:+.3f}, "
+            f"{vs_next['ci_high']:+.3f}] over {vs_next['n']} seeds (below 0)"), True, ranking)
+    tied = [best] + [a for a in ranking[1:] if not _separated(paired_between(figures, a, best))]
+    simplest = min(tied, key=list(ARMS).index)
+    interval = ("no interval (fewer than 2 seeds)" if vs_next["ci_low"] is None else
+                f"95% paired interval [{vs_next['ci_low']:+.3f}, {vs_next['ci_high']:+.3f}]")
+    return Decision(simplest, tied, (
+        f"{best} has the lowest mean validation loss at scale {largest} ({mean[best]:.3f}) but does not beat the next "
+        f"arm {ranking[1]} by more than the paired interval ({vs_next['mean']:+.3f}, {interval}); the simplest arm "
+        f"the interval does not separate from {best} is {simplest} (among {tied})"), False, ranking)
 
-    arms = [a for a in scales[largest]["arms"] if a != "baseline"]
-    qualified = [a for a in arms if better_everywhere(a)]
-    pool = qualified or arms
-    best = min(pool, key=lambda a: scales[largest]["arms"][a]["mean_std"]["val_loss"]["mean"])
-    mean = scales[largest]["arms"][best]["mean_std"]["val_loss"]
-    base = scales[largest]["arms"]["baseline"]["mean_std"]["val_loss"]
-    if qualified:
-        reason = (f"{best}: below the baseline's validation loss in every seed at every scale, and the lowest mean "
-                  f"at scale {largest} ({mean['mean']:.3f} vs baseline {base['mean']:.3f}) among {qualified}")
-    else:
-        reason = (f"no CPLM arm beat the baseline in every seed at every scale; {best} has the lowest mean validation "
-                  f"loss at scale {largest} ({mean['mean']:.3f} vs baseline {base['mean']:.3f})")
-    return Decision(best, qualified, reason)
+
+def _separated(paired: dict[str, Any]) -> bool:
+    """Whether a paired difference (arm - best) is above 0 beyond its interval."""
+    return paired["ci_low"] is not None and paired["ci_low"] > 0
 
 
 def summarize(runs: Sequence[RunResults]) -> dict[str, Any]:
     """The study's summary.json body (without command/wall time): per scale, per arm, and the decision."""
     by_key = {(r.spec.label["scale"], r.spec.label["arm"], r.spec.label["seed"]): r for r in runs}
     scales: dict[str, dict[str, Any]] = {}
+    all_figures: dict[str, dict[str, dict[int, dict[str, Any]]]] = {}
     order = list(dict.fromkeys(r.spec.label["scale"] for r in runs))
     for scale in order:
         keys = [k for k in by_key if k[0] == scale]
@@ -194,7 +308,13 @@ def summarize(runs: Sequence[RunResults]) -> dict[str, Any]:
         figures = {a: {s: run_figures(by_key[(scale, a, s)], by_key[(scale, "baseline", s)]) for s in seeds}
                    for a in arms}
         sample = by_key[(scale, "baseline", seeds[0])].spec.label
+        all_figures[scale] = figures
+        cache = cache_arm(figures["baseline"])
         scales[scale] = {
+            "cache_control": cache,
+            "vs_cache": ({a: paired_between(figures, a, "baseline", "cache_val_loss") for a in arms if a != "baseline"}
+                         if cache else {}),
+            "baseline_copy_accuracy": mean_std([figures["baseline"][s]["copy_accuracy"] for s in seeds]),
             "model": {k: sample[k] for k in ("hidden", "layers", "vocab", "iters")},
             "tokens": sample["iters"] * GLOBAL_BATCH * SEQ_LEN,
             "seeds": seeds,
@@ -203,7 +323,15 @@ def summarize(runs: Sequence[RunResults]) -> dict[str, Any]:
                          **aggregate_arm(figures[a], figures["baseline"])} for a in arms},
         }
     largest = max(order, key=lambda s: scales[s]["model"]["hidden"] * scales[s]["model"]["layers"])
-    decision = decide(scales, largest)
+    decision = decide(scales, largest, all_figures[largest])
+    from cplm_megatron.evaluation.multiseed import StudySettings
+
+    present = set(by_key)
+    missing = [f"{sc}-{a}-s{s}" for sc, a, s in StudySettings().planned() if (sc, a, s) not in present]
     return {"rule": DECISION_RULE, "scales": scales, "largest_scale": largest,
             "decision": {"default": decision.default, "overrides": list(ARMS[decision.default].overrides),
-                         "qualified": decision.qualified, "reason": decision.reason}}
+                         "qualified": decision.qualified, "reason": decision.reason,
+                         "established": decision.established, "ranking": decision.ranking,
+                         "previous_default": PREVIOUS_DEFAULT,
+                         "provisional": bool(missing), "planned_runs_missing": len(missing),
+                         "planned_runs": len(StudySettings().planned())}}

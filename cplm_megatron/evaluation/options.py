@@ -18,6 +18,8 @@ class EvalOptions:
     limit: int | None = None  # sequences per task (per cell for passkey); None: DEFAULT_LIMITS
     seed: int = 0  # added to EVAL_SEED
     data: str | None = None  # prepared dataset dir for `val`; None: the run's data.val_streams
+    val_all: bool = False  # `val` scores every sample whatever `limit` says
+    dev_data: str | None = None  # prepared dataset for tuning (cache lambda/theta); None: `data`'s sibling dev/
     copy_length: int = 128  # tokens per copy sequence (a span and its repeat)
     spamlang_length: int = 128
     passkey_lengths: tuple[int, ...] = (64, 128, 256)

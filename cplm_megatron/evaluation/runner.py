@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -13,10 +14,11 @@ from cplm_megatron.evaluation.tasks import TASKS
 
 
 def parse_tasks(spec: str) -> list[str]:
-    """'val,copy' -> ['val', 'copy']; 'all' -> every task but lm-eval; unknown names are an error."""
+    """'val,copy' -> ['val', 'copy']; 'all' -> every task but lm-eval and cache (which need more than a checkpoint:
+    the harness, a dev split); unknown names are an error."""
     names = [t.strip() for t in spec.split(",") if t.strip()]
     if names == ["all"]:
-        return [t for t in TASKS if t != "lm-eval"]
+        return [t for t in TASKS if t not in ("lm-eval", "cache")]
     unknown = [t for t in names if t not in TASKS]
     if unknown or not names:
         raise ValueError(f"unknown task(s) {unknown or spec!r}; choose from {', '.join(TASKS)} (or 'all')")
@@ -79,7 +81,7 @@ def evaluate_checkpoints(run_dir: str | Path, tasks: Sequence[str], options: Eva
     from tqdm import tqdm
 
     from cplm_megatron.evaluation.scorers import MegatronScorer, single_process_megatron
-    from cplm_megatron.training.checkpoint_lookup import all_checkpoints
+    from cplm_megatron.training.checkpoint_lookup import all_checkpoints, is_committed
 
     refs = all_checkpoints(run_dir)
     models = ([("initial", refs[0].path)] if include_initial else []) + [("trained", ref.path) for ref in refs]
@@ -87,6 +89,14 @@ def evaluate_checkpoints(run_dir: str | Path, tasks: Sequence[str], options: Eva
     with single_process_megatron():
         for kind, path in tqdm(models, desc=f"checkpoints of {Path(run_dir).name}", unit="ckpt",
                                disable=not options.show_progress):
-            scorer = MegatronScorer.initial(path) if kind == "initial" else MegatronScorer.load(path)
+            try:
+                scorer = MegatronScorer.initial(path) if kind == "initial" else MegatronScorer.load(path)
+            except Exception:
+                if is_committed(path) or kind == "initial":
+                    raise
+                # a run still training pruned it after the listing: the curve goes on without it
+                print(f"[evaluate] {path.name} was removed while being read (pruned by the run still training): "
+                      f"skipped", file=sys.stderr, flush=True)
+                continue
             curve.append(evaluate(scorer, tasks, options))
     return {"run": str(run_dir), "checkpoints": curve}

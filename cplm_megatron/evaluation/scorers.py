@@ -278,3 +278,52 @@ def load_scorer(checkpoint: str | Path | None = None, hf: str | Path | None = No
     if checkpoint is not None:
         return MegatronScorer.load(checkpoint)
     return HFScorer.load(hf)
+
+
+# ---------------------------------------------------------------------------------------------- hidden states
+
+
+@torch.no_grad()
+def hidden_and_log_probs(scorer: Scorer, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+    """Final (normed) hidden states [b, s, d] and the model's log-probs [b, s, V'] of one batch.
+
+    Megatron: one forward (the decoder's output, after its final norm, captured by a hook); HF: the
+    base model and the full model per document segment, as `HFScorer.log_probs` scores them."""
+    if isinstance(scorer, MegatronScorer):
+        captured: list[torch.Tensor] = []
+        handle = scorer.model.decoder.register_forward_hook(lambda _m, _a, out: captured.append(out))
+        try:
+            log_probs = scorer.log_probs(batch)
+        finally:
+            handle.remove()
+        return captured[0].detach().transpose(0, 1).float(), log_probs
+    if isinstance(scorer, HFScorer):
+        tokens = batch["tokens"]
+        hidden = log_probs = None
+        for row, start, end in document_segments(batch):
+            ids = tokens[row:row + 1, start:end].to(scorer.model.device)
+            h = scorer.model.model(input_ids=ids).last_hidden_state[0].float().cpu()
+            lp = scorer._segment_log_probs(ids)[0]
+            if hidden is None:
+                hidden = torch.zeros(*tokens.shape, h.shape[-1])
+                log_probs = torch.zeros(*tokens.shape, lp.shape[-1])
+            hidden[row, start:end] = h
+            log_probs[row, start:end] = lp
+        return hidden, log_probs
+    raise TypeError(f"unsupported scorer {type(scorer).__name__}: hidden states need a Megatron or HF model")
+
+
+@torch.no_grad()
+def lm_head_log_probs(scorer: Scorer, hidden: torch.Tensor) -> torch.Tensor:
+    """The LM head's own log-softmax [b, s, V'] of final hidden states [b, s, d] (no copy mixture)."""
+    if isinstance(scorer, MegatronScorer):
+        model = scorer.model
+        weight = model.shared_embedding_or_output_weight() if model.share_embeddings_and_output_weights else None
+        param = next(model.parameters())
+        logits, _ = model.output_layer(hidden.transpose(0, 1).to(param.device, param.dtype).contiguous(), weight=weight)
+        return torch.log_softmax(logits.float(), dim=-1).transpose(0, 1).cpu()
+    if isinstance(scorer, HFScorer):
+        param = next(scorer.model.parameters())
+        logits = scorer.model.lm_head(hidden.to(param.device, param.dtype))
+        return torch.log_softmax(logits.float(), dim=-1).cpu()
+    raise TypeError(f"unsupported scorer {type(scorer).__name__}")

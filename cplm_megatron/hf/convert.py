@@ -47,6 +47,7 @@ from cplm_megatron.hf.weight_mapping import (
 )
 from cplm_megatron.model.config import ModelConfig
 from cplm_megatron.model.copy_head import CopyHeadConfig
+from cplm_megatron.training.checkpoint_lookup import read_live
 from cplm_megatron.training.run_config import RunConfig, build_run_config
 
 log = logging.getLogger(__name__)
@@ -70,7 +71,21 @@ def convert_to_hf(
     """
     if dtype is not None and dtype not in DTYPES:
         raise ConversionError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
-    ckpt = open_checkpoint(checkpoint)
+    # A run still training may prune the checkpoint while it is read: then the newest complete one is read.
+    ckpt, tensors, tokenizer_dir = read_live(Path(checkpoint), lambda ref: _read_checkpoint(ref.path, tokenizer),
+                                             say=log.warning)
+    positions = tensors[POSITIONS].shape[0] if POSITIONS in tensors else None
+    hf_config = hf_config_from_megatron(ckpt.model, ckpt.copy_head, gpt2_positions=positions)
+    state = megatron_to_hf(tensors, ckpt.model, ckpt.copy_head)
+    saved_dtype = tensors[EMBEDDING].dtype
+    out_dtype = DTYPES[dtype] if dtype else (torch.bfloat16 if saved_dtype == torch.bfloat16 else torch.float32)
+    log.info("writing %s (%s, %s) to %s", type(hf_config).__name__, hf_config.model_type, out_dtype, output)
+    return write_hf_checkpoint(output, hf_config, state, tokenizer_dir, out_dtype)
+
+
+def _read_checkpoint(iter_dir: Path, tokenizer: str | Path | None):
+    """(checkpoint, its tensors, the tokenizer directory) of one iter_* directory."""
+    ckpt = open_checkpoint(iter_dir)
     layout = ckpt.record.get("layout", {})
     log.info("checkpoint %s: iteration %s, saved at tp=%s pp=%s; %s family, copy head %s", ckpt.path,
              ckpt.record.get("iteration", "?"), layout.get("tp", "?"), layout.get("pp", "?"), ckpt.model.family,
@@ -82,13 +97,7 @@ def convert_to_hf(
     start = time.monotonic()
     tensors = read_tensors(ckpt.path, megatron_keys(ckpt.model, ckpt.copy_head))
     log.info("read %d tensors (%s) in %.1f s", len(tensors), _millions(tensors), time.monotonic() - start)
-    positions = tensors[POSITIONS].shape[0] if POSITIONS in tensors else None
-    hf_config = hf_config_from_megatron(ckpt.model, ckpt.copy_head, gpt2_positions=positions)
-    state = megatron_to_hf(tensors, ckpt.model, ckpt.copy_head)
-    saved_dtype = tensors[EMBEDDING].dtype
-    out_dtype = DTYPES[dtype] if dtype else (torch.bfloat16 if saved_dtype == torch.bfloat16 else torch.float32)
-    log.info("writing %s (%s, %s) to %s", type(hf_config).__name__, hf_config.model_type, out_dtype, output)
-    return write_hf_checkpoint(output, hf_config, state, tokenizer_dir, out_dtype)
+    return ckpt, tensors, tokenizer_dir
 
 
 def import_configs(

@@ -31,6 +31,7 @@ class CopyHeadShape:
     heads: int = 4
     head_dim: int = 64
     qk_norm: bool = False
+    mixing: str = "gate"  # copy_head.mixing: sentinel has one gate row per copy head
 
 
 def layer_params(m: ModelConfig) -> int:
@@ -60,10 +61,15 @@ def backbone_params(m: ModelConfig) -> int:
 
 
 def copy_head_params(m: ModelConfig, c: Optional[CopyHeadShape]) -> int:
-    """docs/design.md: 2·d·H_c·d_c + d + 1 (+ 2·d_c with q/k RMSNorm)."""
+    """docs/design.md: 2·d·H_c·d_c + rows·(d + 1) (+ 2·d_c with q/k RMSNorm); the gate's rows are 1 (gate,
+    constant) or H_c (sentinel: one sentinel logit per copy head), as the mixing rule builds them."""
     if c is None:
         return 0
-    return 2 * m.hidden_size * c.heads * c.head_dim + m.hidden_size + 1 + (2 * c.head_dim if c.qk_norm else 0)
+    from cplm_megatron.model.mixing import mixing_rule
+
+    gate_rows = mixing_rule(c.mixing).gate_rows(c.heads)
+    return (2 * m.hidden_size * c.heads * c.head_dim + gate_rows * (m.hidden_size + 1)
+            + (2 * c.head_dim if c.qk_norm else 0))
 
 
 def forward_flops_per_token(m: ModelConfig, seq_len: int, c: Optional[CopyHeadShape] = None) -> Dict[str, float]:
@@ -378,3 +384,12 @@ def model_summary(m: ModelConfig, c: Optional[CopyHeadShape], seq_len: int) -> D
         "copy_head": asdict(c) if c else None,
         "seq_len": seq_len,
     }
+
+
+def checkpoint_bytes(m: ModelConfig, c: Optional[CopyHeadShape] = None, param_bytes: int = 2,
+                     with_optimizer: bool = True) -> float:
+    """Bytes of one training checkpoint on disk (all ranks together): the weights in their dtype, and with the
+    optimizer its fp32 Adam moments (8 B) plus fp32 master weights (4 B) for 16-bit parameters."""
+    params = backbone_params(m) + copy_head_params(m, c)
+    optimizer = (8 + (4 if param_bytes < 4 else 0)) if with_optimizer else 0
+    return params * (param_bytes + optimizer)

@@ -6,6 +6,9 @@ Layout (written by `cplm_megatron.training.checkpointing`) under a checkpoint ro
                     0.19 keeps the common state in the torch_dist files), and last
                     cplm_state.json, which marks the save as finished (a "committed" checkpoint)
     latest          "iter_0000100", moved only after every rank finished a save
+    latest.trainer  the name the trainer last wrote to `latest` (written right after it): a `latest` that
+                    points older than this was moved back by a person (a rollback); a `latest` equal to it
+                    with a newer committed checkpoint means the run stopped between the commit and the move
 
 A path given by the user may be a run dir, its checkpoint root or one iter_* directory. Without a
 readable `latest` the newest committed checkpoint is used, and the caller is told so. A checkpoint
@@ -18,12 +21,14 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, TypeVar
 
 from cplm_megatron.errors import CheckpointError
 
 CHECKPOINTS_DIR = "checkpoints"
 LATEST = "latest"
+TRAINER_LATEST = "latest.trainer"  # what the trainer itself last wrote to `latest`
+SET_ASIDE_PREFIX = "set_aside_"  # <root>/set_aside_<time>/iter_*: newer checkpoints a rollback keeps aside
 STATE_JSON = "cplm_state.json"  # written last: its presence commits a checkpoint
 DIST_METADATA = "metadata.json"  # megatron.core.dist_checkpointing: which backend wrote the files
 COMMON_STATE = "common.pt"  # iteration, scheduler, data position, run config (megatron-core 0.16)
@@ -32,6 +37,7 @@ TENSOR_INDEX = ".metadata"  # torch.distributed.checkpoint: which *.distcp file 
 _ITER_DIR = re.compile(r"^iter_(\d+)$")
 
 Say = Callable[[str], None]
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -67,6 +73,14 @@ def list_checkpoints(root: Path) -> List[Path]:
 def holds_checkpoints(root: Path) -> bool:
     """Whether a checkpoint root holds anything a fresh start would overwrite: `latest` or a committed checkpoint."""
     return (Path(root) / LATEST).exists() or bool(list_checkpoints(root))
+
+
+def trainer_latest(root: Path) -> Optional[int]:
+    """The iteration the trainer last pointed `latest` at (its `latest.trainer` record); None without one."""
+    try:
+        return iteration_of(Path((Path(root) / TRAINER_LATEST).read_text().strip()))
+    except (OSError, UnicodeDecodeError):
+        return None
 
 
 def checkpoint_root(path: Path) -> Path:
@@ -154,13 +168,26 @@ def _previous_complete(root: Path, before: Optional[int]) -> Optional[Path]:
     return None
 
 
+def newest_complete(root: Path, other_than: Optional[int] = None) -> Optional[Path]:
+    """The newest committed, undamaged checkpoint under `root` (skipping iteration `other_than`)."""
+    for candidate in reversed(list_checkpoints(root)):
+        if iteration_of(candidate) != other_than and not checkpoint_damage(candidate):
+            return candidate
+    return None
+
+
 def repoint_fix(root: Path, before: Optional[int]) -> str:
-    """The fix for a bad checkpoint `latest` leads to: point `latest` at the previous complete one."""
+    """The fix for a bad checkpoint `latest` leads to: point `latest` at the previous complete one (or, when
+    only newer ones are complete, the newest). Deleting is suggested only when no complete checkpoint exists."""
     previous = _previous_complete(root, before)
     if previous is not None:
         return (f"point latest at the previous complete checkpoint: echo {previous.name} > {root / LATEST} "
                 f"(or restore the missing files)")
-    return (f"no earlier complete checkpoint exists under {root}: restore the missing files, or start over "
+    newest = newest_complete(root, other_than=before)
+    if newest is not None:
+        return (f"point latest at the complete checkpoint {newest.name}: echo {newest.name} > {root / LATEST} "
+                f"(or restore the missing files)")
+    return (f"no other complete checkpoint exists under {root}: restore the missing files, or start over "
             f"with --set checkpoint.resume=false checkpoint.overwrite=true (deletes {root})")
 
 
@@ -238,6 +265,35 @@ def resolve_checkpoint(path: Path, say: Say = _say_to_log) -> CheckpointRef:
         raise CheckpointError(f"no complete checkpoint under {path} (looked for {root / LATEST} and "
                               f"{root}/iter_*/{STATE_JSON}); did the training run save one?")
     return ref
+
+
+def was_pruned(ref: CheckpointRef) -> bool:
+    """Whether a checkpoint that was complete when found is gone or uncommitted now (a running trainer pruned
+    it, keeping only the newest checkpoint.keep)."""
+    return not is_committed(ref.path)
+
+
+def read_live(path: Path, read: Callable[[CheckpointRef], T], say: Say = _say_to_log, attempts: int = 3) -> T:
+    """`read(ref)` of the checkpoint `path` names, safe against a run that is still training: when pruning
+    removes the checkpoint while it is read, retry with the newest complete one (a path naming one iter_*
+    directory is not replaced: the error names the newest). Other failures propagate unchanged."""
+    path = Path(path)
+    for attempt in range(attempts):
+        ref = resolve_checkpoint(path, say)
+        try:
+            return read(ref)
+        except BaseException as e:  # a vanishing file fails inside torch in many ways (some BaseExceptions)
+            if isinstance(e, (KeyboardInterrupt, SystemExit)) or not was_pruned(ref):
+                raise
+            newest = newest_complete(ref.path.parent)
+            if ref.path == path or attempt == attempts - 1:
+                raise CheckpointError(
+                    f"checkpoint {ref.path} was removed while being read (the run still training pruned it: it keeps "
+                    f"the newest checkpoint.keep); read the newest complete one"
+                    f"{f': {newest}' if newest is not None else ''} (or raise checkpoint.keep while reading)") from e
+            say(f"[checkpoint] {ref.path.name} was removed while being read (pruned by the run still training): "
+                f"retrying with the newest complete checkpoint{f' {newest.name}' if newest is not None else ''}")
+    raise AssertionError("unreachable")
 
 
 def all_checkpoints(path: Path) -> List[CheckpointRef]:

@@ -7,6 +7,8 @@ Layout under `<run.dir>/checkpoints/`:
     iter_0000100/cplm_state.json   the same scalars + saving layout, readable without torch
     latest             "iter_0000100", written (atomically, by rank 0) only after every rank
                        finished writing; auto-resume reads it
+    latest.trainer     the same name, written right after `latest`: tells a rollback (a person moved
+                       `latest` back) from a crash between the commit and the move (`resume`)
 
 A crash during a save leaves `latest` on the previous complete checkpoint; the partial directory is
 removed by the next successful save. Pruning (keep the newest `keep`) only ever deletes checkpoints of this
@@ -21,6 +23,7 @@ import json
 import os
 import random
 import shutil
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, Optional
@@ -33,6 +36,7 @@ from cplm_megatron.errors import CheckpointError
 from cplm_megatron.training.checkpoint_lookup import (
     LATEST,
     STATE_JSON,
+    TRAINER_LATEST,
     iter_dir_name,
     iteration_of,
     list_checkpoints,
@@ -43,6 +47,57 @@ from cplm_megatron.training.weights import load_model_state, model_sharded_state
 OPTIM_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
 # Fault-injection hook for the crash-during-save test: exit hard after writing shards, before finalize.
 CRASH_ENV = "CPLM_FAULT_CRASH_DURING_SAVE_ITER"
+# Fault-injection hook for the dead-writer test: rank 0's background writer of this iteration's save is
+# SIGKILLed while its file-writing workers (forked by it) are alive; they stop themselves at birth, so the
+# kill always lands mid-save and leaves them orphaned, as an out-of-memory kill of the writer would.
+KILL_WRITER_ENV = "CPLM_FAULT_KILL_ASYNC_WRITER_ITER"
+_FAULT = {"stop_grandchildren_of": None}
+
+
+def _stop_grandchildren_at_birth() -> None:  # os.register_at_fork hook of the dead-writer fault
+    parent = _FAULT["stop_grandchildren_of"]
+    if parent is not None and os.getppid() != parent:  # a worker forked by the writer, not the writer itself
+        os.kill(os.getpid(), 19)  # SIGSTOP
+
+
+def _kill_writer_mid_save(writer_pids) -> None:
+    """The dead-writer fault: wait for the writer's workers, then SIGKILL the writer."""
+    import time
+
+    import psutil
+
+    deadline = time.monotonic() + 5
+    for pid in writer_pids:
+        while time.monotonic() < deadline and not psutil.Process(pid).children():
+            time.sleep(0.005)
+        os.kill(pid, 9)
+    _FAULT["stop_grandchildren_of"] = None
+
+
+def _become_subreaper() -> None:
+    """Orphaned descendants (the workers of a writer that died) reparent to this process instead of init, so a
+    failing trainer can stop them (`signals.kill_descendants`) rather than leave them running."""
+    if os.uname().sysname == "Linux":
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1)  # PR_SET_CHILD_SUBREAPER
+
+
+def _async_strategy_kwargs() -> Dict[str, str]:
+    """megatron-core >= 0.19 defaults async saves to nvidia-resiliency-ext ("nvrx", not installed here); its
+    own "mcore" strategy is the one 0.16 always used."""
+    import inspect
+
+    from megatron.core import dist_checkpointing
+
+    return {"async_strategy": "mcore"} if "async_strategy" in inspect.signature(dist_checkpointing.save).parameters else {}
+
+
+_ASYNC_STRATEGY: Dict[str, str] = {}
+
+
+class CheckpointWriterDied(RuntimeError):
+    """A background (async) checkpoint writer process died before its save finished."""
 
 
 @dataclass
@@ -102,10 +157,14 @@ class Checkpointer:
     """Save/resume of the full training state for one run directory (all methods are collective)."""
 
     def __init__(self, ckpt_root: Path, keep: int = 2, async_save: bool = False, log: Callable[[str], None] = print,
-                 resumed_from: Optional[int] = None):
+                 resumed_from: Optional[int] = None, checkpoint_size: float = 0.0):
         """`resumed_from`: the iteration this launch resumed from in `ckpt_root` (None: a fresh start). The
-        checkpoints up to it are this run's history; later ones and those of other runs are never pruned."""
+        checkpoints up to it are this run's history; later ones and those of other runs are never pruned.
+        `checkpoint_size`: the planner's bytes per checkpoint (to tell a full disk from other save failures)."""
         self.root = Path(ckpt_root)
+        self.checkpoint_size = checkpoint_size
+        self._broken = False
+        self._in_flight: Optional[Path] = None
         self.keep = keep
         self.async_save = async_save
         self.log = log
@@ -116,6 +175,7 @@ class Checkpointer:
             from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
 
             self._queue = AsyncCallsQueue(persistent=False)
+            _become_subreaper()
 
     # ---------------------------------------------------------------- save
     def _sharded_state(self, chunks, optimizer, load: bool, with_rng: bool) -> Dict[str, Any]:
@@ -131,13 +191,19 @@ class Checkpointer:
         """Save iteration `train_state.iteration`; `latest` moves only once every rank has finished."""
         from megatron.core import dist_checkpointing
 
+        if self.async_save and not _ASYNC_STRATEGY:
+            _ASYNC_STRATEGY.update(_async_strategy_kwargs())
         self.wait()  # one save in flight at a time
         target = self.root / iter_dir_name(train_state.iteration)
         rank = dist.get_rank()
         if rank == 0:
-            if target.exists():  # a leftover of a crashed save, or a damaged checkpoint `latest` was moved past
-                shutil.rmtree(target)
-            target.mkdir(parents=True)
+            try:
+                if target.exists():  # a leftover of a crashed save, or a damaged checkpoint `latest` was moved past
+                    shutil.rmtree(target)
+                target.mkdir(parents=True)
+            except OSError as e:
+                self._raise_if_storage_failed(e)
+                raise
         dist.barrier()
         state = self._sharded_state(chunks, optimizer, load=False, with_rng=True)
         state.update(
@@ -146,16 +212,30 @@ class Checkpointer:
             data=data_state,
             config=config,
         )
-        request = dist_checkpointing.save(state, str(target), async_sharded_save=self.async_save)
+        fault = int(os.environ.get(KILL_WRITER_ENV, "-1")) == train_state.iteration and rank == 0 and self.async_save
+        if fault:
+            os.register_at_fork(after_in_child=_stop_grandchildren_at_birth)
+            _FAULT["stop_grandchildren_of"] = os.getpid()
+        try:
+            request = dist_checkpointing.save(state, str(target), async_sharded_save=self.async_save,
+                                              **_ASYNC_STRATEGY)
+        except BaseException as e:  # torch's CheckpointException is a BaseException
+            self._raise_if_storage_failed(e)
+            raise
         if int(os.environ.get(CRASH_ENV, "-1")) == train_state.iteration:
             os._exit(17)
         extra = {"has_optimizer": optimizer is not None}
-        finalize = lambda: self._finalize(target, train_state, extra)  # noqa: E731
+        # a snapshot: an async finalize runs steps later, when the live TrainState has moved on
+        saved_state = TrainState(**vars(train_state))
+        finalize = lambda: self._finalize(target, saved_state, extra)  # noqa: E731
         if self.async_save:
             request.add_finalize_fn(finalize)
             self._queue.schedule_async_request(request)
+            self._in_flight = target
+            if fault:
+                _kill_writer_mid_save(self._writer_pids())
             if dist.get_rank() == 0:
-                self.log(f"[checkpoint] writing {target} in the background")
+                self.log(f"[checkpoint] writing {target} (iteration {saved_state.iteration}) in the background")
         else:
             finalize()
         return target
@@ -166,6 +246,7 @@ class Checkpointer:
             record = {**vars(train_state), "layout": _layout(), **extra}
             _atomic_write(target / STATE_JSON, json.dumps(record, indent=2))
             _atomic_write(self.root / LATEST, target.name + "\n")
+            _atomic_write(self.root / TRAINER_LATEST, target.name + "\n")  # after: see checkpoint_lookup
             self._own.add(target.name)
             self._prune(keep_name=target.name)
             self.log(f"[checkpoint] saved {target} (iteration {train_state.iteration})")
@@ -184,20 +265,85 @@ class Checkpointer:
             if it is not None and it < newest and not (partial / STATE_JSON).exists():
                 shutil.rmtree(partial, ignore_errors=True)
 
+    def _raise_if_storage_failed(self, error: BaseException) -> None:
+        from cplm_megatron.training.preflight import save_failure_message
+
+        if isinstance(error, (KeyboardInterrupt, SystemExit, CheckpointError)):
+            return
+        message = save_failure_message(self.root, self.checkpoint_size, error)
+        if message is not None:
+            self._broken = True
+            raise CheckpointError(message) from error
+
+    def _writers(self):
+        """The processes of the in-flight async saves (megatron-core's TemporalAsyncCaller forks one per save)."""
+        calls = getattr(self._queue, "async_calls", ()) if self._queue is not None else ()
+        return [p for call in calls for p in [getattr(getattr(call, "async_caller", None), "process", None)]
+                if p is not None]
+
+    def _writer_pids(self):
+        return [p.pid for p in self._writers() if p.pid is not None]
+
+    def _check_writers(self) -> bool:
+        """Collective: whether a writer is still running on any rank. A writer that died (killed, out of
+        memory) on any rank stops every rank with one line; megatron-core would otherwise fail with
+        "results_queue should not be empty" or wait forever."""
+        if self._queue is None or not getattr(self._queue, "async_calls", None):
+            return False
+        writers = self._writers()
+        dead = [p for p in writers if not p.is_alive() and p.exitcode not in (0, None)]
+        flags = torch.tensor([1 if dead else 0, 1 if any(p.is_alive() for p in writers) else 0], dtype=torch.int32)
+        if dist.get_backend() == "nccl":
+            flags = flags.cuda()
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        if flags[0].item():
+            self._broken = True
+            previous = read_latest_name(self.root)
+            who = (f"process {dead[0].pid} ({_exit_text(dead[0].exitcode)}) on rank {dist.get_rank()}" if dead
+                   else "its process on another rank")
+            raise CheckpointWriterDied(
+                f"the background checkpoint writer of {self._in_flight} died: {who}; that save is incomplete "
+                f"and latest still names {previous or 'no checkpoint'}: relaunch to resume from it (if this "
+                f"repeats, check the host's memory and set checkpoint.async_save=false)")
+        return bool(flags[1].item())
+
     def poll(self) -> None:
         """Finalize finished async saves (non-blocking)."""
-        if self._queue is not None:
-            self._queue.maybe_finalize_async_calls(blocking=False)
+        if self._queue is not None and not self._broken:
+            self._check_writers()
+            try:
+                self._queue.maybe_finalize_async_calls(blocking=False)
+            except BaseException as e:  # torch's CheckpointException is a BaseException
+                self._raise_if_storage_failed(e)
+                raise
 
     def wait(self) -> None:
         """Block until every in-flight async save is finalized."""
-        if self._queue is not None:
+        if self._queue is None or self._broken:
+            return
+        import time
+
+        while self._check_writers():  # poll (collectively), so a writer that dies is noticed
+            time.sleep(0.05)
+        try:
             self._queue.maybe_finalize_async_calls(blocking=True)
+        except BaseException as e:  # torch's CheckpointException is a BaseException
+            self._raise_if_storage_failed(e)
+            raise
 
     def close(self) -> None:
+        """Finish the in-flight saves (skipped after a failed one) and stop the async machinery."""
+        if self._queue is None:
+            return
+        if self._broken:
+            for p in self._writers():
+                if p.is_alive():
+                    p.kill()
+                p.join(timeout=5)
+            self._queue.async_calls.clear()
+            return
         self.wait()
-        if self._queue is not None:
-            self._queue.close()
+        self._queue.close()
 
     # ---------------------------------------------------------------- load
     def load(self, path: Path, chunks, optimizer, scheduler, load_optimizer: bool = True) -> Dict[str, Any]:
@@ -224,7 +370,9 @@ class Checkpointer:
         with_rng = same_layout and load_optimizer  # weights-only loads (fine-tuning, conversions) keep fresh RNG
         state = self._sharded_state(chunks, optimizer if load_optimizer else None, load=True, with_rng=with_rng)
         try:
-            loaded = dist_checkpointing.load(state, str(path))
+            with warnings.catch_warnings():  # megatron-core's own deprecated calls (load_state_dict, ShardedTensor)
+                warnings.filterwarnings("ignore", category=FutureWarning)
+                loaded = dist_checkpointing.load(state, str(path))
         except (CheckpointingException, CheckpointException) as e:
             raise CheckpointError(f"cannot load checkpoint {path} into this model: {type(e).__name__}: "
                                   f"{str(e).splitlines()[0] if str(e) else ''}") from e
@@ -238,6 +386,22 @@ class Checkpointer:
         ts = TrainState(**loaded["train_state"]) if load_optimizer else TrainState()
         return {"train_state": ts, "data": loaded.get("data") if load_optimizer else None,
                 "config": loaded.get("config"), "same_layout": same_layout}
+
+
+def read_latest_name(root: Path) -> Optional[str]:
+    """What `latest` holds (None without one)."""
+    try:
+        return (Path(root) / LATEST).read_text().strip() or None
+    except OSError:
+        return None
+
+
+def _exit_text(code: Optional[int]) -> str:
+    import signal
+
+    if code is not None and code < 0:
+        return f"killed by {signal.Signals(-code).name}"
+    return f"exit code {code}"
 
 
 def _atomic_write(path: Path, text: str) -> None:

@@ -27,6 +27,14 @@ class OptimizerConfig:
     offload_fraction: float = 0.0
 
     def validate(self) -> None:
+        for key in ("weight_decay", "clip_grad"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"optimizer.{key} must be >= 0, got {getattr(self, key)}")
+        if self.eps <= 0:
+            raise ConfigError(f"optimizer.eps must be > 0, got {self.eps}")
+        for key in ("beta1", "beta2"):
+            if not 0 <= getattr(self, key) < 1:
+                raise ConfigError(f"optimizer.{key} must be in [0, 1), got {getattr(self, key)}")
         if self.overlap_param_gather and not self.distributed:
             raise ConfigError("optimizer.overlap_param_gather=true needs optimizer.distributed=true")
         if not 0.0 <= self.offload_fraction <= 1.0:
@@ -49,6 +57,8 @@ class ScheduleConfig:
     def validate(self) -> None:
         if self.warmup_iters < 0:
             raise ConfigError(f"schedule.warmup_iters must be >= 0, got {self.warmup_iters}")
+        if self.decay_iters is not None and self.decay_iters < 1:
+            raise ConfigError(f"schedule.decay_iters must be >= 1 or null, got {self.decay_iters}")
         if not 0.0 < self.wsd_decay_fraction <= 1.0:
             raise ConfigError(f"schedule.wsd_decay_fraction must be in (0, 1], got {self.wsd_decay_fraction}")
 

@@ -40,6 +40,13 @@ class RunSection:
     dir: str = "runs/default"
     name: str = ""
     seed: int = 1234
+    check_memory: bool = True  # refuse a model the planner says does not fit the device/host (preflight)
+
+    def validate(self) -> None:
+        if not 0 <= self.seed < 2**32:
+            raise ConfigError(f"run.seed must be in [0, 2**32), got {self.seed}")
+        if not str(self.dir).strip():
+            raise ConfigError("run.dir is empty: name the run's directory, e.g. --set run.dir=runs/my_run")
 
 
 @dataclass
@@ -62,6 +69,10 @@ class TrainConfig:
     def validate(self) -> None:
         if (self.iters is None) == (self.tokens is None):
             raise ConfigError("set exactly one of train.iters and train.tokens")
+        for key in ("iters", "tokens", "exit_after_iters"):
+            value = getattr(self, key)
+            if value is not None and value < 1:
+                raise ConfigError(f"train.{key} must be >= 1, got {value}")
         for key in ("micro_batch", "global_batch", "seq_len", "log_interval", "eval_iters", "max_nonfinite_steps"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"train.{key} must be >= 1, got {getattr(self, key)}")
@@ -112,6 +123,10 @@ class LoggingConfig:
     wandb_project: str = "cplm-megatron"
     wandb_entity: Optional[str] = None
     peak_tflops: Optional[float] = None  # per-device peak for MFU; None: by GPU model (CPU: 1.0 nominal)
+
+    def validate(self) -> None:
+        if self.peak_tflops is not None and self.peak_tflops <= 0:
+            raise ConfigError(f"logging.peak_tflops must be > 0 or null, got {self.peak_tflops}")
 
 
 @dataclass

@@ -1,26 +1,36 @@
-"""Graceful stop on SIGTERM/SIGUSR1: checkpoint at the next step boundary, exit with RESUME_EXIT_CODE.
+"""Graceful stop on SIGTERM/SIGUSR1/SIGINT: checkpoint at the next step boundary, exit with RESUME_EXIT_CODE.
 
 SLURM sends USR1 ahead of the time limit (`--signal=B:USR1@...`, forwarded by slurm/launch.sh) and TERM
-on preemption/scancel. The handler only records the signal; `StopSignal.requested()` agrees on it
-across all ranks (a MAX all-reduce), so every rank saves and exits on the same step. Entry points
+on preemption/scancel; Ctrl-C is SIGINT (a terminal sends it to every process of the job: the python
+process, or torchrun and its workers). A second stop signal, arriving more than `REPEAT_AFTER_S` after
+the first (a launcher forwarding the same Ctrl-C is not a second one), stops the process at once
+(exit 128 + the signal: the work since the last checkpoint is lost). The handler only records the signal;
+`StopSignal.requested()` agrees on it across all ranks (a MAX all-reduce), so every rank saves and exits on
+the same step. Entry points
 call `defer_stop_signals()` first, so a signal during start-up waits for the handler instead of
-killing the process.
+killing the process (it returns the previous mask, for an in-process caller to restore).
 """
 from __future__ import annotations
 
+import os
 import signal
+import sys
+import time
 from typing import Optional
 
 # sysexits.h EX_TEMPFAIL: "temporary failure; the user is invited to retry". Launchers requeue on it.
 RESUME_EXIT_CODE = 75
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+# A signal this long after the first is a second request (stop now); earlier ones are the same request
+# arriving twice (a Ctrl-C reaches the workers from the terminal and again from torchrun).
+REPEAT_AFTER_S = 1.0
 
 
-def defer_stop_signals() -> None:
+def defer_stop_signals() -> set:
     """Block the stop signals until `StopSignal` installs its handlers (it unblocks them): a signal that
     arrives while the process starts up then stops the run at its first step boundary instead of killing it
     (call first thing in an entry point; the main thread's mask is inherited by threads started later)."""
-    signal.pthread_sigmask(signal.SIG_BLOCK, set(STOP_SIGNALS))
+    return signal.pthread_sigmask(signal.SIG_BLOCK, set(STOP_SIGNALS))
 
 
 def _start_resource_tracker_without(signals) -> None:
@@ -43,15 +53,27 @@ class StopSignal:
 
     def __init__(self) -> None:
         self.received: Optional[int] = None
+        self._received_at = 0.0
         self._previous = {}
-        _start_resource_tracker_without(self.SIGNALS)
-        for sig in self.SIGNALS:
+        for sig in self.SIGNALS:  # first: starting the resource tracker unblocks SIGINT/SIGTERM (multiprocessing)
             self._previous[sig] = signal.signal(sig, self._handle)
+        _start_resource_tracker_without(self.SIGNALS)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, set(self.SIGNALS))  # deferred ones are delivered now
 
     def _handle(self, signum, frame) -> None:  # noqa: ARG002 - signal handler signature
+        now = time.monotonic()
         if self.received is None:
-            self.received = signum
+            self.received, self._received_at = signum, now
+            if signum == signal.SIGINT:
+                print(f"[train] {signal.Signals(signum).name}: saving a checkpoint at the next step boundary, then "
+                      f"exit {RESUME_EXIT_CODE}; press Ctrl-C again to stop at once (losing the work since the "
+                      f"last checkpoint)", file=sys.stderr, flush=True)
+            return
+        if now - self._received_at > REPEAT_AFTER_S:
+            print(f"[train] {signal.Signals(signum).name} again: stopping now, without a checkpoint",
+                  file=sys.stderr, flush=True)
+            kill_descendants()
+            os._exit(128 + signum)
 
     def requested(self) -> bool:
         """Collective: True on every rank if any rank received a signal."""
@@ -69,3 +91,27 @@ class StopSignal:
     def restore(self) -> None:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
+
+
+def kill_descendants(timeout: float = 5.0) -> None:
+    """SIGKILL this process's helper processes (async checkpoint writers and their Manager, data workers) so a
+    failing trainer leaves no orphan behind; multiprocessing's resource tracker is spared: it removes the
+    shared memory they leave when this process exits."""
+    try:
+        import psutil
+    except ImportError:
+        return
+    try:
+        children = psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return
+    victims = []
+    for child in children:
+        try:
+            if any("resource_tracker" in part for part in child.cmdline()):
+                continue
+            child.kill()
+            victims.append(child)
+        except psutil.Error:
+            continue
+    psutil.wait_procs(victims, timeout=timeout)

@@ -16,7 +16,8 @@ import torch
 from cplm_megatron.model.accounting import CopyHeadShape, train_flops_per_token
 from cplm_megatron.training.checkpointing import Checkpointer, TrainState
 from cplm_megatron.training.metrics_log import MetricsLogger, format_line, rank0_print
-from cplm_megatron.training.resume import StartPlan, plan_start
+from cplm_megatron.training.preflight import checkpoint_size
+from cplm_megatron.training.resume import StartPlan, apply_plan, plan_start
 from cplm_megatron.training.run_config import RunConfig, dump_run_config
 from cplm_megatron.training.signals import RESUME_EXIT_CODE, StopSignal
 from cplm_megatron.training.step import eval_step, setup_model_config, take, train_step
@@ -62,21 +63,33 @@ class Trainer:
     """Owns the model chunks, optimizer, data and bookkeeping of one run (one per process)."""
 
     def __init__(self, cfg: RunConfig):
-        from cplm_megatron.model.builder import build_model, use_te_spec
-        from cplm_megatron.parallel.distributed import detect_env, init_distributed
-        from cplm_megatron.training.optimizer import build_optimizer, build_scheduler, wrap_ddp
-
         self.cfg = cfg
         self.run_dir = Path(cfg.run.dir)
         self.stop = StopSignal()  # first: a signal during set-up is acted on at the first step boundary
-        # Everything that can refuse the launch runs before any process group exists and before any write.
+        try:
+            self._build(cfg)
+        except BaseException:
+            self.stop.restore()
+            raise
+
+    def _build(self, cfg: RunConfig) -> None:
+        """Every check first (config vs world, resume plan, machine, model, data, the checkpoint's data
+        position), then the first write to run.dir (checkpoint.overwrite's delete, a rollback's set-aside,
+        config.yaml): a refused launch leaves run.dir as it was."""
+        from cplm_megatron.model.builder import build_model, use_te_spec
+        from cplm_megatron.parallel.distributed import detect_env, init_distributed
+        from cplm_megatron.training.optimizer import build_optimizer, build_scheduler, wrap_ddp
+        from cplm_megatron.training.preflight import preflight
+
+        # The checks that need no process group run before one exists: a refusal costs no rendezvous.
         env = detect_env()
-        cfg.validate_world(env.world_size)
+        dp = cfg.validate_world(env.world_size)
         use_te_spec(cfg.model, cfg.precision)
         plan = plan_start(cfg)
+        reclaimed = _tree_bytes(self.run_dir / "checkpoints") if plan.delete_existing else 0.0
+        preflight(cfg, dp, env.local_world_size, reclaimed)
         self.layout = init_distributed(cfg.parallel, cfg.model, cfg.run.seed, env)
         self.is_logger = self.layout.rank == 0
-        self._prepare_run_dir(plan)
         self.total_iters = cfg.train.total_iters()
         chunks = build_model(cfg.model, cfg.copy_head, cfg.parallel, cfg.precision, cfg.recompute,
                              max_seq_len=cfg.train.seq_len)
@@ -89,10 +102,12 @@ class Trainer:
         self.num_micro = cfg.data.num_microbatches(self.layout.dp)
         resumed_from = plan.checkpoint.iteration if plan.resumed else None
         self.checkpointer = Checkpointer(self.run_dir / "checkpoints", cfg.checkpoint.keep,
-                                         cfg.checkpoint.async_save, log=rank0_print, resumed_from=resumed_from)
+                                         cfg.checkpoint.async_save, log=rank0_print, resumed_from=resumed_from,
+                                         checkpoint_size=checkpoint_size(cfg))
         self.state = TrainState()
-        self._load(plan)
+        self._load(plan)  # the data loader refuses a position that does not fit its streams: still nothing written
         self.saved_at = resumed_from  # the checkpoint resumed from is not saved again
+        self._prepare_run_dir(plan)
         self.logger = MetricsLogger(self.run_dir, cfg.logging, cfg.to_dict(), self.is_logger,
                                     resume_iteration=self.state.iteration, run_name=cfg.run.name)
         flops = train_flops_per_token(cfg.model, cfg.train.seq_len, copy_shape(cfg), cfg.recompute.granularity)
@@ -110,15 +125,13 @@ class Trainer:
                     f"copy head {'on' if cfg.copy_head.enabled else 'off'}")
 
     def _prepare_run_dir(self, plan: StartPlan) -> None:
-        """Rank 0: delete old checkpoints if checkpoint.overwrite asked for it, write config.yaml (only now
-        that the config is known to fit the checkpoint), report the plan's notes."""
-        import shutil
-
+        """Rank 0, once every check passed: delete old checkpoints (checkpoint.overwrite) or set newer ones
+        aside (a rollback), write config.yaml, report the plan's notes."""
         import torch.distributed as dist
 
+        dist.barrier()  # every rank passed its checks (model, data, the checkpoint's data position)
         if self.is_logger:
-            if plan.delete_existing:
-                shutil.rmtree(self.run_dir / "checkpoints")
+            apply_plan(plan, self.run_dir / "checkpoints")
             self.run_dir.mkdir(parents=True, exist_ok=True)
             dump_run_config(self.cfg, self.run_dir / "config.yaml")
             for note in plan.notes:
@@ -270,6 +283,11 @@ class Trainer:
         if self.is_logger:
             print(format_line(rec, self.total_iters), flush=True)
         self.logger.log(rec)
+
+
+def _tree_bytes(path: Path) -> float:
+    """Bytes of the files under `path` (0 if it does not exist)."""
+    return float(sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file()))
 
 
 def peak_memory_gib() -> float:

@@ -50,3 +50,42 @@ def test_built_corpus_layout(stdlib_corpus: StdlibCorpus) -> None:
     record = json.loads((stdlib_corpus.tokenizer_dir / "cplm_tokenizer.json").read_text())
     assert set(record["source_files"]) == train  # the tokenizer never saw validation modules
     assert all(Path(f).suffix == ".py" for f in train | val)
+
+
+def test_three_way_split_keeps_validation_and_cleans_held_out_files(tmp_path: Path) -> None:
+    from cplm_megatron.data.stdlib_corpus import clean_held_out, is_generated, split_three_ways
+
+    root = stdlib_root()
+    files = stdlib_sources(root)
+    train, dev, val = split_three_ways(files, root)
+    _, val_two_way = split_train_val(files, root)
+    assert val == val_two_way  # adding the dev split leaves validation as it was
+    assert not set(train) & set(dev) and not set(dev) & set(val) and sorted(train + dev + val) == files
+    assert 0.02 < len(dev) / len(files) < 0.09
+    assert is_generated(root / "encodings" / "cp1252.py") and not is_generated(root / "json" / "decoder.py")
+    original = tmp_path / "original.py"
+    original.write_text(" ".join(f"word{i}" for i in range(400)))
+    copy = tmp_path / "copy.py"
+    copy.write_text(" ".join(f"word{i}" for i in range(200)) + " " + " ".join(f"other{i}" for i in range(200)))
+    distinct = tmp_path / "distinct.py"
+    distinct.write_text(" ".join(f"fresh{i}" for i in range(400)))
+    codec = root / "encodings" / "cp1252.py"
+    new_train, kept, moved = clean_held_out([original], {"val": [copy, distinct, codec]})
+    assert kept == {"val": [distinct]} and set(new_train) == {original, copy, codec}
+    reasons = {Path(m["file"]).name: m["reason"] for m in moved}
+    assert reasons["cp1252.py"] == "generated" and reasons["copy.py"].startswith("near-duplicate (48%")  # 185 of 385 shingles
+
+
+def test_verbatim_overlap_counts_shared_windows(stdlib_corpus: StdlibCorpus, tmp_path: Path) -> None:
+    from cplm_megatron.data.stdlib_corpus import verbatim_overlap
+
+    text = " ".join(f"token{i} = value{i}" for i in range(300))
+    same, half = tmp_path / "a.py", tmp_path / "b.py"
+    same.write_text(text)
+    half.write_text(text[: len(text) // 2] + " ".join(f"fresh{i} != other{i}" for i in range(300)))
+    full = verbatim_overlap(stdlib_corpus.tokenizer_dir, [same], [same])
+    assert full["fraction_in_train"] == 1.0 and full["windows"] > 100
+    part = verbatim_overlap(stdlib_corpus.tokenizer_dir, [same], [half])
+    assert 0.2 < part["fraction_in_train"] < 0.8
+    both = verbatim_overlap(stdlib_corpus.tokenizer_dir, [same], {"val": [same], "dev": [half]})
+    assert both == {"val": full, "dev": part}  # one record per split, training windows hashed once

@@ -1,28 +1,10 @@
-"""Fixtures of the evaluation tests: a trained tiny baseline/CPLM pair, their HF exports, scorers.
-
-Imported by tests/evaluation/conftest.py and by tool tests that need a checkpoint (tests/tools).
-"""
+"""Fixtures of the evaluation tests: scorers of the session's trained pair and its HF exports (`runs`,
+`hf_exports`: tests/trained_runs.py). Imported by tests/evaluation/conftest.py."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-
-from tests.data_fixtures import TinyCorpus, synthetic_tokenizer, write_synthetic_dataset
-from tests.evaluation.runs import SEQ_LEN, VOCAB, shared_exports, shared_runs
-
-
-@pytest.fixture(scope="session")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """{'baseline': run dir, 'cplm': run dir}, trained once per session (~15-30 s)."""
-    return shared_runs(tmp_path_factory.getbasetemp())
-
-
-@pytest.fixture(scope="session")
-def hf_exports(runs: dict[str, Path], tiny_corpus: TinyCorpus, tmp_path_factory: pytest.TempPathFactory
-               ) -> dict[str, Path]:
-    """tools/convert_to_hf.py exports of both runs (CPLMForCausalLM / LlamaForCausalLM)."""
-    return shared_exports(tmp_path_factory.getbasetemp(), runs, tiny_corpus.tokenizer_dir)
 
 
 @pytest.fixture(scope="module")
@@ -40,16 +22,3 @@ def hf(hf_exports: dict[str, Path]):
     from cplm_megatron.evaluation.scorers import HFScorer
 
     return {name: HFScorer.load(path) for name, path in hf_exports.items()}
-
-
-@pytest.fixture(scope="session")
-def packed_val(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A prepared dataset of short random documents (5-40 tokens), packed several to a 64-token sample."""
-    import torch
-
-    g = torch.Generator().manual_seed(7)
-    docs = [torch.randint(1, VOCAB, (int(torch.randint(5, 41, (1,), generator=g)),), generator=g).tolist()
-            for _ in range(80)]
-    path = tmp_path_factory.mktemp("packed-val")
-    write_synthetic_dataset(path, docs, SEQ_LEN, synthetic_tokenizer(VOCAB))
-    return path

@@ -1,18 +1,16 @@
 """Tiny real training runs (baseline and CPLM) and their HF exports, shared by the evaluation tests.
 
-The pair is trained once per test session by the real trainer in subprocesses: 2 steps at a tiny
+The pair is trained once per test session by the real trainer in its own processes: 2 steps at a tiny
 learning rate (so the weights stay next to their initialization, which the init test relies on),
 a checkpoint after every step, synthetic copy data, vocabulary 512 (a multiple of Megatron's vocab
 padding, so the HF export holds exactly the Megatron output vocabulary).
 """
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+from tests import harness
+
 VOCAB = 512
 SEQ_LEN = 64
 LR = 1e-6
@@ -28,37 +26,26 @@ TINY = (
 NAMES = {"baseline": False, "cplm": True}
 
 
-def quiet_env() -> dict:
-    """Subprocess environment: one thread per process, no warnings spam, offline."""
-    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", "TOKENIZERS_PARALLELISM": "false",
-            "WANDB_MODE": "offline", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-
-
 def train_pair(root: Path) -> dict[str, Path]:
-    """Train the baseline and the CPLM run side by side; {name: run dir}."""
-    procs = {}
+    """Train the baseline and the CPLM run side by side (warm processes: tests/harness.py); {name: run dir}."""
+    runs = {}
     for name, cplm in NAMES.items():
         run_dir = root / name
-        cmd = [sys.executable, str(REPO / "pretrain" / "pretrain_cplm.py"), "--config", str(REPO / "configs" / "tiny.yaml"),
-               "--set", f"run.dir={run_dir}", f"copy_head.enabled={str(cplm).lower()}", *TINY]
-        procs[name] = (run_dir, subprocess.Popen(cmd, cwd=REPO, env=quiet_env(), stdout=subprocess.PIPE,
-                                                 stderr=subprocess.STDOUT, text=True))
-    for name, (_, proc) in procs.items():
-        out, _ = proc.communicate(timeout=600)
-        assert proc.returncode == 0, f"training {name} failed:\n{out[-4000:]}"
-    return {name: run_dir for name, (run_dir, _) in procs.items()}
+        runs[name] = (run_dir, harness.start_pretrain(1, [f"run.dir={run_dir}", f"copy_head.enabled={str(cplm).lower()}",
+                                                          *TINY], root / f"{name}.log"))
+    for name, (_, proc) in runs.items():
+        proc.wait(timeout=harness.PROCESS_TIMEOUT_S)
+        assert proc.returncode == 0, f"training {name} failed:\n{(root / f'{name}.log').read_text()[-4000:]}"
+    return {name: run_dir for name, (run_dir, _) in runs.items()}
 
 
 def export_hf(run_dirs: dict[str, Path], root: Path, tokenizer: Path) -> dict[str, Path]:
     """tools/convert_to_hf.py on each run's latest checkpoint (subprocesses side by side, as a user runs it)."""
-    procs = {}
-    for name, run_dir in run_dirs.items():
-        cmd = [sys.executable, str(REPO / "tools" / "convert_to_hf.py"), "--checkpoint", str(run_dir),
-               "--output", str(root / name), "--tokenizer", str(tokenizer)]
-        procs[name] = subprocess.Popen(cmd, cwd=REPO, env=quiet_env(), stdout=subprocess.PIPE,
-                                       stderr=subprocess.STDOUT, text=True)
+    procs = {name: harness.start_tool("convert_to_hf", "--checkpoint", str(run_dir), "--output", str(root / name),
+                                      "--tokenizer", str(tokenizer))
+             for name, run_dir in run_dirs.items()}
     for name, proc in procs.items():
-        out, _ = proc.communicate(timeout=600)
+        out, _ = proc.communicate(timeout=harness.PROCESS_TIMEOUT_S)
         assert proc.returncode == 0, f"export of {name} failed:\n{out[-4000:]}"
     return {name: root / name for name in run_dirs}
 

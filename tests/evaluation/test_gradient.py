@@ -14,6 +14,8 @@ from cplm_megatron.evaluation.tasks.gradient import (
 )
 from tests.evaluation.runs import VOCAB
 
+pytestmark = pytest.mark.mcore  # the outcome depends on megatron-core (both CI legs)
+
 
 def test_outside_span_fraction_against_least_squares():
     g = torch.Generator().manual_seed(0)
@@ -96,3 +98,78 @@ def test_hf_gradients_match_megatron(megatron, hf, name):
     torch.testing.assert_close(got.hidden_grad_lm, want.hidden_grad_lm, rtol=1e-3, atol=1e-8)
     if name == "cplm":
         torch.testing.assert_close(got.hidden_grad_copy, want.hidden_grad_copy, rtol=1e-3, atol=1e-8)
+
+
+def test_projection_is_chunked_and_the_chance_value_is_reported(monkeypatch):
+    """Row chunks give the same figure as one block (so no fp64 [N, V] matrix is needed at V = 131072), and a
+    gradient unrelated to W keeps d/V of its energy: outside ~ sqrt(1 - d/V), retained_over_chance ~ 1."""
+    from cplm_megatron.evaluation.tasks import gradient
+
+    g = torch.Generator().manual_seed(1)
+    w = torch.randn(2048, 32, generator=g)
+    grad = torch.randn(300, 2048, generator=g)
+    whole = outside_span_fraction(grad, w)
+    assert gradient.CHUNK_ELEMENTS // 131072 >= 32  # >= 32 rows of a V = 131072 gradient per 64 MB chunk
+    monkeypatch.setattr(gradient, "CHUNK_ELEMENTS", 7 * 2048)  # 7 rows per chunk, a ragged last chunk
+    # fp64 sums of the same squared entries in another grouping: ~1e-15 relative
+    assert outside_span_fraction(grad, w) == pytest.approx(whole, rel=1e-12)
+    grads = gradient.HeadGradients(0.0, grad, w, torch.randn(4, 32, generator=g), None)
+    figures = gradient_figures(grads)
+    assert figures["logit_grad_outside_span_chance"] == pytest.approx((1 - 32 / 2048) ** 0.5, rel=1e-12)
+    # a random [300, 2048] G: its retained energy is a chi-square mean over 300 * 32 dof -> ~2% spread
+    assert figures["retained_over_chance"] == pytest.approx(1.0, abs=0.1)
+    assert figures["copy_grad_projection"] == 0.0 and figures["lm_grad_projection"] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("mixing", ["gate", "sentinel"])
+def test_hf_split_sums_to_the_hf_models_own_gradient(mixing):
+    """HF exports of every mixing rule (sentinel has no single gate logit): g_lm + g_copy = dL/dh of the HF model's
+    own loss, and the cosine split's two shares sum to 1."""
+    from cplm_megatron.evaluation.scorers import HFScorer
+    from tests.hf.hf_testing import cplm_config, tiny_cplm
+
+    model = tiny_cplm(cplm_config(copy_mixing=mixing), seed=2, gate_bias=0.5)
+    scorer = HFScorer(model, None)
+    batch = make_batch([copy_sample(i, 32, 300, seed=5)[0] for i in range(2)])
+    got = hf_head_gradients(scorer, batch)
+    captured = []
+    handle = model.model.register_forward_hook(lambda _m, _a, out: captured.append(out.last_hidden_state))
+    try:
+        total, grads = 0.0, []
+        for row in range(2):
+            captured.clear()
+            out = model(input_ids=batch["tokens"][row:row + 1])
+            hidden = captured[0]
+            hidden.retain_grad()
+            nll = -out.logits[0].gather(-1, batch["labels"][row][:, None]).squeeze(-1)
+            loss = nll.sum() / batch["loss_mask"].sum()
+            loss.backward()
+            total += float(loss)
+            grads.append(hidden.grad[0])
+    finally:
+        handle.remove()
+    # the same fp32 computation split at h vs whole (one backward): reassociated sums of ~V terms, 1e-5 relative
+    assert got.loss == pytest.approx(total, rel=1e-5)
+    torch.testing.assert_close(got.hidden_grad_lm + got.hidden_grad_copy, torch.cat(grads), rtol=1e-4, atol=1e-8)
+    figures = gradient_figures(got)
+    assert figures["copy_grad_projection"] + figures["lm_grad_projection"] == pytest.approx(1.0, abs=1e-9)
+    assert -1.0 <= figures["copy_lm_grad_cosine"] <= 1.0
+
+
+def test_task_in_sequence_chunks_equals_the_whole_batch(megatron, monkeypatch):
+    """The task runs its batch one sequence at a time (bounded memory at V = 131072) with the whole batch's loss
+    normalization: the same figures as the whole batch at once."""
+    from cplm_megatron.evaluation.options import EvalOptions
+    from cplm_megatron.evaluation.tasks import gradient
+
+    scorer = megatron["cplm"]
+    options = EvalOptions(limit=3, copy_length=64, show_progress=False)
+    whole = gradient_figures(gradient.head_gradients(scorer, gradient.gradient_batch(scorer, options)))
+    monkeypatch.setattr(gradient, "LOGIT_ELEMENTS", 1)  # one sequence per chunk
+    result = gradient.run(scorer, options)
+    assert result.details["sequences_per_chunk"] == 1 and result.details["sequences"] == 3
+    # the same fp32 per-sequence computations at another batch size (matmul blocking): ~1e-6 relative; sums of
+    # squares in fp64 -> 1e-5 leaves room
+    for key, value in whole.items():
+        if value == value:  # not nan
+            assert result.metrics[key] == pytest.approx(value, rel=1e-5, abs=1e-9), key

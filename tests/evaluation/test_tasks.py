@@ -13,6 +13,8 @@ from cplm_megatron.evaluation.runner import evaluate, format_table, parse_tasks
 from cplm_megatron.evaluation.tasks import copy, passkey, spamlang, val
 from tests.evaluation.induction import InductionScorer
 
+pytestmark = pytest.mark.mcore  # the outcome depends on megatron-core (both CI legs)
+
 VOCAB = 20_000
 PASSKEY_VOCAB = 50_000  # no key token recurs in these samples' filler (checked in the test)
 CONF = 0.9
@@ -116,3 +118,32 @@ def test_val_equals_the_models_masked_loss(megatron, packed_val: Path, isolated_
 def test_val_without_data_names_the_fix():
     with pytest.raises(ValueError, match="pass --data DIR"):
         val.val_paths(InductionScorer(VOCAB), options())
+
+
+def test_val_lm_loss_is_the_lm_heads_own_cross_entropy(megatron, packed_val: Path, isolated_streaming):
+    """val_lm_loss of a CPLM = Megatron's own LM cross entropy (compute_language_model_loss) on the output layer's
+    logits; for a baseline it is val_loss."""
+    scorer = megatron["cplm"]
+    result = val.run(scorer, options(data=str(packed_val), val_all=True))
+    assert result.details["sequences"] == result.details["samples_available"]
+    model = scorer.model
+    loader = val.open_val_loader([str(packed_val)], 4, True, scorer.vocab_size)
+    total = count = 0.0
+    captured: list = []
+    for batch in loader:
+        captured.clear()
+        handle = model.decoder.register_forward_hook(lambda _m, _a, out: captured.append(out))
+        inputs = scorer.model_inputs(batch)
+        with torch.no_grad():
+            model(**inputs, output="loss")
+            handle.remove()
+            weight = model.shared_embedding_or_output_weight() if model.share_embeddings_and_output_weights else None
+            logits, _ = model.output_layer(captured[0], weight=weight)
+            ce = model.compute_language_model_loss(inputs["labels"], logits)  # [b, s]
+        total += float((ce * inputs["loss_mask"]).sum())
+        count += float(inputs["loss_mask"].sum())
+    # fp32 per-token CE by two implementations (Megatron's vocab-parallel CE vs log_softmax): ~1e-6 relative each
+    assert result.metrics["val_lm_loss"] == pytest.approx(total / count, rel=1e-5)
+    assert result.metrics["val_lm_loss"] != pytest.approx(result.metrics["val_loss"], rel=1e-4)  # the mixture differs
+    base = val.run(megatron["baseline"], options(data=str(packed_val)))
+    assert base.metrics["val_lm_loss"] == base.metrics["val_loss"]

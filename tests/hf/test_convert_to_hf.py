@@ -25,6 +25,8 @@ from cplm_megatron.training.checkpoint_lookup import resolve_checkpoint
 from tests.data_fixtures import write_synthetic_dataset
 from tests.dist_utils import run_distributed
 
+pytestmark = [pytest.mark.mcore, pytest.mark.mcore_latest]  # the HF export of every layout on both legs
+
 # two independent fp32 implementations (Megatron in the saving layout vs HF) of the tiny preset (hidden 128,
 # ffn 384, 4 layers, vocab ~4096): other summation orders in every matmul and softmax plus separately computed
 # RoPE tables (angles < 64 rad rounded at 2^-24) give ~1e-5 relative on |logits|, |log p| <~ 10 -> 1e-4
@@ -175,3 +177,36 @@ def test_unsupported_architectures_are_clear_errors() -> None:
         check_exportable(load_preset("tiny-gpt2", num_query_groups=2), None)
     with pytest.raises(ConversionError, match="model.add_bias_linear=True"):
         check_exportable(load_preset("tiny", add_bias_linear=True), CopyHeadConfig())
+
+
+def test_a_checkpoint_pruned_while_converting_is_replaced_by_the_newest(tmp_path: Path, tokenizer_dir: Path,
+                                                                         monkeypatch, caplog) -> None:
+    """A run still training moves `latest` to iter_0000006 and prunes iter_0000004 while convert_to_hf reads it
+    (keep=2): the conversion retries with the newest complete checkpoint; an iter_* dir named explicitly is not
+    replaced, and the error names the newest (never a fresh start while complete checkpoints exist)."""
+    import cplm_megatron.hf.convert as convert
+    from tests.training.checkpoint_files import tiny_config, write_checkpoints
+
+    root = write_checkpoints(tiny_config(tmp_path / "run", "model.vocab_size=4096"), [2, 4, 6])
+    real_read = convert.read_tensors
+    reads = []
+
+    def read_while_training(iter_dir, keys):  # the trainer's next save lands and prunes the one being read
+        reads.append(iter_dir.name)
+        if iter_dir.name == "iter_0000004":
+            (root / "latest").write_text("iter_0000006\n")
+            shutil.rmtree(iter_dir)
+        return real_read(iter_dir, keys)
+
+    monkeypatch.setattr(convert, "read_tensors", read_while_training)
+    (root / "latest").write_text("iter_0000004\n")
+    shutil.copytree(root / "iter_0000004", tmp_path / "iter_0000004_copy")
+    out = convert_to_hf(tmp_path / "run", tmp_path / "hf", tokenizer=tokenizer_dir)
+    assert reads == ["iter_0000004", "iter_0000006"] and (out / "config.json").is_file()
+    assert "iter_0000004 was removed while being read (pruned by the run still training): retrying with the " \
+           "newest complete checkpoint iter_0000006" in caplog.text
+    shutil.copytree(tmp_path / "iter_0000004_copy", root / "iter_0000004")
+    with pytest.raises(CheckpointError) as explicit:
+        convert_to_hf(root / "iter_0000004", tmp_path / "hf2", tokenizer=tokenizer_dir)
+    assert f"read the newest complete one: {root / 'iter_0000006'}" in str(explicit.value)
+    assert "overwrite" not in str(explicit.value) and not (tmp_path / "hf2").exists()

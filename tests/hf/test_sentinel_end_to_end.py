@@ -1,4 +1,4 @@
-"""`copy_head.mixing=sentinel` end to end: pretrain_cplm.py trains it at TP=2 (2 processes, torchrun),
+"""`copy_head.mixing=sentinel` end to end: pretrain_cplm.py trains it at TP=2 (2 processes),
 tools/convert_to_hf.py exports it, and tools/evaluate.py gives the export the checkpoint's validation loss."""
 import json
 from pathlib import Path
@@ -14,10 +14,10 @@ ITERS = 6
 # validation tokens keeps that size (measured 2e-8 here): 1e-3, the issue's bound, leaves a wide margin and still fails if the
 # export mixed otherwise (gate rule, missing lse, no EOD reset: >> 1e-2 on a trained copy head)
 VAL_ATOL = 1e-3
+# training at TP=2, the HF export and both evaluations: on the newest megatron-core too
+pytestmark = [pytest.mark.mcore, pytest.mark.slow, pytest.mark.mcore_latest, pytest.mark.usefixtures("isolated_streaming")]
 
 
-@pytest.mark.slow
-@pytest.mark.usefixtures("isolated_streaming")
 def test_sentinel_trains_at_tp2_exports_and_keeps_its_validation_loss(stdlib_corpus, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     overrides = pu.tiny_overrides(stdlib_corpus, run_dir, ITERS, **{

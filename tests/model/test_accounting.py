@@ -19,6 +19,8 @@ from cplm_megatron.model.accounting import (
 from cplm_megatron.model.config import load_preset
 from tests.dist_utils import run_distributed
 
+pytestmark = pytest.mark.mcore  # the outcome depends on megatron-core (both CI legs)
+
 
 def _profile(rank: int, copy: bool):
     import torch

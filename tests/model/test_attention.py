@@ -10,6 +10,9 @@ from cplm_megatron.model.config import load_preset
 from tests.dist_utils import run_distributed
 from tests.model import attention_workers as w
 
+# SDPA = megatron's attention on both megatron-core legs (the newest is the GPU users' release)
+pytestmark = [pytest.mark.mcore, pytest.mark.mcore_latest]
+
 
 @pytest.fixture(scope="module", params=[1, 2], ids=["tp1", "tp2"])
 def results(request):

@@ -4,21 +4,25 @@ across TP ranks, Megatron-native inference, the megatron-core signature it relie
 import pytest
 import torch
 
-from tests.dist_utils import run_distributed
+from tests.data_fixtures import streaming_segments_removed
+from tests.harness import Call, run_cases
 from tests.model import copy_workers as w
+from tests.parallel.layouts import one_step
+
+pytestmark = pytest.mark.mcore  # the outcome depends on megatron-core (both CI legs)
 
 
 @pytest.mark.slow
-def test_causality_exact():
-    [res] = run_distributed(w.causality, 1)
+def test_causality_exact(runs):
+    [res] = runs["causality"]
     for t, earlier_equal, later_changed in res["results"]:
         assert earlier_equal, f"loss before position {t + 1} changed when only later tokens changed"
         assert later_changed
 
 
 @pytest.mark.slow
-def test_positions_without_candidates_have_zero_gate_and_lm_loss():
-    [r] = run_distributed(w.no_candidate_positions, 1)
+def test_positions_without_candidates_have_zero_gate_and_lm_loss(runs):
+    [r] = runs["no_candidates"]
     none = ~r["has_candidate"]
     assert none[:, 0].all() and none[:, 16].all()  # sequence start and document start
     assert none[1, :9].all()  # masked history: the first candidate of row 1 is position 8
@@ -29,8 +33,8 @@ def test_positions_without_candidates_have_zero_gate_and_lm_loss():
 
 @pytest.mark.slow
 @pytest.mark.parametrize("tp", [1, 2])
-def test_full_distribution_sums_to_one_and_matches_the_loss(tp):
-    results = run_distributed(w.distribution, tp, tp)
+def test_full_distribution_sums_to_one_and_matches_the_loss(tp, runs):
+    results = runs[f"distribution_tp{tp}"]
     for r in results:
         # fp32 sum of 4096 probabilities (over TP shards): random-walk rounding sqrt(4096) * 2^-24 ~ 4e-6 -> 1e-5
         torch.testing.assert_close(r["mass"], torch.ones_like(r["mass"]), rtol=0, atol=1e-5)
@@ -46,15 +50,15 @@ def test_full_distribution_sums_to_one_and_matches_the_loss(tp):
 
 
 @pytest.mark.slow
-def test_disabled_head_is_the_plain_backbone_bit_for_bit():
-    [r] = run_distributed(w.disabled_is_plain_backbone, 1)
+def test_disabled_head_is_the_plain_backbone_bit_for_bit(runs):
+    [r] = runs["disabled"]
     assert r["names_equal"] and r["params_equal"] and r["n_params"] == r["n_plain"]
     assert r["loss_equal"] and r["grads_equal"]
 
 
 @pytest.mark.slow
-def test_tiny_cplm_learns_spamlang():
-    [r] = run_distributed(w.spamlang_learning, 1, 40)
+def test_tiny_cplm_learns_spamlang(runs):
+    [r] = runs["spamlang"]
     assert r["vocab"] >= 64 * r["hidden"]
     assert max(r["acc"]) >= 0.99, r["acc"]
     first = next(i for i, a in enumerate(r["acc"]) if a >= 0.99)
@@ -78,19 +82,46 @@ def short_documents(tmp_path_factory) -> str:
     return str(path)
 
 
+BATCH_PATH_LAYOUTS = {"tp1": {"tp": 1}, "tp2-sp": {"tp": 2, "sp": "true"}, "pp2": {"pp": 2}}
+SENTINEL = {"heads": 2, "head_dim": 16, "impl": "chunked", "mixing": "sentinel", "gate_bias_init": 3.0}
+
+
+@pytest.fixture(scope="module")
+def runs(short_documents, tmp_path_factory) -> dict:
+    """Every worker of this module, one process group per world size (megatron's state rebuilt per case)."""
+    root = tmp_path_factory.mktemp("cplm-gpt")
+
+    def batch_path(name: str) -> Call:
+        layout = BATCH_PATH_LAYOUTS[name]
+        overrides = [f"run.dir={root / name}", f"data.streams=[{short_documents}]", "data.val_streams=[]",
+                     "data.document_masking=false", "data.eod_mask_loss=false", "train.iters=1", "train.seq_len=32",
+                     "train.micro_batch=2", "train.global_batch=4", "train.eval_interval=0", "train.log_interval=1",
+                     "checkpoint.enabled=false", "logging.wandb=false", "copy_head.head_dim=16",
+                     *[f"parallel.{key}={value}" for key, value in layout.items()]]
+        return Call(f"batch_path_{name}", w.training_batch_path, (overrides,))
+
+    copy = {"heads": 2, "head_dim": 16, "impl": "chunked"}
+    one = [Call("causality", w.causality), Call("no_candidates", w.no_candidate_positions),
+           Call("distribution_tp1", w.distribution, (1,)), Call("disabled", w.disabled_is_plain_backbone),
+           Call("spamlang", w.spamlang_learning, (40,)), Call("native_inference", w.native_inference),
+           Call("sentinel_tp1", one_step, ({}, str(root / "sentinel-init"), None, SENTINEL, 4, True)),
+           batch_path("tp1")]
+    two = [Call("distribution_tp2", w.distribution, (2,)), batch_path("tp2-sp"), batch_path("pp2"),
+           *[Call(f"bitwise_sp{sp}", one_step, ({"tp": 2, "sp": sp}, str(root / f"init-sp{sp}"), None, copy, 4, True))
+             for sp in (False, True)],
+           *[Call("sentinel_" + "".join(f"{k}{v}" for k, v in layout.items()), one_step,
+                  (layout, str(root / "sentinel-init"), None, SENTINEL)) for layout in ({"tp": 2}, {"pp": 2})]]
+    env = {"TMPDIR": str(tmp_path_factory.mktemp("streaming-tmp"))}  # the Trainer's streaming state
+    with streaming_segments_removed():
+        return {**run_cases(one, 1, env=env), **run_cases(two, 2, env=env)}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", [{"tp": 1}, {"tp": 2, "sp": "true"}, {"pp": 2}], ids=["tp1", "tp2-sp", "pp2"])
-def test_training_batch_path_gives_the_head_document_ids_without_document_masking(layout, short_documents, tmp_path,
-                                                                                   isolated_streaming):
+def test_training_batch_path_gives_the_head_document_ids_without_document_masking(layout, runs, request):
     """data.document_masking=false (plain causal attention, as the SmolLM2/Llama recipes): the packed samples'
     document ids still reach the copy head, so the gate is exactly 0 at every document's first position."""
-    overrides = [f"run.dir={tmp_path / 'run'}", f"data.streams=[{short_documents}]", "data.val_streams=[]",
-                 "data.document_masking=false", "data.eod_mask_loss=false", "train.iters=1", "train.seq_len=32",
-                 "train.micro_batch=2", "train.global_batch=4", "train.eval_interval=0", "train.log_interval=1",
-                 "checkpoint.enabled=false", "logging.wandb=false", "copy_head.head_dim=16",
-                 *[f"parallel.{key}={value}" for key, value in layout.items()]]
-    world = layout.get("tp", 1) * layout.get("pp", 1)
-    calls = [call for r in run_distributed(w.training_batch_path, world, overrides) for call in r["calls"]]
+    calls = [call for r in runs[f"batch_path_{request.node.callspec.id}"] for call in r["calls"]]
     assert len(calls) == 2 * (layout.get("tp", 1))  # two micro-batches on each rank holding the head
     boundaries = 0
     for call in calls:
@@ -110,13 +141,10 @@ def test_training_batch_path_gives_the_head_document_ids_without_document_maskin
 
 @pytest.mark.slow
 @pytest.mark.parametrize("sp", [False, True], ids=["tp2", "tp2-sp"])
-def test_copy_head_gradients_are_bitwise_identical_across_tp_ranks(sp, tmp_path):
+def test_copy_head_gradients_are_bitwise_identical_across_tp_ranks(sp, runs):
     """The head is replicated and its gradients are not reduced across TP ranks: every rank must compute
     exactly the same ones (same gathered hidden states, same all-reduced LM cross entropy) in a real step."""
-    from tests.parallel.layouts import one_step
-
-    copy = {"heads": 2, "head_dim": 16, "impl": "chunked"}
-    r0, r1 = run_distributed(one_step, 2, {"tp": 2, "sp": sp}, str(tmp_path / "init"), None, copy, 4, True)
+    r0, r1 = runs[f"bitwise_sp{sp}"]
     assert r0["layout"] == (2, 1, 1)
     assert set(r0["head_grads"]) == {"copy_head.q_proj.weight", "copy_head.k_proj.weight", "copy_head.gate.weight",
                                      "copy_head.gate.bias"}
@@ -126,8 +154,8 @@ def test_copy_head_gradients_are_bitwise_identical_across_tp_ranks(sp, tmp_path)
 
 
 @pytest.mark.slow
-def test_megatron_native_inference_is_refused_with_the_copy_head():
-    [r] = run_distributed(w.native_inference, 1)
+def test_megatron_native_inference_is_refused_with_the_copy_head(runs):
+    [r] = runs["native_inference"]
     status, message = r["cplm"]
     assert status == "refused" and "not supported with the Copy-Paste head" in message and "convert_to_hf" in message
     assert r["baseline"][0] == "ok"  # the plain backbone keeps Megatron's inference path
@@ -170,20 +198,17 @@ def test_a_changed_postprocess_signature_stops_model_building_with_a_clear_error
 
 
 @pytest.mark.slow
-def test_sentinel_mixing_at_tp2_and_pp2_equals_tp1(tmp_path):
+def test_sentinel_mixing_at_tp2_and_pp2_equals_tp1(runs):
     """`copy_head.mixing=sentinel` (one sentinel per copy head, reading each head's candidate lse) in a real
     train step: TP=2 and PP=2 (1F1B, 4 micro-batches) give TP=1's loss, gradient norm and copy-head gradients,
     and the replicated head's gradients are bit-identical on both TP ranks."""
-    from tests.parallel.layouts import one_step
-
-    copy = {"heads": 2, "head_dim": 16, "impl": "chunked", "mixing": "sentinel", "gate_bias_init": 3.0}
-    [ref] = run_distributed(one_step, 1, {}, str(tmp_path / "init"), None, copy, 4, True)
+    [ref] = runs["sentinel_tp1"]
     assert ref["head_grads"]["copy_head.gate.weight"].shape[0] == 2  # one sentinel per copy head
     assert ref["metrics"]["match_frac"] > 0 and 0 < ref["metrics"]["gate_mean"] < 1
     # fp32 everywhere; a layout changes only the order of the sums (tests/parallel/test_layouts.py): 1e-5
     rel = 1e-5
     for layout in ({"tp": 2}, {"pp": 2}):
-        results = run_distributed(one_step, 2, layout, str(tmp_path / "init"), None, copy)
+        results = runs["sentinel_" + "".join(f"{k}{v}" for k, v in layout.items())]
         for r in results:
             assert abs(r["metrics"]["loss"] - ref["metrics"]["loss"]) <= rel * abs(ref["metrics"]["loss"]), layout
             assert abs(r["grad_norm"] - ref["grad_norm"]) <= rel * ref["grad_norm"], layout

@@ -1,7 +1,7 @@
 """`model.lm_head_loss`: chunked and fused (Triton interpreter) equal Megatron's output layer + vocab-parallel
 cross entropy through the real model -- per-token values, every parameter's reduced gradient after one
 step, and three training steps -- at TP=1, TP=2 (with and without SP) and PP=2 (1F1B, tied embeddings
-across stages), with and without the copy head.
+across stages), with and without the copy head; the cases of one world size run in one process group.
 
 Tolerances: fp32 1e-5 relative (the paths differ only in summation order: tiles of 2048 classes vs one
 pass over 4096, and logits recomputed in backward; fp32 rounding ~1e-7 amplified by a few hundred at
@@ -15,8 +15,10 @@ import cplm_kernels
 from cplm_megatron.errors import ConfigError
 from cplm_megatron.model.lm_head_loss import check_lm_head_loss, runnable_here
 from cplm_megatron.training.run_config import load_run_config
-from tests.dist_utils import run_distributed
+from tests.harness import Call, run_cases
 from tests.model import lm_head_workers as w
+
+pytestmark = pytest.mark.mcore  # the outcome depends on megatron-core (both CI legs)
 
 REPO_CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
@@ -70,23 +72,37 @@ CASES = [
 ]
 
 
+def _impls(impls: tuple) -> tuple:
+    return impls if cplm_kernels.fused_available() else tuple(i for i in impls if i != "fused")
+
+
+@pytest.fixture(scope="module")
+def compared() -> dict:
+    """Every case, one process group per world size: {case name: per-rank results}; "bf16" is the bf16 run."""
+    results = {}
+    for world in (1, 2):
+        calls = [Call(name, w.compare, (parallel, with_copy, _impls(impls), 3, "fp32", 4, overrides))
+                 for name, parallel, with_copy, impls, overrides in CASES
+                 if parallel.get("tp", 1) * parallel.get("pp", 1) == world]
+        if world == 1:
+            calls.append(Call("bf16", w.compare, ({}, True, ("megatron", "chunked"), 3, "bf16", 4)))
+        results.update(run_cases(calls, world))
+    return results
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name, parallel, with_copy, impls, overrides", CASES, ids=[c[0] for c in CASES])
-def test_values_gradients_and_training_equal_megatron(name, parallel, with_copy, impls, overrides):
-    if "fused" in impls and not cplm_kernels.fused_available():
-        impls = tuple(i for i in impls if i != "fused")
-    world = parallel.get("tp", 1) * parallel.get("pp", 1)
-    results = run_distributed(w.compare, world, parallel, with_copy, impls, 3, "fp32", 4, overrides)
-    assert all(set(r) == set(impls) for r in results)
+def test_values_gradients_and_training_equal_megatron(name, parallel, with_copy, impls, overrides, compared):
+    results = compared[name]
+    assert all(set(r) == set(_impls(impls)) for r in results)
     if parallel.get("pp", 1) == 1:
         assert all("per_token" in r["megatron"] for r in results)
     assert_same_as_megatron(results, FP32)
 
 
 @pytest.mark.slow
-def test_bf16_training_matches_megatron():
-    results = run_distributed(w.compare, 1, {}, True, ("megatron", "chunked"), 3, "bf16", 4)
-    for per_rank in results:
+def test_bf16_training_matches_megatron(compared):
+    for per_rank in compared["bf16"]:
         ref, got = per_rank["megatron"], per_rank["chunked"]
         for a, b in zip(got["loss"] + got["grad_norm"], ref["loss"] + ref["grad_norm"]):
             assert rel(a, b) <= BF16, (a, b)

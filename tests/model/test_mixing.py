@@ -11,6 +11,8 @@ import torch
 from cplm_megatron.model import mixing
 from cplm_megatron.model.copy_head import CopyHeadConfig, CopyPasteHead
 
+pytestmark = pytest.mark.mcore  # the outcome depends on megatron-core (both CI legs)
+
 HID, VOCAB = 32, 12
 # fp32 log-probs of two computations that differ only in how g = 1/2 is reached (sigmoid(0) vs a zero logit)
 ATOL = 1e-6

@@ -1,8 +1,4 @@
 """Model presets: exact SmolLM2 counts, an independent HF count, the Megatron model built on meta."""
-import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -10,8 +6,10 @@ import torch
 from cplm_megatron.errors import ConfigError
 from cplm_megatron.model.accounting import CopyHeadShape, backbone_params, copy_head_params
 from cplm_megatron.model.config import available_presets, load_preset
+from tests.harness import run_distributed
 
-REPO = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.mcore  # the outcome depends on megatron-core (both CI legs)
+
 SMOLLM2 = {"smollm2-135m": 134_515_008, "smollm2-360m": 361_821_120, "smollm2-1.7b": 1_711_376_384}
 
 
@@ -65,25 +63,26 @@ def test_bad_preset_values():
         load_preset("tiny", num_query_groups=3)
 
 
-BUILD_ALL = """
-import json, resource, sys
-from tools.model_info import count_built_params
-from cplm_megatron.model.accounting import CopyHeadShape
-from cplm_megatron.model.config import available_presets, load_preset
-out = {}
-for name in available_presets():
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    out[name] = count_built_params(load_preset(name), CopyHeadShape(4, 64))
-    out[name]["rss_growth_mib"] = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
-print(json.dumps(out))
-"""
+def _build_all(rank: int) -> dict:
+    """Every preset built by megatron-core on the meta device, in a fresh process: counts and RSS growth."""
+    import resource
+
+    from cplm_megatron.model.accounting import CopyHeadShape
+    from cplm_megatron.model.config import available_presets
+    from tests.data_fixtures import load_tool
+
+    count_built_params = load_tool("model_info").count_built_params
+    out = {}
+    for name in available_presets():
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        out[name] = count_built_params(load_preset(name), CopyHeadShape(4, 64))
+        out[name]["rss_growth_mib"] = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    return out
 
 
 @pytest.mark.slow
 def test_megatron_models_built_on_meta_match_and_allocate_nothing():
-    proc = subprocess.run([sys.executable, "-c", BUILD_ALL], cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    built = json.loads(proc.stdout.strip().splitlines()[-1])
+    [built] = run_distributed(_build_all, 1)
     for name, counts in built.items():
         m = load_preset(name)
         assert counts["backbone"] == backbone_params(m), name

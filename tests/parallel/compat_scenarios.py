@@ -1,18 +1,16 @@
-"""Scenarios for the CPU-compat tests; each runs in fresh processes (the patches are process-wide).
-
-    python -m tests.parallel.compat_scenarios NAME     (CPLM_COMPAT_SKIP=patch to leave one out)
-Exit 0 = the scenario behaved correctly.
-"""
+"""Scenarios for the CPU-compat tests. Each runs in fresh (warm, forked) processes, since the patches are
+process-wide: `run_scenario(NAME, skip)` with CPLM_COMPAT_SKIP=skip to leave a patch out; the scenario
+behaved correctly when its outcome's exit code is 0."""
 from __future__ import annotations
 
 import os
-import sys
 import tempfile
+from typing import Callable
 
 import torch
 
 from cplm_megatron.parallel.distributed import ParallelConfig
-from tests.dist_utils import run_distributed
+from tests.harness import Outcome, run_captured
 from tests.parallel.layouts import build, fixed_batches
 
 
@@ -62,11 +60,15 @@ def _distopt_load(rank: int, root: str) -> dict:
             "steps": [float(s) for s in steps]}
 
 
-def distopt_resume() -> None:
-    """Resume a distributed-optimizer run: loads (no KeyError) and continues exactly."""
+def _distopt_scenario(rank: int) -> None:
+    """Resume a distributed-optimizer run: loads (no KeyError) and continues exactly (both in this process,
+    the load on a freshly built model, optimizer and parallel state)."""
+    from tests.harness import _reset_megatron
+
     with tempfile.TemporaryDirectory() as root:
-        [a] = run_distributed(_distopt_resume, 1, root)
-        [b] = run_distributed(_distopt_load, 1, root)
+        a = _distopt_resume(rank, root)
+        _reset_megatron()
+        b = _distopt_load(rank, root)
     assert not b["aliased"], "all params share one Adam `step` tensor after loading"
     assert all(s == 2.0 for s in b["steps"]), b["steps"][:4]
     for x, y in zip(a["straight"], b["resumed"]):
@@ -75,21 +77,13 @@ def distopt_resume() -> None:
 
 
 def _sp_build(rank: int) -> float:
+    """TP=2 with sequence parallelism on torch norms."""
     return _step(rank, {"tp": 2, "sp": True})
 
 
-def sequence_parallel() -> None:
-    """TP=2 with sequence parallelism on torch norms."""
-    run_distributed(_sp_build, 2)
-
-
 def _pp_step(rank: int) -> float:
-    return _step(rank, {"pp": 2})
-
-
-def pipeline_parallel() -> None:
     """PP=2 1F1B step (batched p2p ops)."""
-    run_distributed(_pp_step, 2)
+    return _step(rank, {"pp": 2})
 
 
 def _norm(rank: int) -> dict:
@@ -105,28 +99,30 @@ def _norm(rank: int) -> dict:
     return {"megatron": get_grad_norm_fp32(grads), "exact": exact}
 
 
-def grad_norm_precision() -> None:
+def _grad_norm_scenario(rank: int) -> None:
     """Megatron's grad norm (used for clipping) is exact to fp32 precision."""
     import torch.distributed as dist
-
-    from cplm_megatron.parallel.distributed import free_port
-
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     from megatron.core import parallel_state as ps
 
+    dist.init_process_group("gloo", init_method="env://")  # RANK, WORLD_SIZE, MASTER_* from the harness
     ps.initialize_model_parallel()
-    r = _norm(0)
+    r = _norm(rank)
     # fp64 accumulation (the patch) leaves only the final fp32 rounding (2^-24 ~ 6e-8 relative); torch's fp32
     # norm was off by ~2e-4 here: 1e-6 separates the two
     assert abs(r["megatron"] - r["exact"]) <= 1e-6 * r["exact"], r
 
 
-SCENARIOS = {f.__name__: f for f in (train_step_single, distopt_resume, sequence_parallel, pipeline_parallel,
-                                     grad_norm_precision)}
-PARALLEL_ONLY = {"train_step_single": lambda: run_distributed(train_step_single, 1)}
+# name -> (world size, the function every rank runs)
+SCENARIOS: dict[str, tuple[int, Callable]] = {
+    "train_step_single": (1, train_step_single),
+    "distopt_resume": (1, _distopt_scenario),
+    "sequence_parallel": (2, _sp_build),
+    "pipeline_parallel": (2, _pp_step),
+    "grad_norm_precision": (1, _grad_norm_scenario),
+}
 
-if __name__ == "__main__":
-    name = sys.argv[1]
-    fn = PARALLEL_ONLY.get(name, SCENARIOS[name])
-    fn()
-    print(f"scenario {name}: ok")
+
+def run_scenario(name: str, skip: str = "") -> Outcome:
+    """The scenario in fresh processes with the compat layer (less `skip`, comma-separated patch names)."""
+    world, fn = SCENARIOS[name]
+    return run_captured(fn, world, env={"CPLM_COMPAT_SKIP": skip})

@@ -1,18 +1,18 @@
 """The CPU-compat layer: every patch is needed on the installed megatron-core (its scenario fails
-without it, in a fresh process) or, where that megatron-core lacks the code it fixes, not applied; all
+without it, in fresh processes: tests/harness.py) or, where that megatron-core lacks the code it fixes, not applied; all
 scenarios pass with the layer; nothing CPU-only is applied when CUDA is present; rank 0 logs what was
 applied; and a job that was promised GPUs but has no CUDA stops instead of training on CPU."""
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
+import torch
 
 from cplm_megatron.errors import UserError
 from cplm_megatron.parallel.cpu_compat import PATCHES, SCOPES, check_cuda_expected, gpus_expected
+from tests.harness import run_distributed
+from tests.parallel.compat_scenarios import run_scenario
+from tests.training import pretrain_utils as pu
 
-REPO = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.mcore, pytest.mark.mcore_latest]  # where releases differ: every test on both legs
+
 BY_NAME = {p.name: p for p in PATCHES}
 
 # patch -> (scenario that needs it, what goes wrong without it)
@@ -29,20 +29,20 @@ NEEDED_BY = {
 }
 
 
-def scenario(name: str, skip: str = "") -> subprocess.CompletedProcess:
-    env = dict(os.environ, CPLM_COMPAT_SKIP=skip, OMP_NUM_THREADS="1")
-    return subprocess.run([sys.executable, "-m", "tests.parallel.compat_scenarios", name], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=600)
+def _applied(rank: int, claims_cuda: bool) -> tuple[list[str], str]:
+    from cplm_megatron.parallel import cpu_compat as c
+
+    if claims_cuda:
+        torch.cuda.is_available = lambda: True  # what a GPU machine reports (selection logic only)
+    a = c.apply_compat()
+    assert c.apply_compat() == a
+    return a, c.describe_compat(a)
 
 
-def applied_in_fresh_process(prelude: str = "") -> tuple[list[str], str]:
-    """(apply_compat()'s names, describe_compat()'s line) in a fresh process after `prelude`."""
-    probe = (prelude + "from cplm_megatron.parallel import cpu_compat as c\n"
-             "a = c.apply_compat()\nassert c.apply_compat() == a\nprint(','.join(a))\nprint(c.describe_compat(a))\n")
-    proc = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    names, line = proc.stdout.strip().splitlines()[-2:]
-    return names.split(","), line
+def applied_in_fresh_process(claims_cuda: bool = False) -> tuple[list[str], str]:
+    """(apply_compat()'s names, describe_compat()'s line) in a fresh process (where CUDA is claimed if asked)."""
+    [result] = run_distributed(_applied, 1, claims_cuda)
+    return result
 
 
 def test_every_patch_has_a_scenario():
@@ -52,7 +52,7 @@ def test_every_patch_has_a_scenario():
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted({s for s, _ in NEEDED_BY.values()}))
 def test_scenarios_pass_with_the_layer(name):
-    proc = scenario(name)
+    proc = run_scenario(name)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     if name == "pipeline_parallel":  # 2 ranks: the applied patches are logged once, by rank 0
         assert proc.stderr.count("[compat] megatron-core ") == 1, proc.stderr[-4000:]
@@ -68,7 +68,7 @@ def test_each_patch_is_needed(patch):
         # passes without it in test_scenarios_pass_with_the_layer)
         assert patch not in applied_in_fresh_process()[0]
         return
-    proc = scenario(name, skip=patch)
+    proc = run_scenario(name, skip=patch)
     assert proc.returncode != 0, f"{name} passed without the {patch} patch"
     assert symptom in proc.stdout + proc.stderr, proc.stderr[-4000:]
 
@@ -76,23 +76,30 @@ def test_each_patch_is_needed(patch):
 @pytest.mark.slow
 def test_gpu_machines_without_apex_te_get_only_the_torch_fallback_fixes():
     """The path of a GPU install without Apex/TE (the H200 image): selection and log line."""
-    applied, line = applied_in_fresh_process(
-        "import torch\ntorch.cuda.is_available = lambda: True  # what a GPU machine reports (selection logic only)\n")
+    applied, line = applied_in_fresh_process(claims_cuda=True)
     assert set(applied) == {p.name for p in PATCHES if p.scope == "torch_fallback"}  # no Apex/TE installed here
     assert f"{SCOPES['torch_fallback']}: missing_state_keys, shared_step, sp_norm" in line
     assert SCOPES["cpu"] not in line
 
 
+def _idempotent(rank: int) -> str:
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer as D
+
+    from cplm_megatron.parallel import cpu_compat as c
+
+    a = c.apply_compat()
+    f = D.load_state_dict
+    b = c.apply_compat()
+    assert a == b and D.load_state_dict is f, "patched twice"
+    with pytest.raises(ValueError) as e:
+        c.apply_compat(skip=["nope"])
+    return str(e.value)
+
+
 @pytest.mark.slow
 def test_apply_is_idempotent_and_rejects_unknown_names():
-    probe = ("from cplm_megatron.parallel import cpu_compat as c\n"
-             "from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer as D\n"
-             "a = c.apply_compat(); f = D.load_state_dict; b = c.apply_compat()\n"
-             "assert a == b and D.load_state_dict is f, 'patched twice'\n"
-             "try:\n    c.apply_compat(skip=['nope'])\nexcept ValueError as e:\n    print(e)\n")
-    proc = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "unknown compat patch(es) ['nope']" in proc.stdout
+    [message] = run_distributed(_idempotent, 1)
+    assert "unknown compat patch(es) ['nope']" in message
 
 
 def test_gpus_expected_reads_the_launcher_variables():
@@ -111,12 +118,10 @@ def test_promised_gpus_without_cuda_are_an_error_unless_allowed():
 
 
 @pytest.mark.slow
-def test_training_stops_with_exit_2_when_gpus_are_promised_but_cuda_is_missing(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "CPLM_ALLOW_CPU"}
-    env.update(CUDA_VISIBLE_DEVICES="0,1", SLURM_JOB_GPUS="0,1", OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, "pretrain/pretrain_cplm.py", "--config", "configs/tiny.yaml", "--set",
-                           f"run.dir={tmp_path}", "data.synthetic=copy"], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)
+def test_training_stops_with_exit_2_when_gpus_are_promised_but_cuda_is_missing(tmp_path, monkeypatch):
+    monkeypatch.delenv("CPLM_ALLOW_CPU", raising=False)
+    proc = pu.run(1, [f"run.dir={tmp_path}", "data.synthetic=copy"],
+                  extra_env={"CUDA_VISIBLE_DEVICES": "0,1", "SLURM_JOB_GPUS": "0,1"})
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-3000:]
     [error] = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert "GPUs are expected here (CUDA_VISIBLE_DEVICES=0,1, SLURM_JOB_GPUS=0,1)" in error

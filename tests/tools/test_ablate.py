@@ -86,28 +86,14 @@ def test_spamlang_claim_cplm_reaches_99_percent(tmp_path: Path):
         assert (out / name).read_bytes()[:8] == PNG
 
 
-@pytest.mark.slow
-def test_corpus_ablation_builds_the_full_report(tmp_path: Path, stdlib_corpus):
-    out = tmp_path / "ablation"
-    code = load_tool("ablate").main(["--output", str(out), "--quick", "--experiments", "corpus",
-                                     "--data", str(stdlib_corpus.root), "--corpus-iters", "4", "--corpus-interval", "2",
-                                     "--eval-sequences", "2"])
-    assert code == 0
-    report = (out / "report.md").read_text()
-    assert "## Embedded corpus" in report and "Passkey operating points, CPLM" in report
-    assert (out / "passkey.png").read_bytes()[:8] == PNG
-    evals = json.loads((out / "runs" / "corpus-cplm" / "eval.json").read_text())["checkpoints"]
-    assert [e["iteration"] for e in evals] == [0, 2, 4]
-    assert set(evals[-1]["tasks"]) == {"val", "copy", "passkey", "gradient"}
-
-
 def test_study_settings_refuse_what_cannot_give_a_spread():
     ablate = load_tool("ablate")
 
     def settings(*args: str):
         return ablate.study_settings_from_args(ablate.parse_args(["--output", "x", "--study", *args]))
 
-    assert settings().arms == ("baseline", "mixture", "aux0.5", "aux1", "decoupled")
+    assert settings().arms == ("baseline", "mixture", "aux1", "aux1+copy", "sentinel", "sentinel+aux1")
+    assert settings("--arms", "baseline,decoupled").arms == ("baseline", "decoupled")  # retired arms stay runnable
     assert settings().seeds == (1, 2, 3) and settings().scales == ("tiny", "4x")
     with pytest.raises(ValueError, match=">= 2 distinct seeds"):
         settings("--seeds", "1")
@@ -128,18 +114,27 @@ def test_study_smoke_runs_arms_seeds_spamlang_and_reports(tmp_path: Path, stdlib
     assert load_tool("ablate").main(args) == 0
     summary = json.loads((out / "summary.json").read_text())
     tiny = summary["scales"]["tiny"]
-    assert list(tiny["arms"]) == ["baseline", "mixture", "decoupled"] and tiny["seeds"] == [1, 2]
-    for arm in ("mixture", "decoupled"):
+    assert list(tiny["arms"]) == ["baseline", "mixture", "sentinel"] and tiny["seeds"] == [1, 2]
+    for arm in ("mixture", "sentinel"):
         per_seed = tiny["arms"][arm]["per_seed"]
         assert set(per_seed) == {"1", "2"}
         assert all(s["val_loss"] > 0 and s["lm_val_loss"] > 0 and 0 <= s["copy_accuracy"] <= 1 for s in per_seed.values())
         assert tiny["arms"][arm]["mean_std"]["val_loss"]["n"] == 2
         assert tiny["arms"][arm]["paired_vs_baseline"]["val_loss"]["seeds"] == 2
-    assert summary["decision"]["default"] in ("mixture", "decoupled")
+    assert summary["decision"]["default"] in ("mixture", "sentinel")
+    assert summary["decision"]["provisional"] is True  # a smoke study is never the planned grid
+    cache = tiny["cache_control"]  # the evaluation-only arm, from the baselines' checkpoints
+    assert set(cache["per_seed"]) == {"1", "2"} and cache["mean_std"]["val_loss"]["n"] == 2
+    assert set(tiny["vs_cache"]) == {"mixture", "sentinel"}
+    sentinel = tiny["arms"]["sentinel"]["per_seed"]["1"]
+    assert sentinel["val_loss_source"] == "val task (every sample)" and sentinel["val_loss_ci"][0] <= sentinel["val_loss"]
+    assert 0.9 < sentinel["logit_grad_outside_span_chance"] < 1 and sentinel["train_flops_per_token"] > 0
     [claim] = summary["spamlang"]
     assert claim["vocab"] == 4096 and claim["hidden"] == 64
     report = (out / "report.md").read_text()
     assert "## Decision" in report and summary["rule"] in report and "## SpamLang at vocabulary" in report
+    assert "**Provisional**" in report and "baseline+cache (evaluation only)" in report
+    assert "- **decoupled**: dominated by aux1" in report
     for name in ("val_loss_curves.png", "final_metrics.png", "passkey_by_length.png"):
         assert (out / name).read_bytes()[:8] == PNG
     before = {p: p.stat().st_mtime for p in (out / "runs").glob("*/eval.json")}

@@ -21,6 +21,14 @@ def test_capped_build_then_up_to_date(tmp_path: Path, capsys: pytest.CaptureFixt
     assert train.seq_len == val.seq_len == 64 and train.tokenizer == val.tokenizer
     assert not set(train.source_files) & set(val.source_files) and len(val.source_files) >= 1
     assert summary["train"]["samples"] == train.samples and summary["val"]["tokens"] == val.tokens
+    dev = read_manifest(str(tmp_path / "stdlib" / "dev"))
+    assert not set(dev.source_files) & (set(train.source_files) | set(val.source_files))
+    split = json.loads((tmp_path / "stdlib" / "split.json").read_text())
+    overlap = split["verbatim_overlap"]["val"]
+    assert overlap["window_tokens"] == 32 and overlap["windows"] > 0
+    assert summary["verbatim_overlap"]["val"] == overlap["fraction_in_train"] < 0.02
+    moved = {m["file"] for m in split["moved_to_train"]}
+    assert moved <= set(train.source_files)  # generated / near-duplicate files are training data
     assert tool.main(args) == 0
     assert json.loads(capsys.readouterr().out)["status"] == "up to date"
     assert read_manifest(str(tmp_path / "stdlib" / "train")) == train

@@ -1,20 +1,20 @@
 """`make demo`'s steps, shortened (--smoke): TP=2 training of both models, evaluation, report, HF export,
-generation from the export, summary. The full demo's timing is reported in the README."""
+generation from the export, summary. The full demo's timing is reported in the README. The demo's corpus
+ablation is also the test of the ablation report (tools/ablate.py --experiments corpus): its sections,
+plots and per-checkpoint evaluations are checked here."""
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests import harness
+
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("isolated_streaming")]
-REPO = Path(__file__).resolve().parents[2]
 
 
 def test_demo_smoke_runs_every_step(stdlib_corpus, tmp_path):
     out = tmp_path / "demo"
-    proc = subprocess.run([sys.executable, "tools/demo.py", "--smoke", "--data", str(stdlib_corpus.root),
-                           "--output", str(out)], cwd=REPO, capture_output=True, text=True, timeout=1200)
+    proc = harness.run_tool("demo", "--smoke", "--data", str(stdlib_corpus.root), "--output", str(out), timeout=1200)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert Path(summary["report"]).is_file() and (Path(summary["hf_model"]) / "config.json").is_file()
@@ -28,3 +28,9 @@ def test_demo_smoke_runs_every_step(stdlib_corpus, tmp_path):
     assert "corpus-cplm" in report and "tp=2" in report
     hf_config = json.loads((Path(summary["hf_model"]) / "config.json").read_text())
     assert hf_config["model_type"] == "cplm" and "auto_map" in hf_config
+    # the corpus ablation's report (the demo runs it with --corpus-iters 6 --corpus-interval 3)
+    assert "## Embedded corpus" in report and "Passkey operating points, CPLM" in report
+    assert (out / "ablation" / "passkey.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    evals = json.loads((out / "ablation" / "runs" / "corpus-cplm" / "eval.json").read_text())["checkpoints"]
+    assert [e["iteration"] for e in evals] == [0, 3, 6]
+    assert set(evals[-1]["tasks"]) == {"val", "copy", "passkey", "gradient"}

@@ -1,15 +1,16 @@
 """tools/model_info.py: counts, FLOPs and memory for a preset and layout; clear layout errors."""
 import json
-import subprocess
-import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
+import pytest
+
+from tests import harness
+
+pytestmark = pytest.mark.mcore  # the outcome depends on megatron-core (both CI legs)
 
 
 def run(*args):
-    return subprocess.run([sys.executable, "tools/model_info.py", *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=300)
+    """main(args) in a warm process (test_table_output_and_layout_error runs the real command line)."""
+    return harness.run_tool_warm("model_info", *args)
 
 
 def test_json_report_for_smollm2_135m():
@@ -26,9 +27,9 @@ def test_json_report_for_smollm2_135m():
 
 
 def test_table_output_and_layout_error():
-    proc = run("--preset", "tiny", "--tp", "2")
+    proc = harness.run_tool("model_info", "--preset", "tiny", "--tp", "2")  # the command line, exit codes included
     assert proc.returncode == 0 and "total parameters" in proc.stdout
-    proc = run("--preset", "smollm2-360m", "--tp", "2")
+    proc = harness.run_tool("model_info", "--preset", "smollm2-360m", "--tp", "2")
     assert proc.returncode == 2
     assert "model.num_attention_heads=15 is not divisible by parallel.tp=2" in proc.stderr
 

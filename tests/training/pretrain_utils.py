@@ -1,22 +1,19 @@
-"""Launch pretrain/pretrain_cplm.py for tests: real processes (python or torchrun), real corpus."""
+"""pretrain/pretrain_cplm.py for the training tests on the real corpus (processes: tests/harness.py)."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
 import pytest
 
-from cplm_megatron.parallel.distributed import free_port
+from cplm_megatron.parallel.distributed import free_port  # noqa: F401 - tests use pu.free_port
 from cplm_megatron.training.signals import RESUME_EXIT_CODE
+from tests import harness
 
-REPO = Path(__file__).resolve().parents[2]
-ENTRY = REPO / "pretrain" / "pretrain_cplm.py"
+REPO = harness.REPO
 
 
 def tiny_overrides(corpus, run_dir: Path, iters: int = 10, **extra) -> List[str]:
@@ -42,52 +39,24 @@ def tiny_overrides(corpus, run_dir: Path, iters: int = 10, **extra) -> List[str]
     return [f"{k}={v}" for k, v in o.items()]
 
 
-LAUNCHER = REPO / "pretrain" / "launch_torchrun.py"
-
-
-def command(nproc: int, overrides: List[str], launcher: bool = False) -> List[str]:
-    """pretrain_cplm.py alone (nproc 1), under torchrun, or under pretrain/launch_torchrun.py (`launcher`)."""
-    base = ["--config", str(REPO / "configs" / "tiny.yaml"), "--set", *overrides]
-    if nproc == 1 and not launcher:
-        return [sys.executable, str(ENTRY), *base]
-    runner = [str(LAUNCHER)] if launcher else ["-m", "torch.distributed.run"]
-    return [sys.executable, *runner, "--nproc_per_node", str(nproc),
-            "--master_addr", "127.0.0.1", "--master_port", str(free_port()), str(ENTRY), *base]
-
-
-def env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
-    e = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false")
-    e.update(extra or {})
-    return e
+def _mode(nproc: int, mode: Optional[str], launcher: bool) -> str:
+    """`launcher=True` is pretrain/launch_torchrun.py; otherwise warm processes unless a mode is named."""
+    if launcher:
+        return "launcher"
+    return mode or "warm"
 
 
 def run(nproc: int, overrides: List[str], timeout: int = 600, extra_env: Optional[Dict[str, str]] = None,
-        launcher: bool = False) -> subprocess.CompletedProcess:
-    """Run to completion in its own process group; output via files (an orphaned helper process, e.g.
-    the async-checkpoint Manager after a simulated crash, must not keep a pipe open); leftovers are killed."""
-    import tempfile
-
-    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
-        proc = subprocess.Popen(command(nproc, overrides, launcher), cwd=REPO, env=env(extra_env), stdout=out,
-                                stderr=err, text=True, start_new_session=True)
-        try:
-            proc.wait(timeout=timeout)
-        finally:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        out.seek(0)
-        err.seek(0)
-        return subprocess.CompletedProcess(proc.args, proc.returncode, out.read(), err.read())
+        launcher: bool = False, mode: Optional[str] = None) -> subprocess.CompletedProcess:
+    """Run to completion (tests/harness.py run_pretrain): warm processes by default; `mode` "python",
+    "torchrun" or "launcher" where the interpreter or the launcher is what the test is about."""
+    return harness.run_pretrain(nproc, overrides, _mode(nproc, mode, launcher), timeout, extra_env)
 
 
 def start(nproc: int, overrides: List[str], log: Path, extra_env: Optional[Dict[str, str]] = None,
-          launcher: bool = False) -> subprocess.Popen:
-    """Start a run in its own process group (so the test can kill or signal all of it)."""
-    f = open(log, "w")
-    return subprocess.Popen(command(nproc, overrides, launcher), cwd=REPO, env=env(extra_env), stdout=f,
-                            stderr=subprocess.STDOUT, start_new_session=True)
+          launcher: bool = False, mode: Optional[str] = None):
+    """Start a run in its own process group(s) (so the test can kill or signal all of it); output to `log`."""
+    return harness.start_pretrain(nproc, overrides, log, _mode(nproc, mode, launcher), extra_env)
 
 
 def metrics(run_dir: Path) -> List[Dict]:
@@ -141,18 +110,5 @@ def wait_for(predicate, timeout: float = 300, poll: float = 0.05, proc: Optional
     raise TimeoutError("condition not reached")
 
 
-def kill_group(proc: subprocess.Popen, sig: int = signal.SIGKILL) -> None:
-    """Signal the run's whole process group (no error if it is already gone)."""
-    try:
-        os.killpg(proc.pid, sig)
-    except ProcessLookupError:
-        pass
-
-
-def worker_pids(proc: subprocess.Popen) -> List[int]:
-    """The python processes of a run: the process itself (single) or torchrun's children."""
-    import psutil
-
-    p = psutil.Process(proc.pid)
-    children = p.children(recursive=True)
-    return [c.pid for c in children] if children else [proc.pid]
+kill_group = harness.kill_group
+worker_pids = harness.worker_pids

@@ -1,10 +1,17 @@
 """Checkpointer pruning: keep the newest `keep` of the run's own history, never a checkpoint it did not write."""
 from __future__ import annotations
 
+import contextlib
+import subprocess
 from pathlib import Path
 
-from cplm_megatron.training.checkpoint_lookup import list_checkpoints, read_latest
+import pytest
+
+from cplm_megatron.errors import CheckpointError
+from cplm_megatron.training.checkpoint_lookup import list_checkpoints, read_latest, verify_checkpoint
 from tests.training.checkpoint_files import tiny_config, write_checkpoints
+
+pytestmark = pytest.mark.mcore  # the outcome depends on megatron-core (both CI legs)
 
 
 def _save(cfg, root: Path, iterations, keep: int, resumed_from=None) -> None:
@@ -12,10 +19,12 @@ def _save(cfg, root: Path, iterations, keep: int, resumed_from=None) -> None:
     from cplm_megatron.model.builder import build_model
     from cplm_megatron.parallel.config import ParallelConfig
     from cplm_megatron.training.checkpointing import Checkpointer, TrainState
+    from cplm_megatron.training.preflight import checkpoint_size
 
     with single_process_megatron(cfg.model, cfg.run.seed):
         [chunk] = build_model(cfg.model, cfg.copy_head, ParallelConfig())
-        saver = Checkpointer(root, keep=keep, log=lambda message: None, resumed_from=resumed_from)
+        saver = Checkpointer(root, keep=keep, log=lambda message: None, resumed_from=resumed_from,
+                             checkpoint_size=checkpoint_size(cfg))
         for iteration in iterations:
             saver.save([chunk], None, None, TrainState(iteration=iteration), None, cfg.to_dict())
 
@@ -37,3 +46,44 @@ def test_pruning_counts_the_history_resumed_through(tmp_path: Path) -> None:
     root = write_checkpoints(cfg, [2, 4])
     _save(cfg, root, [6, 8], keep=2, resumed_from=4)  # 2 and 4 are the run's history: pruned like its own saves
     assert names(root) == ["iter_0000006", "iter_0000008"]
+
+
+@contextlib.contextmanager
+def small_filesystem(directory: Path, size: str = "512k"):
+    """A tmpfs of `size` mounted at `directory` (needs mount rights: root in a privileged container)."""
+    directory.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(directory)],
+                      capture_output=True).returncode:
+        pytest.skip("cannot mount a small tmpfs here (needs root in a privileged container)")
+    try:
+        yield directory
+    finally:
+        subprocess.run(["umount", str(directory)], check=False)
+
+
+# the tiny model at its smallest: ~340 KiB per checkpoint with its optimizer (planner), ~100 KiB of weights saved
+SMALLEST = ["model.vocab_size=64", "model.hidden_size=32", "model.ffn_hidden_size=64"]
+
+
+def test_a_full_disk_during_a_save_says_disk_and_keeps_the_previous_checkpoint(tmp_path: Path) -> None:
+    """512 KiB fit a few checkpoints of the smallest model, not six: a save fails inside torch (ENOSPC, wrapped in
+    torch's CheckpointException, or the zip writer's "unexpected pos"), reported as a full disk."""
+    with small_filesystem(tmp_path / "small") as small:
+        root = small / "checkpoints"
+        with pytest.raises(CheckpointError, match=r"saving a checkpoint in \S+ failed: the disk is full \(\d.* free "
+                                                  r"on .* a checkpoint needs ~.*\); the previous checkpoint "
+                                                  r"is intact"):
+            _save(tiny_config(tmp_path / "run", *SMALLEST), root, [1, 2, 3, 4, 5, 6], keep=10)
+        assert verify_checkpoint(read_latest(root)).iteration >= 1
+
+
+def test_a_checkpoint_dir_that_turned_read_only_is_named(tmp_path: Path) -> None:
+    cfg = tiny_config(tmp_path / "run", *SMALLEST)
+    with small_filesystem(tmp_path / "small", "4m") as small:
+        root = small / "checkpoints"
+        _save(cfg, root, [1], keep=10)
+        subprocess.run(["mount", "-o", "remount,ro", str(small)], check=True)
+        with pytest.raises(CheckpointError, match=rf"saving a checkpoint in {root} failed: it is no longer writable "
+                                                  r"\(.*Read-only file system.*\); the previous checkpoint is intact"):
+            _save(cfg, root, [2], keep=10)
+        assert verify_checkpoint(read_latest(root)).iteration == 1

@@ -13,22 +13,22 @@ import yaml
 from cplm_megatron.training.checkpoint_lookup import list_checkpoints, read_latest
 from cplm_megatron.training.checkpointing import CRASH_ENV
 from cplm_megatron.training.signals import RESUME_EXIT_CODE
+from tests import harness
+from tests.trained_runs import REFERENCE_ITERS, copy_run
 from tests.training import pretrain_utils as pu
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("isolated_streaming")]
-ITERS = 10
+pytestmark = [pytest.mark.mcore, pytest.mark.slow, pytest.mark.usefixtures("isolated_streaming")]
+ITERS = REFERENCE_ITERS
 
 
-@pytest.fixture(scope="module")
-def reference(stdlib_corpus, tmp_path_factory):
-    """One uninterrupted single-process run: the losses every other run is compared with."""
-    run_dir = tmp_path_factory.mktemp("reference") / "run"
-    proc = pu.run(1, pu.tiny_overrides(stdlib_corpus, run_dir, ITERS, **{"train.eval_interval": 5,
-                                                                          "logging.wandb": "true"}))
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return {"dir": run_dir, "losses": pu.losses(run_dir), "stdout": proc.stdout}
+@pytest.fixture
+def reference(reference_run):
+    """The session's uninterrupted run (tests/trained_runs.py): the losses every other run is compared with."""
+    return reference_run
 
 
+
+@pytest.mark.mcore_latest  # end-to-end training and resume on the newest megatron-core too
 def test_uninterrupted_run_logs_and_checkpoints(reference):
     run_dir = reference["dir"]
     recs = [r for r in pu.metrics(run_dir) if "loss" in r]
@@ -57,6 +57,7 @@ def test_two_process_runs_learn(stdlib_corpus, tmp_path, layout, reference):
         pu.assert_losses_match(run_dir, reference["losses"], reference["losses"])
 
 
+@pytest.mark.mcore_latest  # end-to-end training and resume on the newest megatron-core too
 def test_kill_9_then_restart_resumes_exactly(stdlib_corpus, tmp_path, reference):
     run_dir = tmp_path / "run"
     overrides = pu.tiny_overrides(stdlib_corpus, run_dir, ITERS)
@@ -75,6 +76,7 @@ def test_kill_9_then_restart_resumes_exactly(stdlib_corpus, tmp_path, reference)
     assert pu.losses(run_dir) == reference["losses"]
 
 
+@pytest.mark.mcore_latest
 @pytest.mark.parametrize("resume_layout, nproc", [({}, 1), ({"parallel.pp": 2}, 2)], ids=["tp2-to-tp1", "tp2-to-pp2"])
 def test_resume_tp2_checkpoint_under_another_layout(stdlib_corpus, tmp_path, reference, resume_layout, nproc):
     run_dir = tmp_path / "run"
@@ -87,6 +89,7 @@ def test_resume_tp2_checkpoint_under_another_layout(stdlib_corpus, tmp_path, ref
     pu.assert_losses_match(run_dir, reference["losses"], range(5, ITERS + 1))
 
 
+@pytest.mark.mcore_latest  # end-to-end training and resume on the newest megatron-core too
 def test_async_saves_at_tp2_are_complete_and_resumable(stdlib_corpus, tmp_path, reference):
     """checkpoint.async_save: saves at 3 and 6 finish in the background while training goes on, the exit
     save at 7 is finalized before the process exits, and a TP=1 run resumes from it."""
@@ -98,6 +101,11 @@ def test_async_saves_at_tp2_are_complete_and_resumable(stdlib_corpus, tmp_path, 
     ckpts = run_dir / "checkpoints"
     assert [c.name for c in list_checkpoints(ckpts)] == ["iter_0000006", "iter_0000007"]  # keep=2
     assert read_latest(ckpts).name == "iter_0000007"
+    tokens_per_step = 4 * stdlib_corpus.train.seq_len  # train.global_batch x seq_len
+    for it in (6, 7):  # the record is the state at save time, not the trainer's when the save finished
+        record = json.loads((ckpts / f"iter_{it:07d}" / "cplm_state.json").read_text())
+        assert record["iteration"] == it and record["consumed_tokens"] == it * tokens_per_step, record
+        assert f"saved {ckpts}/iter_{it:07d} (iteration {it})" in first.stdout
     second = pu.run(1, pu.tiny_overrides(stdlib_corpus, run_dir, ITERS))
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     assert "iter_0000007" in second.stdout
@@ -166,6 +174,7 @@ def test_nonfinite_losses_are_skipped_then_abort(stdlib_corpus, tmp_path):
     assert read_latest(run_dir / "checkpoints") is None  # nothing saved from the diverged state
 
 
+@pytest.mark.mcore_latest  # end-to-end training and resume on the newest megatron-core too
 def test_bf16_tp2_saves_and_resumes(tmp_path):
     """Mixed precision (bf16 params, fp32 main params/grads): save at TP=2, resume, keep learning."""
     run_dir = tmp_path / "run"
@@ -174,7 +183,7 @@ def test_bf16_tp2_saves_and_resumes(tmp_path):
               "train.log_interval=1", "train.eval_interval=0", "copy_head.head_dim=16", "logging.wandb=false",
               "checkpoint.interval=3"]
     first = pu.run(2, common + ["train.exit_after_iters=3"])
-    assert "exitcode  : 75" in first.stderr, first.stderr[-3000:]
+    assert pu.stopped_for_resume(first.returncode, first.stderr), first.stderr[-3000:]
     second = pu.run(2, common)
     assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-3000:]
     assert "resumed from" in second.stdout and "(same layout)" in second.stdout
@@ -197,19 +206,16 @@ def test_validation_loss_is_the_full_distribution_not_the_objective(stdlib_corpu
 
 # ---------------------------------------------------------------- resume safety: nothing lost, nothing silent
 
-@pytest.fixture(scope="module")
-def stopped_at_4(stdlib_corpus, tmp_path_factory):
-    """The reference recipe stopped after 4 iterations: checkpoints iter_0000003 and iter_0000004 (latest)."""
-    run_dir = tmp_path_factory.mktemp("stopped") / "run"
-    proc = pu.run(1, pu.tiny_overrides(stdlib_corpus, run_dir, ITERS, **{"train.exit_after_iters": 4}))
-    assert proc.returncode == RESUME_EXIT_CODE, proc.stderr[-3000:]
-    assert [p.name for p in list_checkpoints(run_dir / "checkpoints")] == ["iter_0000003", "iter_0000004"]
-    return run_dir
+@pytest.fixture
+def stopped_at_4(stopped_run):
+    """The session's run stopped after 4 iterations (tests/trained_runs.py); tests copy it before changing it."""
+    return stopped_run
+
 
 
 def test_missing_latest_resumes_from_the_newest_checkpoint_and_a_fresh_start_is_refused(
         stdlib_corpus, tmp_path, stopped_at_4, reference):
-    run_dir = shutil.copytree(stopped_at_4, tmp_path / "run")
+    run_dir = copy_run(stopped_at_4, tmp_path)
     (run_dir / "checkpoints" / "latest").unlink()
     before = pu.files_of(run_dir)
     refused = pu.run(1, pu.tiny_overrides(stdlib_corpus, run_dir, ITERS, **{"checkpoint.resume": "false"}))
@@ -224,7 +230,7 @@ def test_missing_latest_resumes_from_the_newest_checkpoint_and_a_fresh_start_is_
 
 
 def test_overwrite_starts_over_when_asked(stdlib_corpus, tmp_path, stopped_at_4):
-    run_dir = shutil.copytree(stopped_at_4, tmp_path / "run")
+    run_dir = copy_run(stopped_at_4, tmp_path)
     fresh = pu.run(1, pu.tiny_overrides(stdlib_corpus, run_dir, 3, **{"checkpoint.resume": "false",
                                                                      "checkpoint.overwrite": "true"}))
     assert fresh.returncode == 0, fresh.stderr[-3000:]
@@ -234,7 +240,7 @@ def test_overwrite_starts_over_when_asked(stdlib_corpus, tmp_path, stopped_at_4)
 
 
 def test_changed_model_is_refused_and_schedule_changes_take_effect(stdlib_corpus, tmp_path, stopped_at_4, reference):
-    run_dir = shutil.copytree(stopped_at_4, tmp_path / "run")
+    run_dir = copy_run(stopped_at_4, tmp_path)
     before = pu.files_of(run_dir)
     baseline = pu.run(1, pu.tiny_overrides(stdlib_corpus, run_dir, ITERS, **{"copy_head.enabled": "false"}))
     pu.assert_bad_input(baseline, "cannot resume from", "(copy_head.enabled: True -> False)",
@@ -260,7 +266,7 @@ def test_changed_model_is_refused_and_schedule_changes_take_effect(stdlib_corpus
                                                         "is missing")], ids=["shard", "common"])
 def test_damaged_checkpoint_names_the_fix_and_the_fix_works(stdlib_corpus, tmp_path, stopped_at_4, reference,
                                                             damage, what):
-    run_dir = shutil.copytree(stopped_at_4, tmp_path / "run")
+    run_dir = copy_run(stopped_at_4, tmp_path)
     (run_dir / "checkpoints" / "iter_0000004" / damage).unlink()
     overrides = pu.tiny_overrides(stdlib_corpus, run_dir, ITERS)
     damaged = pu.run(1, overrides)
@@ -269,7 +275,9 @@ def test_damaged_checkpoint_names_the_fix_and_the_fix_works(stdlib_corpus, tmp_p
     (run_dir / "checkpoints" / "latest").write_text("iter_0000003\n")  # the fix, as the message says
     again = pu.run(1, overrides)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert "damaged newer checkpoints (iter_0000004) are replaced" in again.stdout
+    assert "the newer checkpoints (iter_0000004) are kept in" in again.stdout  # a rollback: moved aside
+    [aside] = (run_dir / "checkpoints").glob("set_aside_*")
+    assert (aside / "iter_0000004" / "cplm_state.json").is_file()
     assert pu.losses(run_dir) == reference["losses"]  # iteration 4 trained again from iter_0000003: the same
 
 
@@ -331,7 +339,7 @@ def test_dataset_errors_are_one_line_and_exit_2(stdlib_corpus, tmp_path):
 def test_finetuning_from_another_run_leaves_it_untouched(stdlib_corpus, tmp_path, stopped_at_4, reference):
     """checkpoint.load + load_optimizer=false in a new run.dir: the weights of iter_0000004, a fresh optimizer and
     schedule, iteration 0; settings that change no tensor may differ; the source run is not modified."""
-    source = shutil.copytree(stopped_at_4, tmp_path / "source")
+    source = copy_run(stopped_at_4, tmp_path, "source")
     before = pu.files_of(source)
     run_dir = tmp_path / "finetune"
     proc = pu.run(1, pu.tiny_overrides(stdlib_corpus, run_dir, 2, **{
@@ -342,3 +350,156 @@ def test_finetuning_from_another_run_leaves_it_untouched(stdlib_corpus, tmp_path
     losses = pu.losses(run_dir)
     assert sorted(losses) == [1, 2] and losses[1] < reference["losses"][1]  # trained weights, not a fresh init
     assert pu.files_of(source) == before
+
+
+# ---------------------------------------------------------------- nothing lost, nothing silent: round 2 (issue 21)
+
+def test_refused_relaunches_leave_the_run_dir_unchanged(stdlib_corpus, tmp_path, stopped_at_4):
+    """Every check runs before the first write: a data stream that does not fit the checkpoint (refused by the
+    data loader once the model and the data are built) leaves config.yaml alone, and checkpoint.overwrite=true
+    with a typo in data.streams deletes nothing (the delete comes after every check)."""
+    run_dir = shutil.copytree(stopped_at_4, tmp_path / "run")
+    before = pu.files_of(run_dir)
+    other = pu.run(1, pu.tiny_overrides(stdlib_corpus, run_dir, ITERS, **{"data.streams": str(stdlib_corpus.val_dir)}))
+    pu.assert_bad_input(other, "the checkpoint's data epoch had", "the datasets or mixture changed")
+    assert pu.files_of(run_dir) == before
+    typo = f"{stdlib_corpus.train_dir}x"
+    overwrite = pu.run(1, pu.tiny_overrides(stdlib_corpus, run_dir, ITERS, **{
+        "checkpoint.resume": "false", "checkpoint.overwrite": "true", "data.streams": typo}))
+    pu.assert_bad_input(overwrite, f"dataset directory not found: {typo}")
+    assert pu.files_of(run_dir) == before  # every checkpoint still there
+
+
+def _main_in_process(capsys, argv) -> tuple:
+    """pretrain_cplm.main(argv) in this process (the refusals tested here come before any process group)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("pretrain_cplm_entry", harness.PRETRAIN)
+    entry = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(entry)
+    capsys.readouterr()
+    code = entry.main(argv)
+    out = capsys.readouterr()
+    lines = [line for line in out.err.splitlines() if line.strip() and not line.startswith("[compat] ")]
+    return code, lines
+
+
+def test_config_disk_and_memory_refusals_are_one_line_and_write_nothing(stdlib_corpus, tmp_path, stopped_at_4,
+                                                                         capsys):
+    run_dir = shutil.copytree(stopped_at_4, tmp_path / "run")
+    before = pu.files_of(run_dir)
+    recipe = str(pu.REPO / "configs" / "tiny.yaml")
+    base = pu.tiny_overrides(stdlib_corpus, run_dir, ITERS)
+    tabbed = tmp_path / "tabbed.yaml"
+    tabbed.write_text((pu.REPO / "configs" / "tiny.yaml").read_text() + "train:\n\titers: 3\n")
+    twice = tmp_path / "twice.yaml"
+    twice.write_text("train:\n  iters: 3\n  iters: 4\n")
+    fresh = tmp_path / "fresh"
+    huge = ["model.num_layers=96", "model.hidden_size=16384", "model.ffn_hidden_size=65536",
+            "model.num_attention_heads=128"]  # ~300B parameters: ~5 TB per checkpoint, ~5 TB of memory
+    cases = [
+        (["--config", str(tabbed), "--set", *base], f"{tabbed}:"),
+        (["--config", str(twice), "--set", *base], f"{twice}:3:3: key 'iters' is given twice"),
+        (["--config", recipe, "--set", *base, "train.iters=-5"], "train.iters must be >= 1, got -5"),
+        (["--config", recipe, "--set", *base[1:], "run.dir=/proc/cplm-run"], "run.dir /proc/cplm-run is not writable"),
+        (["--config", recipe, "--set", *base[1:], f"run.dir={fresh}", *huge],
+         "not enough disk space for checkpoints"),
+        (["--config", recipe, "--set", *base[1:], f"run.dir={fresh}", *huge, "checkpoint.enabled=false"],
+         "the model does not fit: the planner (tools/model_info.py) estimates"),
+    ]
+    for argv, fragment in cases:
+        code, lines = _main_in_process(capsys, argv)
+        assert code == 2 and len(lines) == 1 and lines[0].startswith("error: "), (argv[-1], lines)
+        assert fragment in lines[0], (fragment, lines[0])
+    assert "(YAML indents with spaces, not tabs)" in _main_in_process(capsys, cases[0][0])[1][0]
+    disk = _main_in_process(capsys, cases[4][0])[1][0]
+    assert "a save needs room for two" in disk and "TiB" in disk
+    memory = _main_in_process(capsys, cases[5][0])[1][0]
+    assert "the host has" in memory and "train.micro_batch" in memory and "run.check_memory=false" in memory
+    blocked = tmp_path / "blocked"
+    blocked.mkdir()
+    (blocked / "checkpoints").write_text("x")  # a checkpoint dir that cannot be created
+    code, lines = _main_in_process(capsys, ["--config", recipe, "--set", *base[1:], f"run.dir={blocked}"])
+    assert code == 2 and f"checkpoint dir {blocked}/checkpoints exists and is not a directory" in lines[0], lines
+    assert pu.files_of(blocked) == {"checkpoints": b"x"}
+    assert pu.files_of(run_dir) == before
+    assert not fresh.exists()
+
+
+def test_a_checkpoint_committed_before_latest_moved_is_resumed_automatically(stdlib_corpus, tmp_path, stopped_at_4,
+                                                                             reference):
+    """A crash after iter_0000004 committed, before `latest` (and the trainer's record of it) moved."""
+    run_dir = shutil.copytree(stopped_at_4, tmp_path / "run")
+    for name in ("latest", "latest.trainer"):
+        (run_dir / "checkpoints" / name).write_text("iter_0000003\n")
+    again = pu.run(1, pu.tiny_overrides(stdlib_corpus, run_dir, ITERS))
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert (f"iter_0000004 is complete but newer than {run_dir}/checkpoints/latest (iter_0000003): the run stopped "
+            "before moving latest; resuming from iter_0000004") in again.stdout
+    assert pu.losses(run_dir) == reference["losses"]
+
+
+@pytest.mark.parametrize("launch", ["python", "torchrun", "launcher"])
+def test_ctrl_c_saves_a_checkpoint_and_exits_75(stdlib_corpus, tmp_path, launch):
+    """SIGINT to the whole process group, as a terminal's Ctrl-C: the python process (or torchrun and its
+    workers, which receive it twice: from the terminal and from torchrun; or pretrain/launch_torchrun.py, which
+    forwards it) checkpoint at the next step boundary."""
+    run_dir = tmp_path / "run"
+    extra = {"checkpoint.interval": 0, **({"parallel.tp": 2} if launch != "python" else {})}
+    nproc = 2 if launch != "python" else 1
+    proc = pu.start(nproc, pu.tiny_overrides(stdlib_corpus, run_dir, 200, **extra), tmp_path / "run.log",
+                    mode=launch)  # the launch path itself: python, torchrun or the launcher
+    pu.wait_for(lambda: max(pu.losses(run_dir), default=0) >= 2, proc=proc)
+    pu.kill_group(proc, signal.SIGINT)
+    proc.wait(timeout=300)
+    pu.kill_group(proc)  # leftovers only
+    log = (tmp_path / "run.log").read_text()
+    stopped = read_latest(run_dir / "checkpoints")
+    assert stopped is not None, log[-3000:]
+    it = json.loads((stopped / "cplm_state.json").read_text())["iteration"]
+    sig = signal.SIGUSR1 if launch == "launcher" else signal.SIGINT  # the launcher forwards it as SIGUSR1
+    assert 2 <= it < 200 and f"[train] stopping at iteration {it} (signal {int(sig)}); exit code 75" in log, log[-3000:]
+    if launch == "launcher":  # the launcher turns the Ctrl-C into SIGUSR1 for the workers and keeps their 75
+        assert proc.returncode == RESUME_EXIT_CODE and "[launch_torchrun] SIGINT: asking 2 workers" in log, log[-3000:]
+        return
+    assert "SIGINT: saving a checkpoint at the next step boundary" in log
+    if launch == "python":
+        assert proc.returncode == RESUME_EXIT_CODE and "Traceback" not in log, log[-3000:]
+    else:  # plain torchrun reports the signal as its own failure (its SignalException) after the workers saved
+        assert proc.returncode == 1, log[-3000:]
+
+
+def test_a_dead_async_writer_is_one_line_exit_1_and_no_orphans(stdlib_corpus, tmp_path):
+    import psutil
+
+    from cplm_megatron.training.checkpoint_lookup import verify_checkpoint
+    from cplm_megatron.training.checkpointing import KILL_WRITER_ENV
+
+    run_dir = tmp_path / "run"
+    proc = pu.start(1, pu.tiny_overrides(stdlib_corpus, run_dir, ITERS, **{"checkpoint.async_save": "true"}),
+                    tmp_path / "run.log", extra_env={KILL_WRITER_ENV: "6"}, mode="python")  # process ownership
+    proc.wait(timeout=300)
+    log = (tmp_path / "run.log").read_text()
+
+    def group():
+        return [p for p in psutil.process_iter() if _pgid(p.pid) == proc.pid]
+    try:  # multiprocessing's resource tracker takes a moment to clean up after its parent exits
+        pu.wait_for(lambda: not group(), timeout=15)
+    except TimeoutError:
+        pass
+    left = group()
+    pu.kill_group(proc)
+    assert proc.returncode == 1, log[-3000:]
+    errors = [line for line in log.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "the background checkpoint writer of" in errors[0] and "iter_0000006" in errors[0]
+    assert "killed by SIGKILL" in errors[0] and "latest still names iter_0000003" in errors[0], errors
+    assert "Traceback" not in log, log[-3000:]
+    assert not left, [p.cmdline() for p in left]  # no orphaned Manager or writer
+    assert verify_checkpoint(read_latest(run_dir / "checkpoints")).iteration == 3
+
+
+def _pgid(pid: int) -> int:
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return -1

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from cplm_megatron.errors import CheckpointError, ConfigError
-from cplm_megatron.training.resume import plan_start
+from cplm_megatron.training.checkpoint_lookup import list_checkpoints
+from cplm_megatron.training.resume import apply_plan, plan_start
 from cplm_megatron.training.resume_compat import RESUME_CHANGEABLE, compare_configs
 from tests.training.checkpoint_files import (
     COMMON_STATE_GONE,
@@ -16,6 +17,8 @@ from tests.training.checkpoint_files import (
     tiny_config,
     write_checkpoints,
 )
+
+pytestmark = pytest.mark.mcore  # the outcome depends on megatron-core (both CI legs)
 
 
 @pytest.fixture(scope="module")
@@ -133,23 +136,61 @@ def test_fresh_start_only_without_checkpoints(tmp_path: Path, run: Path) -> None
     assert plan.checkpoint is None and not plan.delete_existing
 
 
-def test_latest_moved_back_past_intact_checkpoints_is_refused(run: Path) -> None:
+def test_latest_moved_back_by_a_person_is_honoured_and_the_newer_checkpoints_kept_aside(run: Path) -> None:
+    """The trainer's record (latest.trainer = iter_0000004) tells a person's rollback from a crash."""
+    root = run / "checkpoints"
+    assert (root / "latest.trainer").read_text() == "iter_0000004\n"
+    (root / "latest").write_text("iter_0000002\n")
+    before = snapshot(run)
+    plan = plan_start(tiny_config(run))
+    assert plan.checkpoint.iteration == 2 and plan.set_aside == [root / "iter_0000004"]
+    assert "was moved back to iter_0000002 (the trainer last set it to iter_0000004)" in plan.notes[0]
+    assert snapshot(run) == before  # deciding writes nothing
+    apply_plan(plan, root)  # what the trainer does once every check passed
+    [aside] = root.glob("set_aside_*")
+    assert [p.name for p in list_checkpoints(root)] == ["iter_0000002"]
+    moved = {k.replace(f"checkpoints/{aside.name}/", "checkpoints/"): v for k, v in snapshot(run).items()}
+    assert moved == before  # renamed, byte for byte: nothing deleted
+
+
+def test_a_checkpoint_committed_before_latest_moved_is_resumed(run: Path) -> None:
+    """A crash after iter_0000004 committed but before `latest` (and latest.trainer) moved from iter_0000002."""
+    root = run / "checkpoints"
+    for name in ("latest", "latest.trainer"):
+        (root / name).write_text("iter_0000002\n")
+    plan = plan_start(tiny_config(run))
+    assert plan.checkpoint.iteration == 4 and not plan.set_aside
+    assert plan.notes[0] == (f"[checkpoint] iter_0000004 is complete but newer than {root}/latest (iter_0000002): "
+                             "the run stopped before moving latest; resuming from iter_0000004")
+
+
+def test_without_the_trainers_record_a_latest_behind_intact_checkpoints_is_refused(run: Path) -> None:
+    (run / "checkpoints" / "latest.trainer").unlink()  # a run saved before the record existed
     (run / "checkpoints" / "latest").write_text("iter_0000002\n")
     with pytest.raises(CheckpointError, match=r"latest points at iter_0000002, but newer complete checkpoints exist "
-                                              r"\(iter_0000004\) that this run would replace; continue from the "
+                                              r"\(iter_0000004\) and no latest.trainer record says who moved latest, "
+                                              r"so this run would replace them; continue from the "
                                               r"newest with: echo iter_0000004 > \S+latest, or move iter_0000004 out"):
         plan_start(tiny_config(run))
 
 
-def test_latest_moved_back_past_a_damaged_checkpoint_resumes_and_says_it_is_replaced(run: Path) -> None:
+def test_latest_moved_back_past_a_damaged_checkpoint_resumes_and_keeps_it_aside(run: Path) -> None:
     remove_common_state(run / "checkpoints" / "iter_0000004")
     with pytest.raises(CheckpointError, match=rf"iter_0000004 is damaged: {COMMON_STATE_GONE}.*echo iter_0000002"):
         plan_start(tiny_config(run))
     (run / "checkpoints" / "latest").write_text("iter_0000002\n")  # the fix the message names
     plan = plan_start(tiny_config(run))
-    assert plan.checkpoint.iteration == 2
-    assert plan.notes[0] == ("[checkpoint] damaged newer checkpoints (iter_0000004) are replaced when this run saves "
-                             "those iterations")
+    assert plan.checkpoint.iteration == 2 and plan.set_aside == [run / "checkpoints" / "iter_0000004"]
+
+
+def test_a_fix_never_suggests_deleting_while_a_complete_checkpoint_exists(run: Path) -> None:
+    """Only a newer checkpoint is complete: the fix points latest at it instead of suggesting a fresh start."""
+    root = run / "checkpoints"
+    remove_common_state(root / "iter_0000002")
+    (root / "latest").write_text("iter_0000002\n")
+    with pytest.raises(CheckpointError) as refused:
+        plan_start(tiny_config(run))
+    assert f"echo iter_0000004 > {root}/latest" in str(refused.value) and "overwrite" not in str(refused.value)
 
 
 def test_load_from_another_run(run: Path, tmp_path: Path) -> None:

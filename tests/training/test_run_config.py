@@ -6,6 +6,8 @@ from cplm_megatron.config.loader import apply_overrides
 from cplm_megatron.errors import ConfigError
 from cplm_megatron.training.run_config import build_run_config, load_run_config
 
+pytestmark = pytest.mark.mcore  # the outcome depends on megatron-core (both CI legs)
+
 REPO = __import__("pathlib").Path(__file__).resolve().parents[2]
 
 

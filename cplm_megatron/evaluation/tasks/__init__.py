@@ -4,6 +4,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from cplm_megatron.evaluation.tasks import (
+    cache,
     copy,
     gradient,
     lmeval,
@@ -19,6 +20,7 @@ TASKS: dict[str, Callable[..., TaskResult]] = {
     "passkey": passkey.run,
     "spamlang": spamlang.run,
     "gradient": gradient.run,
+    "cache": cache.run,
     "lm-eval": lmeval.run,
 }
 

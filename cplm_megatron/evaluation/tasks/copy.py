@@ -3,6 +3,10 @@
 A sample is span + span (cplm_megatron.data.synthetic.copy_sample). Scored positions are those
 predicting the 2nd..last token of the repeat: the first repeated token follows the span's last token,
 which the model has not seen followed by anything yet, so it is not copyable.
+
+For a CPLM model also: `copy_head_accuracy` (the argmax of the copy head's own distribution p_copy,
+without the LM head) and `copy_mean_gate` (the mean mixture weight g on the scored positions): how
+much of the mixture's copy accuracy the copy head carries, and how far the gate opens on copyable text.
 """
 from __future__ import annotations
 
@@ -11,7 +15,7 @@ import torch
 from cplm_megatron.data.synthetic import copy_sample
 from cplm_megatron.evaluation.metrics import TokenTally, argmax_correct
 from cplm_megatron.evaluation.options import EvalOptions
-from cplm_megatron.evaluation.scorers import Scorer
+from cplm_megatron.evaluation.scorers import Batch, HFScorer, MegatronScorer, Scorer, document_segments
 from cplm_megatron.evaluation.tasks.base import TaskResult, batches_of, progress
 
 
@@ -30,21 +34,70 @@ def repeat_mask(batch_size: int, length: int) -> torch.Tensor:
     return mask
 
 
+@torch.no_grad()
+def copy_parts(scorer: Scorer, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """(mixture log-probs [b, s, V'], the copy head's p_copy [b, s, V'], the mixture weight g [b, s]) of a CPLM
+    (None for a scorer whose copy head is not a Megatron or HF module)."""
+    if not isinstance(scorer, (MegatronScorer, HFScorer)):
+        return None
+    from cplm_megatron.evaluation.scorers import hidden_and_log_probs
+
+    hidden, log_probs = hidden_and_log_probs(scorer, batch)
+    if isinstance(scorer, MegatronScorer):
+        import cplm_kernels
+        from cplm_megatron.model.copy_head import candidate_labels
+
+        head = scorer.model.copy_head
+        inputs = scorer.model_inputs(batch)
+        param = next(head.parameters())
+        h = hidden.to(param.device, param.dtype)
+        cand = candidate_labels(inputs["labels"], inputs.get("loss_mask"))
+        q, k = head.queries_keys(h)
+        p_copy, has_cand, lse_all = cplm_kernels.copy_distribution(
+            q, k, cand, 0, log_probs.shape[-1], inputs.get("document_ids"), head.scale, head.cfg.block_size,
+            return_lse=True)
+        gate = head.mixture_weights(h, has_cand, lse_all).gate
+        return log_probs, p_copy.float().cpu(), gate.float().cpu()
+    import importlib
+
+    model = scorer.model
+    modeling = importlib.import_module(type(model).__module__)
+    head = model.copy_head
+    p_copy = torch.zeros_like(log_probs)
+    gate = torch.zeros(log_probs.shape[:2])
+    for row, start, end in document_segments(batch):
+        ids = batch["tokens"][row:row + 1, start:end]
+        h = hidden[row:row + 1, start:end]
+        log_p, has, lse = modeling.copy_log_probs(
+            head.queries(h), head.keys(h), modeling.candidate_labels(ids),
+            modeling.candidate_mask(torch.ones_like(ids, dtype=torch.bool), torch.arange(ids.shape[1])),
+            model.config.vocab_size, return_lse=True)
+        p_copy[row, start:end, :log_p.shape[-1]] = log_p[0].exp()
+        gate[row, start:end] = head.mixture_weights(h, has, lse).gate[0]
+    return log_probs, p_copy, gate
+
+
 def run(scorer: Scorer, options: EvalOptions) -> TaskResult:
     length = options.copy_length
     check_length(length, scorer, "copy_length")
     n = options.sequences("copy")
     samples = [copy_sample(i, length, scorer.vocab_size, options.eval_seed)[0] for i in range(n)]
     tally = TokenTally()
-    sequences_right = 0
+    sequences_right = head_right = 0
+    gate_sum = 0.0
     for batch in progress(list(batches_of(samples, options.batch_size)), "copy", options.show_progress):
-        log_probs = scorer.log_probs(batch)
         select = repeat_mask(*batch["labels"].shape)
+        parts = copy_parts(scorer, batch) if scorer.has_copy_head else None
+        if parts is not None:
+            log_probs, p_copy, gate = parts
+            head_right += int(((p_copy.argmax(-1) == batch["labels"]) & (p_copy.amax(-1) > 0))[select].sum())
+            gate_sum += float(gate[select].double().sum())
+        else:
+            log_probs = scorer.log_probs(batch)
         tally.add(log_probs, batch["labels"], select)
         correct = argmax_correct(log_probs, batch["labels"]) | ~select
         sequences_right += int(correct.all(dim=1).sum())
-    return TaskResult(
-        "copy",
-        {"copy_accuracy": tally.accuracy, "copy_loss": tally.loss, "copy_sequence_accuracy": sequences_right / n},
-        {"sequences": n, "length": length, "scored_tokens": tally.count},
-    )
+    metrics = {"copy_accuracy": tally.accuracy, "copy_loss": tally.loss, "copy_sequence_accuracy": sequences_right / n}
+    if parts is not None:
+        metrics.update(copy_head_accuracy=head_right / tally.count, copy_mean_gate=gate_sum / tally.count)
+    return TaskResult("copy", metrics, {"sequences": n, "length": length, "scored_tokens": tally.count})

@@ -2,6 +2,10 @@
 
 The dataset is `--data` (a prepared dataset directory, e.g. data/stdlib/val) or the streams of the
 run's `data.val_streams`. Loss-masked positions (EOD padding) are left out, as in training.
+Every sample is scored unless `limit` (or, with `val_all`, nothing) cuts it; the 95% interval of the
+loss resamples documents (a document spans several packed samples; its tokens are not independent),
+and `details.documents` holds each document's NLL sum and token count so that a study can form paired
+intervals between models scored on the same split.
 """
 from __future__ import annotations
 
@@ -11,9 +15,9 @@ import time
 
 from cplm_megatron.data.config import DataConfig
 from cplm_megatron.data.manifest import read_manifest
-from cplm_megatron.evaluation.metrics import TokenTally
+from cplm_megatron.evaluation.metrics import DocumentTally, TokenTally, bootstrap_ratio_ci, document_index
 from cplm_megatron.evaluation.options import EvalOptions
-from cplm_megatron.evaluation.scorers import Scorer
+from cplm_megatron.evaluation.scorers import Scorer, hidden_and_log_probs, lm_head_log_probs
 from cplm_megatron.evaluation.tasks.base import TaskResult, progress
 
 
@@ -51,17 +55,37 @@ def open_val_loader(paths: list[str], batch_size: int, document_masking: bool, v
             time.sleep(random.uniform(0.2, 1.0))
 
 
+def val_batches(loader, options: EvalOptions) -> list:
+    """The batches the task scores: all of them (`val_all` or no limit), else the first `limit` sequences."""
+    limit = None if options.val_all else options.sequences("val")
+    n_batches = len(loader) if limit is None else min(len(loader), -(-limit // options.batch_size))
+    return list(itertools.islice(iter(loader), n_batches))
+
+
 def run(scorer: Scorer, options: EvalOptions) -> TaskResult:
     paths = val_paths(scorer, options)
     loader = open_val_loader(paths, options.batch_size, scorer.document_masking, scorer.vocab_size)
-    limit = options.sequences("val")
-    n_batches = len(loader) if limit is None else min(len(loader), -(-limit // options.batch_size))
-    tally = TokenTally()
-    batches = list(itertools.islice(iter(loader), n_batches))
+    eod = read_manifest(paths[0]).tokenizer.eod_id
+    tally, per_doc, offset, sequences = TokenTally(), DocumentTally.empty(), 0, 0
+    batches = val_batches(loader, options)
+    lm_tally = TokenTally() if scorer.has_copy_head else tally
     for batch in progress(batches, "val", options.show_progress):
-        tally.add(scorer.log_probs(batch), batch["labels"], batch["loss_mask"])
+        if scorer.has_copy_head:  # the LM head alone as well: the mixture's gain vs what the LM head learned
+            hidden, log_probs = hidden_and_log_probs(scorer, batch)
+            lm_tally.add(lm_head_log_probs(scorer, hidden), batch["labels"], batch["loss_mask"])
+        else:
+            log_probs = scorer.log_probs(batch)
+        documents, offset = document_index(batch["tokens"], eod, offset)
+        tally.add(log_probs, batch["labels"], batch["loss_mask"])
+        per_doc.add(log_probs, batch["labels"], batch["loss_mask"], documents)
+        sequences += batch["tokens"].shape[0]
+    nll, count, docs = per_doc.arrays()
+    low, high = bootstrap_ratio_ci(nll, count)
     return TaskResult(
         "val",
-        {"val_loss": tally.loss, "val_ppl": tally.perplexity, "val_accuracy": tally.accuracy},
-        {"data": paths, "sequences": n_batches * options.batch_size, "tokens": tally.count},
+        {"val_loss": tally.loss, "val_loss_ci_low": low, "val_loss_ci_high": high, "val_ppl": tally.perplexity,
+         "val_accuracy": tally.accuracy, "val_lm_loss": lm_tally.loss},
+        {"data": paths, "sequences": sequences, "samples_available": len(loader) * options.batch_size,
+         "tokens": tally.count, "documents": {"ids": docs, "nll": nll, "count": count},
+         "interval": "95% percentile bootstrap over documents (2000 resamples)"},
     )

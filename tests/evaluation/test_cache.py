@@ -1,0 +1,95 @@
+"""The continuous cache (Grave et al. 2017) against an independent float64 loop, and the `cache` task on a real model."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from cplm_megatron.evaluation import cache
+from cplm_megatron.evaluation.metrics import bootstrap_paired_ci, bootstrap_ratio_ci
+from cplm_megatron.evaluation.options import EvalOptions
+from cplm_megatron.evaluation.tasks import cache as cache_task
+from cplm_megatron.evaluation.tasks import val
+
+# Both sides are float64: the vectorized path (matmul, logsumexp) and the loop (math.exp, sums) differ by the
+# order of O(n) roundings of magnitude <= |theta h.h| ~ 10, i.e. ~ n * 10 * 2^-53 ~ 1e-13; 1e-10 leaves room.
+TOL = 1e-10
+
+
+def naive_p(hidden, labels, valid, theta, lam, model_p, t):
+    """p(y_t) = (1 - lam) p_model + lam sum_{i<t, valid, y_i = y_t} e^{theta h_t.h_i} / sum_{i<t, valid} e^{...}."""
+    h = hidden.tolist()
+    dots = [theta * sum(a * b for a, b in zip(h[t], h[i])) for i in range(t) if valid[i]]
+    labs = [int(labels[i]) for i in range(t) if valid[i]]
+    if not dots:
+        return model_p
+    weights = [math.exp(x) for x in dots]
+    p_cache = sum(w for w, y in zip(weights, labs) if y == int(labels[t])) / sum(weights)
+    return (1 - lam) * model_p + lam * p_cache
+
+
+def test_cache_mixture_equals_a_float64_loop():
+    g = torch.Generator().manual_seed(3)
+    n, d = 14, 6
+    hidden = torch.randn(n, d, generator=g, dtype=torch.float64)
+    labels = torch.randint(0, 4, (n,), generator=g)  # a small vocabulary: labels recur
+    valid = torch.ones(n, dtype=torch.bool)
+    valid[5] = False  # a padded label is neither an entry nor scored
+    model_p = torch.rand(n, generator=g, dtype=torch.float64) * 0.5 + 0.01
+    for theta, lam in ((0.7, 0.3), (2.0, 0.05), (0.1, 0.9)):
+        lp, has = cache.cache_target_log_probs(hidden, labels, valid, theta)
+        mixed = cache.mix_target_log_probs(model_p.log(), lp, has, lam)
+        for t in range(n):
+            expected = naive_p(hidden, labels, valid, theta, lam, float(model_p[t]), t)
+            assert float(mixed[t]) == pytest.approx(math.log(expected), abs=TOL), (theta, lam, t)
+    assert not has[0] and has[1:].all()
+
+
+def test_tune_picks_the_grid_minimum_and_keeps_lambda_zero_when_the_cache_cannot_help():
+    g = torch.Generator().manual_seed(5)
+    span = torch.randint(0, 50, (20,), generator=g)
+    labels = torch.cat([span, span])  # a repeated span: the cache knows the second half
+    hidden = torch.nn.functional.one_hot(torch.cat([span, span]), 50).double() * 3.0  # h_t = h_i on a repeat
+    valid = torch.ones(40, dtype=torch.bool)
+    weak = torch.full((40,), math.log(1 / 50), dtype=torch.float64)
+    segments = [(hidden, labels, valid, weak, torch.zeros(40, dtype=torch.long))]
+    lam, theta, loss = cache.tune(cache.collect(segments, cache.theta_grid(9.0)))
+    assert lam > 0 and loss < -float(weak.mean())
+    brute = min(float(-cache.mix_target_log_probs(weak, cache.cache_target_log_probs(hidden, labels, valid, th)[0],
+                                                   cache.cache_target_log_probs(hidden, labels, valid, th)[1], la).mean())
+                for th in cache.theta_grid(9.0) for la in cache.LAMBDAS)
+    assert loss == pytest.approx(brute, abs=1e-12)
+    perfect = torch.zeros(40, dtype=torch.float64)  # the model already puts probability 1 on every label
+    lam0, _, loss0 = cache.tune(cache.collect([(hidden, labels, valid, perfect, torch.zeros(40, dtype=torch.long))],
+                                              cache.theta_grid(9.0)))
+    assert lam0 == 0.0 and loss0 == 0.0
+
+
+def test_document_bootstrap_intervals():
+    nll, count = [10.0, 20.0, 30.0, 5.0], [10, 10, 10, 10]
+    low, high = bootstrap_ratio_ci(nll, count)
+    assert low < sum(nll) / sum(count) < high and low >= 0.5 and high <= 3.0
+    diff, dlow, dhigh = bootstrap_paired_ci([x - 1 for x in nll], nll, count)
+    assert diff == pytest.approx(-0.1) and dlow == pytest.approx(-0.1) and dhigh == pytest.approx(-0.1)  # constant
+
+
+def test_cache_task_on_a_trained_model(megatron, packed_val: Path, isolated_streaming):
+    """Tuned on the split it is scored on (dev = val here), the cache can only lower the loss (lambda = 0 is in the
+    grid); the model's loss over the task's positions is `val`'s; bad input names the fix."""
+    scorer = megatron["baseline"]
+    opts = EvalOptions(batch_size=4, show_progress=False, data=str(packed_val), dev_data=str(packed_val))
+    result = cache_task.run(scorer, opts)
+    plain = val.run(scorer, opts)
+    m = result.metrics
+    # same fp32 per-token log-probs, reduced in another order in float64: 1e-6 relative
+    assert m["model_val_loss"] == pytest.approx(plain.metrics["val_loss"], rel=1e-6)
+    assert m["cache_val_loss"] <= m["model_val_loss"] + 1e-12
+    assert m["cache_val_loss_ci_low"] <= m["cache_val_loss"] <= m["cache_val_loss_ci_high"]
+    assert m["cache_minus_model_ci_low"] <= m["cache_minus_model"] <= 1e-12
+    assert m["cache_lambda"] in cache.LAMBDAS and result.details["tokens"] == plain.details["tokens"]
+    assert plain.details["sequences"] == plain.details["samples_available"]  # every sample, not a prefix
+    assert plain.metrics["val_loss_ci_low"] < plain.metrics["val_loss"] < plain.metrics["val_loss_ci_high"]
+    with pytest.raises(ValueError, match="--dev-data DIR"):
+        cache_task.run(scorer, EvalOptions(batch_size=4, show_progress=False, data=str(packed_val)))

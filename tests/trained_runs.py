@@ -1,0 +1,84 @@
+"""The session's trained runs: each is trained once per test session and shared by every test that needs it.
+
+* `reference_run`: the tiny recipe on the embedded corpus, 10 iterations at TP=1 in one interpreter (the README's
+  first command: `python pretrain/pretrain_cplm.py`), validated at 5 and 10, wandb offline, checkpoints at 3, 6,
+  9 and 10 (keep 2). Its losses are what the resume and layout tests compare with.
+* `stopped_run`: the same recipe stopped after 4 iterations (`train.exit_after_iters`, exit 75): checkpoints
+  iter_0000003 and iter_0000004 (latest). Tests that resume or damage it copy it first (`copy_run`).
+* `runs` / `hf_exports`: a tiny baseline and CPLM pair on synthetic copy data and their HF exports
+  (tests/evaluation/runs.py), for the evaluation, HF and tool tests; `packed_val`, a validation set in their
+  vocabulary and sequence length.
+A test that modifies a run works on `copy_run(run, tmp_path)`, never on the shared directory.
+"""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from cplm_megatron.training.signals import RESUME_EXIT_CODE
+
+REFERENCE_ITERS = 10
+
+
+def copy_run(run_dir: Path, tmp_path: Path, name: str = "run") -> Path:
+    """A private copy of a shared run (for a test that resumes, damages or relaunches it)."""
+    return Path(shutil.copytree(run_dir, tmp_path / name))
+
+
+@pytest.fixture(scope="session")
+def reference_run(stdlib_corpus, tmp_path_factory) -> dict:
+    """One uninterrupted single-process run: {'dir', 'losses', 'stdout'} (read only)."""
+    from tests.training import pretrain_utils as pu
+
+    run_dir = tmp_path_factory.mktemp("reference") / "run"
+    proc = pu.run(1, pu.tiny_overrides(stdlib_corpus, run_dir, REFERENCE_ITERS, **{
+        "train.eval_interval": 5, "logging.wandb": "true"}), mode="python")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return {"dir": run_dir, "losses": pu.losses(run_dir), "stdout": proc.stdout}
+
+
+@pytest.fixture(scope="session")
+def stopped_run(stdlib_corpus, tmp_path_factory) -> Path:
+    """The reference recipe stopped after 4 iterations: checkpoints iter_0000003 and iter_0000004 (latest)."""
+    from cplm_megatron.training.checkpoint_lookup import list_checkpoints
+    from tests.training import pretrain_utils as pu
+
+    run_dir = tmp_path_factory.mktemp("stopped") / "run"
+    proc = pu.run(1, pu.tiny_overrides(stdlib_corpus, run_dir, REFERENCE_ITERS, **{"train.exit_after_iters": 4}))
+    assert proc.returncode == RESUME_EXIT_CODE, proc.stderr[-3000:]
+    assert [p.name for p in list_checkpoints(run_dir / "checkpoints")] == ["iter_0000003", "iter_0000004"]
+    return run_dir
+
+
+@pytest.fixture(scope="session")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """{'baseline': run dir, 'cplm': run dir} on synthetic copy data (tests/evaluation/runs.py)."""
+    from tests.evaluation.runs import shared_runs
+
+    return shared_runs(tmp_path_factory.getbasetemp())
+
+
+@pytest.fixture(scope="session")
+def hf_exports(runs: dict[str, Path], tiny_corpus, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """tools/convert_to_hf.py exports of both runs (CPLMForCausalLM / LlamaForCausalLM)."""
+    from tests.evaluation.runs import shared_exports
+
+    return shared_exports(tmp_path_factory.getbasetemp(), runs, tiny_corpus.tokenizer_dir)
+
+
+@pytest.fixture(scope="session")
+def packed_val(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A prepared dataset of short random documents (5-40 tokens), packed several to a sample of the pair's length."""
+    import torch
+
+    from tests.data_fixtures import synthetic_tokenizer, write_synthetic_dataset
+    from tests.evaluation.runs import SEQ_LEN, VOCAB
+
+    g = torch.Generator().manual_seed(7)
+    docs = [torch.randint(1, VOCAB, (int(torch.randint(5, 41, (1,), generator=g)),), generator=g).tolist()
+            for _ in range(80)]
+    path = tmp_path_factory.mktemp("packed-val")
+    write_synthetic_dataset(path, docs, SEQ_LEN, synthetic_tokenizer(VOCAB))
+    return path
