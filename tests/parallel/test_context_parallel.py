@@ -9,6 +9,8 @@ import torch
 import cplm_kernels
 from cplm_megatron.parallel.context import local_positions
 
+pytestmark = pytest.mark.mcore  # megatron-core's CP groups and batch split (both CI legs for the fast tests)
+
 
 def test_local_positions_are_megatrons_load_balanced_split():
     """Rank r of N holds chunks r and 2N-1-r of 2N (megatron.core.utils.get_batch_on_this_cp_rank's view)."""
