@@ -65,11 +65,17 @@ def copy_head_params(m: ModelConfig, c: Optional[CopyHeadShape]) -> int:
     constant) or H_c (sentinel: one sentinel logit per copy head), as the mixing rule builds them."""
     if c is None:
         return 0
-    from cplm_megatron.model.mixing import mixing_rule
-
-    gate_rows = mixing_rule(c.mixing).gate_rows(c.heads)
+    gate_rows = 1 if c.mixing == "gate" else _gate_rows(c.mixing, c.heads)
     return (2 * m.hidden_size * c.heads * c.head_dim + gate_rows * (m.hidden_size + 1)
             + (2 * c.head_dim if c.qk_norm else 0))
+
+
+def _gate_rows(mixing: str, heads: int) -> int:
+    """The rule's gate rows, from the mixing registry (it imports torch: the default `gate`, one row, is counted
+    without it, so the GPU check's summary step, which must not import torch, can count the default head)."""
+    from cplm_megatron.model.mixing import mixing_rule
+
+    return mixing_rule(mixing).gate_rows(heads)
 
 
 def forward_flops_per_token(m: ModelConfig, seq_len: int, c: Optional[CopyHeadShape] = None) -> Dict[str, float]:
