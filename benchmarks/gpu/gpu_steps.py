@@ -122,7 +122,8 @@ def memory_estimate_gib(config: dict) -> float:
 
     model = ModelConfig(**config["model"])
     head = config["copy_head"]
-    copy = CopyHeadShape(head["heads"], head["head_dim"], head["qk_norm"]) if head["enabled"] else None
+    copy = (CopyHeadShape(head["heads"], head["head_dim"], head["qk_norm"], head.get("mixing", "gate"))
+            if head["enabled"] else None)
     train = config["train"]
     attention = "sdpa" if model.attention_impl == "auto" else model.attention_impl  # no TE in the image
     est = memory_estimate(model, copy, tp=1, pp=1, dp=1, seq_len=train["seq_len"], micro_batch=train["micro_batch"],

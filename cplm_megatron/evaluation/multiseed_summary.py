@@ -97,8 +97,7 @@ def train_flops_per_token(run: RunResults) -> float | None:
                                             *run.spec.overrides])
     except Exception:  # noqa: BLE001 - a run made from another recipe: tokens only
         return None
-    c = cfg.copy_head
-    shape = CopyHeadShape(c.heads, c.head_dim, c.qk_norm, c.mixing) if c.enabled else None
+    shape = CopyHeadShape.of(cfg.copy_head)
     return flops(cfg.model, SEQ_LEN, shape)
 
 

@@ -33,6 +33,12 @@ class CopyHeadShape:
     qk_norm: bool = False
     mixing: str = "gate"  # copy_head.mixing: sentinel has one gate row per copy head
 
+    @classmethod
+    def of(cls, copy_head) -> Optional["CopyHeadShape"]:
+        """The shape of a `copy_head` config section (None when the head is disabled)."""
+        c = copy_head
+        return cls(c.heads, c.head_dim, c.qk_norm, c.mixing) if c.enabled else None
+
 
 def layer_params(m: ModelConfig) -> int:
     """Parameters of one transformer layer."""

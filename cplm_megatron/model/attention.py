@@ -7,7 +7,7 @@ signature (a drop-in `core_attention` submodule) and calls SDPA instead:
 * causal, no document mask: `is_causal=True` -- flash attention on CUDA (and torch's fused CPU kernel), no
   `[s, s]` tensor at all;
 * `data.document_masking`: the `[b, 1, s, s]` boolean mask that the training step builds (True = masked) becomes
-  one additive bias per micro-batch, shared by every layer (cached by identity), and SDPA runs its
+  one additive bias per micro-batch, shared by every layer (kept on the mask object), and SDPA runs its
   memory-efficient kernel on CUDA (no per-head scores kept) or the math/flash-CPU kernel on CPU: exact
   block-diagonal causal attention;
 * GQA: key/value groups repeated to the local heads only where the kernel needs it (`enable_gqa` otherwise);
@@ -77,12 +77,14 @@ class SDPAttention(MegatronModule):
 
     @staticmethod
     def _mask_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """Megatron's boolean mask (True = masked) -> SDPA's additive bias (0 / -inf), computed once per mask."""
-        cached = _SHARED_BIAS.get("entry")
-        if cached is not None and cached[0] is mask and cached[1] == dtype:
-            return cached[2]
+        """Megatron's boolean mask (True = masked) -> SDPA's additive bias (0 / -inf), computed once per mask:
+        the step passes one mask object to every layer of a micro-batch, so the bias rides on that object (and
+        is freed with it)."""
+        cached = getattr(mask, "_cplm_sdpa_bias", None)
+        if cached is not None and cached.dtype == dtype:
+            return cached
         bias = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(mask, float("-inf"))
-        _SHARED_BIAS["entry"] = (mask, dtype, bias)
+        mask._cplm_sdpa_bias = bias
         return bias
 
     def forward(
@@ -142,11 +144,6 @@ class SDPAttention(MegatronModule):
                                    attn_mask=causal_lower_right(hi - lo, end)))
         out = torch.cat(outs, dim=2)
         return out.permute(2, 0, 1, 3).reshape(local, out.shape[0], self.hidden_size_per_partition)
-
-
-# The bias of the last mask seen, shared by every layer of every model chunk of this process (the step
-# passes one mask object to all layers of a micro-batch).
-_SHARED_BIAS: dict = {}
 
 
 def core_attention_class(impl: str):

@@ -8,6 +8,7 @@ puts them back in global order (positions 0 .. S-1).
 """
 from __future__ import annotations
 
+import functools
 import sys
 from typing import Dict, Optional
 
@@ -53,16 +54,12 @@ def split_batch(batch: Dict[str, Optional[torch.Tensor]]) -> Dict[str, Optional[
     return get_batch_on_this_cp_rank(dict(batch), cp_group=cp_group())
 
 
-_ORDER_CACHE: Dict[tuple, tuple] = {}
-
-
+@functools.lru_cache(maxsize=32)
 def _orders(seq_len: int, size: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(gathered -> global, global -> gathered) index vectors for a gathered sequence of `seq_len`."""
-    key = (seq_len, size, str(device))
-    if key not in _ORDER_CACHE:
-        gathered_pos = torch.cat([local_positions(seq_len, size, r, device) for r in range(size)])
-        _ORDER_CACHE[key] = (torch.argsort(gathered_pos), gathered_pos)
-    return _ORDER_CACHE[key]
+    """(gathered -> global, global -> gathered) index vectors for a gathered sequence of `seq_len` (a pure
+    function of its arguments, memoised: every layer of every step asks for the same one)."""
+    gathered_pos = torch.cat([local_positions(seq_len, size, r, device) for r in range(size)])
+    return torch.argsort(gathered_pos), gathered_pos
 
 
 def _all_gather(x: torch.Tensor, dim: int, group: dist.ProcessGroup, size: int) -> torch.Tensor:

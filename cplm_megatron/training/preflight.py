@@ -52,8 +52,7 @@ def format_bytes(n: float) -> str:
 
 def checkpoint_size(cfg: RunConfig) -> float:
     """The planner's size of one of this run's checkpoints (bytes)."""
-    c = cfg.copy_head
-    copy = CopyHeadShape(c.heads, c.head_dim, c.qk_norm) if c.enabled else None
+    copy = CopyHeadShape.of(cfg.copy_head)
     return checkpoint_bytes(cfg.model, copy, 2 if cfg.precision.dtype == "bf16" else 4)
 
 
@@ -124,8 +123,7 @@ MEMORY_KEYS = ("train.micro_batch", "train.seq_len", "recompute.granularity=full
 
 def memory_needed(cfg: RunConfig, dp: int) -> float:
     """The planner's memory per process (bytes): tools/model_info.py's estimate for this config and layout."""
-    c = cfg.copy_head
-    copy = CopyHeadShape(c.heads, c.head_dim, c.qk_norm) if c.enabled else None
+    copy = CopyHeadShape.of(cfg.copy_head)
     p = cfg.parallel
     est = memory_estimate(cfg.model, copy, tp=p.tp, pp=p.pp, dp=dp, seq_len=cfg.train.seq_len,
                           micro_batch=cfg.train.micro_batch, sp=p.sp,

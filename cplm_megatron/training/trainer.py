@@ -30,8 +30,7 @@ class NonFiniteLossError(RuntimeError):
 
 def copy_shape(cfg: RunConfig) -> Optional[CopyHeadShape]:
     """The copy head's size parameters, or None for the baseline."""
-    c = cfg.copy_head
-    return CopyHeadShape(c.heads, c.head_dim, c.qk_norm) if c.enabled else None
+    return CopyHeadShape.of(cfg.copy_head)
 
 
 def build_data(cfg: RunConfig, dp_rank: int, dp_size: int):

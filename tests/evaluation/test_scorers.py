@@ -106,4 +106,6 @@ def test_every_task_agrees_across_backends(megatron, hf, packed_val: Path, isola
     for task in tasks:
         for metric, value in want["tasks"][task]["metrics"].items():
             # metrics computed from log-probs that agree within BACKEND_ATOL: 1e-4 relative (accuracies: exact)
-            assert got["tasks"][task]["metrics"][metric] == pytest.approx(value, rel=1e-4, abs=1e-6), (task, metric)
+            # (nan_ok: a figure undefined for the model, e.g. the copy/LM gradient cosine of a baseline, on both)
+            assert got["tasks"][task]["metrics"][metric] == pytest.approx(value, rel=1e-4, abs=1e-6, nan_ok=True), (
+                task, metric)

@@ -73,8 +73,9 @@ def test_a_failed_run_is_not_requeued(cluster, stdlib_corpus, tmp_path):
     log = job.log()
     assert rc == 2, log  # missing data is bad input: exit 2, one line per rank, and no requeue
     assert "error: dataset directory not found" in log
-    assert "training failed with exit code 2: not requeueing" in log
+    assert "training refused its input (exit 2, the error line above names the fix): not requeueing" in log
     assert "requeueing job" not in log and "restart 1" not in log
+    assert not (tmp_path / "run" / "logs").exists()  # a refused launch leaves the run directory as it was
 
 
 def test_time_limit_warning_checkpoints_requeues_and_resumes(cluster, uninterrupted, stdlib_corpus, tmp_path):
