@@ -83,6 +83,14 @@ def _become(env: Dict[str, str]) -> None:
     torch.set_num_threads(int(env.get("OMP_NUM_THREADS", "1")))
 
 
+def _redirect_output(out: str, err: str) -> None:
+    """In a forked child: file descriptors 1 and 2 append to `out` and `err` (every rank to the same files)."""
+    for fd, path in ((1, out), (2, err)):
+        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(target, fd)
+        os.close(target)
+
+
 # ---------------------------------------------------------------------------------------------- functions
 @dataclass
 class Call:
@@ -110,10 +118,7 @@ def _reset_megatron() -> None:
 def _case_worker(rank: int, calls: Sequence[Call], world_size: int, port: int, out_dir: str, env: dict,
                  init_group: bool, capture: bool = False) -> None:
     if capture:  # the rank's output to files the parent reads (a test asserting on what a process prints)
-        for fd, name in ((1, "stdout"), (2, "stderr")):
-            target = os.open(os.path.join(out_dir, name), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-            os.dup2(target, fd)
-            os.close(target)
+        _redirect_output(os.path.join(out_dir, "stdout"), os.path.join(out_dir, "stderr"))
     env = dict(env, RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
                LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     if not init_group:  # the data layer must work without the launcher's variables
@@ -267,10 +272,7 @@ def pretrain_command(nproc: int, overrides: Sequence[str], mode: str = "python",
 def _warm_rank(argv: List[str], env: Dict[str, str], out: str, err: str) -> None:
     """A warm process running pretrain_cplm.py as `__main__`, as `python pretrain_cplm.py ARGV` would."""
     os.setsid()  # its own process group, as the subprocess runs get (start_new_session)
-    for fd, path in ((1, out), (2, err)):
-        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        os.dup2(target, fd)
-        os.close(target)
+    _redirect_output(out, err)
     _become(env)
     os.chdir(REPO)
     sys.argv = [str(PRETRAIN), *argv]

@@ -39,7 +39,7 @@ def tiny_overrides(corpus, run_dir: Path, iters: int = 10, **extra) -> List[str]
     return [f"{k}={v}" for k, v in o.items()]
 
 
-def _mode(nproc: int, mode: Optional[str], launcher: bool) -> str:
+def _mode(mode: Optional[str], launcher: bool) -> str:
     """`launcher=True` is pretrain/launch_torchrun.py; otherwise warm processes unless a mode is named."""
     if launcher:
         return "launcher"
@@ -50,13 +50,13 @@ def run(nproc: int, overrides: List[str], timeout: int = 600, extra_env: Optiona
         launcher: bool = False, mode: Optional[str] = None) -> subprocess.CompletedProcess:
     """Run to completion (tests/harness.py run_pretrain): warm processes by default; `mode` "python",
     "torchrun" or "launcher" where the interpreter or the launcher is what the test is about."""
-    return harness.run_pretrain(nproc, overrides, _mode(nproc, mode, launcher), timeout, extra_env)
+    return harness.run_pretrain(nproc, overrides, _mode(mode, launcher), timeout, extra_env)
 
 
 def start(nproc: int, overrides: List[str], log: Path, extra_env: Optional[Dict[str, str]] = None,
           launcher: bool = False, mode: Optional[str] = None):
     """Start a run in its own process group(s) (so the test can kill or signal all of it); output to `log`."""
-    return harness.start_pretrain(nproc, overrides, log, _mode(nproc, mode, launcher), extra_env)
+    return harness.start_pretrain(nproc, overrides, log, _mode(mode, launcher), extra_env)
 
 
 def metrics(run_dir: Path) -> List[Dict]:
