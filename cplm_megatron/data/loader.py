@@ -17,6 +17,7 @@ checked against the tokenizer's vocabulary (and positions against seq_len), also
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 import random
 import re
@@ -44,6 +45,7 @@ from cplm_megatron.data.streaming_world import (
     DataParallelStreamingDataset,
     NodeLayout,
     detect_node_layout,
+    one_open_at_a_time,
     streaming_world_env,
 )
 from cplm_megatron.data.tokenizer import TokenizerInfo
@@ -105,15 +107,17 @@ def _make_dataset(
     streams: list[Stream], cfg: DataConfig, dp_rank: int, dp_size: int, layout: NodeLayout, *, train: bool
 ) -> DataParallelStreamingDataset:
     attempts = 5 if layout.local_world_size == 1 else 1
-    for attempt in range(attempts):
-        try:
-            return _new_dataset(streams, cfg, dp_rank, dp_size, layout, train=train)
-        except FileExistsError:
-            # Another job on this machine claimed the same shared-memory prefix at the same moment;
-            # a lone process can simply look again (peers of one job coordinate inside streaming).
-            if attempt == attempts - 1:
-                raise
-            time.sleep(0.2 + random.random())
+    with one_open_at_a_time(layout):
+        for attempt in range(attempts):
+            try:
+                # streaming writes its weighting into the Stream objects: every attempt gets fresh ones
+                return _new_dataset(copy.deepcopy(streams), cfg, dp_rank, dp_size, layout, train=train)
+            except FileExistsError:
+                # A process outside this project claimed the same shared-memory prefix at the same moment;
+                # a lone process can simply look again (peers of one job coordinate inside streaming).
+                if attempt == attempts - 1:
+                    raise
+                time.sleep(0.2 + random.random())
     raise AssertionError("unreachable")
 
 

@@ -21,8 +21,10 @@ same order and iterate them in step (Megatron does: every rank pulls the same mi
 """
 from __future__ import annotations
 
+import fcntl
 import os
 import socket
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -102,6 +104,40 @@ def streaming_world_env(layout: NodeLayout) -> Iterator[None]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+
+
+def _open_lock_path() -> Path:
+    """The lock file that orders dataset construction on this machine: next to the segments it protects."""
+    shm = Path("/dev/shm")
+    return (shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())) / "cplm-streaming-open.lock"
+
+
+@contextmanager
+def one_open_at_a_time(layout: NodeLayout) -> Iterator[None]:
+    """Build StreamingDatasets one job at a time on this machine.
+
+    Streaming picks its shared-memory prefix by probing /dev/shm for a free name and then creating it,
+    so two jobs opening datasets at the same moment can pick the same prefix (FileExistsError on
+    /dev/shm/NNNNNN_locals). The local leader holds an flock (released by the kernel if the process
+    dies) while its job's ranks build; they start only once it holds it, so construction stays collective.
+    """
+    import torch.distributed as dist
+
+    peers = layout.world_size > 1 and dist.is_available() and dist.is_initialized()
+    lock = None
+    try:
+        if layout.local_rank == 0:
+            lock = open(_open_lock_path(), "a")  # noqa: SIM115 - held across the yield
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        if peers:
+            dist.barrier()
+        yield
+        if peers:
+            dist.barrier()
+    finally:
+        if lock is not None:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+            lock.close()
 
 
 class DataParallelStreamingDataset(StreamingDataset):

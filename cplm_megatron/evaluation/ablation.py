@@ -25,7 +25,6 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 PRETRAIN = REPO_ROOT / "pretrain" / "pretrain_cplm.py"
 EVALUATE = REPO_ROOT / "tools" / "evaluate.py"
 RECIPE = REPO_ROOT / "configs" / "tiny.yaml"
-STAGGER_SECONDS = 5.0
 TIMING = "timing.json"  # a finished job's training and evaluation seconds
 
 
@@ -177,6 +176,12 @@ def _run_logged(cmd: list[str], log: Path, env: dict[str, str]) -> int:
         return subprocess.run(cmd, check=False, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT).returncode
 
 
+def _tail(log: Path, lines: int = 8) -> str:
+    """The last lines of a failed job's log, indented, so the failure's cause shows where it is reported."""
+    text = log.read_text(errors="replace").splitlines()[-lines:] if log.is_file() else []
+    return "".join(f"\n    | {line}" for line in text)
+
+
 def run_job(spec: RunSpec, output: Path, tp: int, threads: int) -> JobResult:
     """Train one run, then evaluate its checkpoints.
 
@@ -206,13 +211,13 @@ def run_job(spec: RunSpec, output: Path, tp: int, threads: int) -> JobResult:
     code = _run_logged(train_command(spec, run_dir, tp), run_dir / "train.log", env)
     result.train_seconds = time.perf_counter() - start
     if code != 0:
-        result.error = f"training failed (exit {code}); see {run_dir / 'train.log'}"
+        result.error = f"training failed (exit {code}); see {run_dir / 'train.log'}{_tail(run_dir / 'train.log')}"
         return result
     start = time.perf_counter()
     code = _run_logged(eval_command(spec, run_dir), run_dir / "eval.log", env)
     result.eval_seconds = time.perf_counter() - start
     if code != 0:
-        result.error = f"evaluation failed (exit {code}); see {run_dir / 'eval.log'}"
+        result.error = f"evaluation failed (exit {code}); see {run_dir / 'eval.log'}{_tail(run_dir / 'eval.log')}"
         return result
     (run_dir / TIMING).write_text(json.dumps({"train_seconds": result.train_seconds,
                                               "eval_seconds": result.eval_seconds}) + "\n")
@@ -235,11 +240,7 @@ def run_all(specs: Sequence[RunSpec], output: Path, tp: int = 1, jobs: int = 2, 
     results: list[JobResult] = []
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         futures = []
-        for i, spec in enumerate(specs):
-            if 0 < i < jobs:
-                # Jobs that start together open their streaming datasets together, and streaming's choice
-                # of shared-memory names races (FileExistsError on /dev/shm/NNNNNN_locals): stagger them.
-                time.sleep(STAGGER_SECONDS)
+        for spec in specs:
             futures.append(pool.submit(run_job, spec, output, tp, threads))
         for future in futures:
             result = future.result()

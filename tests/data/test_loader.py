@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from cplm_megatron.data.config import DataConfig
 from cplm_megatron.data.loader import build_train_loader, build_val_loader
 from cplm_megatron.data.manifest import DatasetError
 from tests.data_fixtures import TinyCorpus, numbered_docs, write_synthetic_dataset
+from tests.harness import Call, run_cases
 
 pytestmark = pytest.mark.usefixtures("isolated_streaming")
 SEQ = 16
@@ -132,3 +134,44 @@ def test_cache_dir_keeps_a_local_dataset_untouched(datasets: dict[str, Path], tm
     assert len(set(keys)) == 8
     assert sorted(os.listdir(source)) == before
     assert list((tmp_path / "cache").glob("*/shard.*.mds"))  # decompressed in the cache instead
+
+
+def _open_repeatedly(rank: int, cfg: DataConfig, start_at: float, times: int) -> int:
+    """A lone process (no process group) opening and reading a validation loader `times` times."""
+    while time.time() < start_at:
+        time.sleep(0.001)
+    for _ in range(times):
+        next(iter(build_val_loader(cfg, 0, 1)))
+    return times
+
+
+@pytest.mark.slow
+def test_jobs_opening_datasets_at_the_same_moment_all_succeed(datasets: dict[str, Path]) -> None:
+    """Streaming probes /dev/shm for a free name and then creates it; independent jobs of one machine
+    (a study's runs, an evaluation beside training) opening at once must not collide."""
+    cfg = cfg_for(micro_batch=4, global_batch=4, val_streams=[{"path": str(datasets["main"])}])
+    opened = run_cases([Call("open", _open_repeatedly, (cfg, time.time() + 3.0, 8))], 4)["open"]
+    assert opened == [8] * 4
+
+
+def test_a_prefix_taken_by_another_process_is_retried_with_fresh_streams(
+        datasets: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process outside the machine-wide lock may win streaming's prefix race; the retry must not reuse
+    the Stream objects streaming already wrote its weighting into."""
+    import streaming.base.dataset as streaming_dataset
+
+    real = streaming_dataset.get_shm_prefix
+    raised = []
+
+    def lose_the_race_once(*args, **kwargs):
+        if not raised:
+            raised.append(True)
+            raise FileExistsError("/dev/shm/000000_locals")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(streaming_dataset, "get_shm_prefix", lose_the_race_once)
+    cfg = cfg_for(datasets["a"], datasets["b"], micro_batch=5, global_batch=5)
+    cfg.streams[0].repeat, cfg.streams[1].choose = 2.0, 10
+    loader = build_train_loader(cfg, 0, 1)
+    assert raised and Counter("a" if max(k) < 2000 else "b" for k in draw(loader, loader.micro_batches_per_epoch)) \
+        == {"a": 80, "b": 10}

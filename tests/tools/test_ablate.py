@@ -1,6 +1,7 @@
 """tools/ablate.py: the plan pairs identical runs, and the SpamLang claim measured end to end."""
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -58,6 +59,15 @@ def test_finished_runs_are_reused_and_other_settings_refused(tmp_path: Path):
     (run_dir / "job.json").write_text(json.dumps({**same, "train": same["train"] + ["train.iters=1"]}))
     refused = run_job(spec, tmp_path, tp=1, threads=1)
     assert "made with other settings" in refused.error
+
+
+def test_a_failed_job_reports_its_logs_last_lines(tmp_path: Path):
+    """The study's progress output is often all a CI log keeps: a failure shows its cause, not only a path."""
+    spec = plan(Settings(experiments=("spamlang",), spamlang_vocabs=(4096,), spamlang_ties=(False,)), None)[0]
+    broken = dataclasses.replace(spec, overrides=(*spec.overrides, "model.nonsense=1"))
+    failed = run_job(broken, tmp_path, tp=1, threads=1)
+    assert failed.error.startswith("training failed (exit 2); see ")
+    assert "| error: unknown config key 'model.nonsense'" in failed.status_line()
 
 
 @pytest.mark.slow

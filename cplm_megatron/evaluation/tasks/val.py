@@ -10,8 +10,6 @@ intervals between models scored on the same split.
 from __future__ import annotations
 
 import itertools
-import random
-import time
 
 from cplm_megatron.data.config import DataConfig
 from cplm_megatron.data.manifest import read_manifest
@@ -34,25 +32,14 @@ def val_paths(scorer: Scorer, options: EvalOptions) -> list[str]:
     return streams
 
 
-def open_val_loader(paths: list[str], batch_size: int, document_masking: bool, vocab_size: int, attempts: int = 5):
-    """The validation loader (one pass, unshuffled) over `paths` in this single process.
-
-    Streaming names its shared-memory segments by probing /dev/shm for a free prefix, which races when
-    another process opens a dataset at the same moment (FileExistsError on /dev/shm/NNNNNN_locals); the
-    open is retried after a short random pause.
-    """
+def open_val_loader(paths: list[str], batch_size: int, document_masking: bool, vocab_size: int):
+    """The validation loader (one pass, unshuffled) over `paths` in this single process."""
     from cplm_megatron.data.loader import build_val_loader
 
     seq_len = read_manifest(paths[0]).seq_len
     cfg = DataConfig(val_streams=list(paths), seq_len=seq_len, micro_batch=batch_size, global_batch=batch_size,
                      document_masking=document_masking)
-    for attempt in range(attempts):
-        try:
-            return build_val_loader(cfg, 0, 1, model_vocab_size=vocab_size)
-        except FileExistsError:
-            if attempt == attempts - 1:
-                raise
-            time.sleep(random.uniform(0.2, 1.0))
+    return build_val_loader(cfg, 0, 1, model_vocab_size=vocab_size)
 
 
 def val_batches(loader, options: EvalOptions) -> list:
