@@ -178,9 +178,9 @@ def attention_bytes(m: ModelConfig, seq_len: int, micro_batch: int, tp: int, lay
     ``peak`` while one layer runs.
 
     sdpa / te (flash or memory-efficient kernels): a fp32 log-sum-exp per head and token per layer; with
-    document masking, the step's boolean ``[b, 1, T, T]`` mask (1 B) and SDPA's additive bias built from it
-    once per micro-batch (``param_bytes``; cplm_megatron/model/attention.py), and key/value groups repeated to
-    the query heads (GQA). megatron (unfused
+    document masking, one causal attention per document (no mask tensor; cplm_megatron/model/attention.py) and
+    what CUDA's varlen kernel reads: q/k/v packed row after row (a copy at micro-batch > 1), key/value groups
+    repeated to the query heads (GQA); an upper bound on CPU, whose per-document calls take views. megatron (unfused
     DotProductAttention): per ``[b, heads/tp, T, T]`` element, the softmax output in fp32 (kept for the
     softmax backward) and, in 16-bit training, its 16-bit copy (kept for the probabilities x values
     backward): 4 (+ ``param_bytes``) B per layer; one layer's transient scores buffer, fp32 scores and
@@ -188,12 +188,13 @@ def attention_bytes(m: ModelConfig, seq_len: int, micro_batch: int, tp: int, lay
     B, bounded above). Selective or full recompute keeps none of it between forward and backward.
 
     Context parallelism (``cp`` > 1, SDPA's all-gather; cplm_megatron/model/attention.py): the GPU's
-    queries are ``seq_len / cp`` per sequence, the masks ``[b, 1, T/cp, T]``, and every layer keeps the
+    queries are ``seq_len / cp`` per sequence, a document mask is dense (``[b, 1, T/cp, T]``: the boolean
+    mask, 1 B, and SDPA's additive bias, ``param_bytes``, once per micro-batch), and every layer keeps the
     all-gathered K/V of the whole sequence (``2 x T x groups/tp x head_dim`` per sequence) for its backward."""
     local = seq_len / cp
     tokens = local * micro_batch
     heads = m.num_attention_heads / tp
-    mask = (1 + param_bytes) * micro_batch * local * seq_len if document_masking else 0
+    mask = (1 + param_bytes) * micro_batch * local * seq_len if document_masking and cp > 1 else 0
     gathered = 2 * micro_batch * seq_len * (m.kv_heads / tp) * m.head_dim * param_bytes if cp > 1 else 0
     if attention == "megatron":
         elements = micro_batch * heads * seq_len * seq_len
@@ -207,9 +208,12 @@ def attention_bytes(m: ModelConfig, seq_len: int, micro_batch: int, tp: int, lay
         held = ((4 * heads * tokens + gathered) * layers if recompute == "none" else 0.0) + mask
         return {"held": held, "peak": 4 * heads * tokens + gathered + repeated}
     lse = 4 * heads * tokens
-    # with a mask and GQA, key/value copies repeated to the query heads (the memory-efficient kernel takes no GQA)
+    # per-document attention (CUDA's varlen kernel): q/k/v packed row after row (a copy at micro-batch > 1) and,
+    # with GQA, key/value copies repeated to the query heads
     repeated = 2 * heads * m.head_dim * tokens * param_bytes if document_masking and m.kv_heads != m.num_attention_heads else 0
-    held = ((lse + repeated) * layers if recompute == "none" else 0.0) + mask  # recompute: core attention re-run
+    if document_masking and micro_batch > 1:
+        repeated += (heads + (0 if repeated else 2 * m.kv_heads / tp)) * m.head_dim * tokens * param_bytes
+    held = (lse + repeated) * layers if recompute == "none" else 0.0  # recompute: core attention re-run
     return {"held": held, "peak": lse + repeated}
 
 

@@ -6,10 +6,11 @@ signature (a drop-in `core_attention` submodule) and calls SDPA instead:
 
 * causal, no document mask: `is_causal=True` -- flash attention on CUDA (and torch's fused CPU kernel), no
   `[s, s]` tensor at all;
-* `data.document_masking`: the `[b, 1, s, s]` boolean mask that the training step builds (True = masked) becomes
-  one additive bias per micro-batch, shared by every layer (kept on the mask object), and SDPA runs its
-  memory-efficient kernel on CUDA (no per-head scores kept) or the math/flash-CPU kernel on CPU: exact
-  block-diagonal causal attention;
+* `data.document_masking`: the step passes every token's document id (`document_mask.py`), never an `[s, s]`
+  mask; without context parallelism each document is its own causal attention -- one flash-varlen call on CUDA
+  (nested jagged tensors), one SDPA call per document elsewhere: exact block-diagonal causal attention with no
+  `[s, s]` tensor. A dense boolean mask (`[b, 1, s, s]`, True = masked) still works: one additive bias per
+  micro-batch, shared by every layer (kept on the mask object);
 * GQA: key/value groups repeated to the local heads only where the kernel needs it (`enable_gqa` otherwise);
 * TP: local heads (heads/tp, groups/tp); SP and PP need nothing here (q/k/v arrive full-sequence);
 * CP (`parallel.cp`): q/k/v hold this rank's two chunks of the load-balanced split; k/v are all-gathered
@@ -27,11 +28,13 @@ from typing import Any, Optional
 import torch
 import torch.nn.functional as F
 from megatron.core import tensor_parallel
+from megatron.core.transformer.dot_product_attention import DotProductAttention
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.utils import divide
 from torch.nn.attention.bias import causal_lower_right
 
+from cplm_megatron.model.document_mask import DocumentSpans, dense_document_mask, document_spans, is_document_ids
 from cplm_megatron.parallel.context import gather_sequence, this_rank_positions
 
 ATTENTION_IMPLS = ("auto", "sdpa", "megatron", "te")
@@ -106,6 +109,10 @@ class SDPAttention(MegatronModule):
             key, value = gather_sequence(key, dim=0), gather_sequence(value, dim=0)
             if attention_mask is None and mask_type == AttnMaskType.causal:
                 return self._cp_causal(query, key, value)
+            if is_document_ids(attention_mask):  # this rank's query rows against every key: [b, 1, s/cp, s]
+                attention_mask = dense_document_mask(attention_mask, this_rank_positions(query.shape[0], query.device))
+        elif is_document_ids(attention_mask):
+            return self._documents(query, key, value, document_spans(attention_mask))
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, heads|groups, s, d]
         rep = self.heads // self.groups
         kwargs: dict = {}
@@ -130,6 +137,29 @@ class SDPAttention(MegatronModule):
                 return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, scale=self.softmax_scale, **kwargs)
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, scale=self.softmax_scale, **kwargs)
 
+    def _documents(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, spans: DocumentSpans
+                   ) -> torch.Tensor:
+        """Causal attention within each document (`[s, b, n, d]` -> `[s, b, n*d]`)."""
+        s, b = query.shape[:2]
+        rep = self.heads // self.groups
+        if query.is_cuda:  # flash attention's varlen kernel through nested tensors: tokens packed row after row
+            q, k, v = (t.transpose(0, 1).reshape(b * s, t.shape[2], t.shape[3]) for t in (query, key, value))
+            if rep > 1:  # it takes one k/v head per query head
+                k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+
+            def nested(t: torch.Tensor) -> torch.Tensor:
+                return torch.nested.nested_tensor_from_jagged(t, spans.offsets, max_seqlen=spans.max_len).transpose(1, 2)
+
+            out = self._sdpa(nested(q), nested(k), nested(v), is_causal=True).transpose(1, 2).values()
+            return out.reshape(b, s, self.hidden_size_per_partition).transpose(0, 1).contiguous()
+        rows: list[list[torch.Tensor]] = [[] for _ in range(b)]
+        for lo, hi in zip(spans.bounds, spans.bounds[1:]):  # one SDPA call per document, on views of q/k/v
+            row, start, end = lo // s, lo % s, lo % s + hi - lo
+            doc = [t[start:end, row].transpose(0, 1)[None] for t in (query, key, value)]  # [1, heads|groups, L, d]
+            rows[row].append(self._sdpa(*doc, is_causal=True, enable_gqa=rep > 1)[0].transpose(0, 1))
+        out = torch.stack([torch.cat(pieces) for pieces in rows], dim=1)  # [s, b, heads, d]
+        return out.reshape(s, b, self.hidden_size_per_partition)
+
     def _cp_causal(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
         """Causal attention of this CP rank's two query chunks against the gathered keys: each chunk is the
         last rows of the keys up to its end, i.e. lower-right causal (flash / memory-efficient kernels on CUDA,
@@ -146,12 +176,19 @@ class SDPAttention(MegatronModule):
         return out.permute(2, 0, 1, 3).reshape(local, out.shape[0], self.hidden_size_per_partition)
 
 
+class DocumentMaskedDotProductAttention(DotProductAttention):
+    """megatron-core's unfused attention, given document ids (`document_mask.py`) as its dense boolean mask."""
+
+    def forward(self, query, key, value, attention_mask, *args, **kwargs):
+        if is_document_ids(attention_mask):
+            attention_mask = dense_document_mask(attention_mask)
+        return super().forward(query, key, value, attention_mask, *args, **kwargs)
+
+
 def core_attention_class(impl: str):
     """The core-attention module class for a resolved `model.attention_impl` ("sdpa" or "megatron")."""
     if impl == "sdpa":
         return SDPAttention
     if impl == "megatron":
-        from megatron.core.transformer.dot_product_attention import DotProductAttention
-
-        return DotProductAttention
+        return DocumentMaskedDotProductAttention
     raise ValueError(f"no local core attention for model.attention_impl={impl!r}")

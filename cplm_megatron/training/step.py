@@ -16,21 +16,11 @@ from typing import Dict, Iterable, List, Optional
 import torch
 import torch.distributed as dist
 
-from cplm_megatron.parallel.context import cp_size_rank, split_batch, this_rank_positions
+from cplm_megatron.model.document_mask import document_ids_mask
+from cplm_megatron.parallel.context import split_batch
 
 # Per-token quantities reduced with the loss mask; `loss` first (the optimized objective).
 METRIC_KEYS = ("loss", "lm_loss", "mix_loss", "gate_mean", "match_frac", "copy_prob")
-
-
-def document_attention_mask(document_ids: torch.Tensor, query_positions: Optional[torch.Tensor] = None
-                            ) -> torch.Tensor:
-    """[b, s] document ids -> Megatron boolean mask [b, 1, s, s] (True = masked): causal and same document.
-    With `query_positions` [q] (a context-parallel rank's tokens) only those query rows: [b, 1, q, s]."""
-    keys = torch.arange(document_ids.shape[1], device=document_ids.device)
-    queries = keys if query_positions is None else query_positions
-    causal = keys[None, :] <= queries[:, None]
-    same = document_ids[:, queries, None] == document_ids[:, None, :]
-    return ~(causal[None] & same)[:, None]
 
 
 def model_inputs(batch: Dict[str, torch.Tensor], device: torch.device, document_masking: bool) -> Dict:
@@ -38,9 +28,9 @@ def model_inputs(batch: Dict[str, torch.Tensor], device: torch.device, document_
 
     Document ids always reach the copy head (its candidates never cross a document, docs/design.md);
     `document_masking` decides only the attention: per document, or plain causal over the packed row.
-    Under context parallelism every tensor is this CP rank's part of the sequence (Megatron's
-    load-balanced split); the document mask is built for this rank's query rows only, all key columns
-    (`[b, 1, s/cp, s]`).
+    The attention mask is the document ids themselves (`model/document_mask.py`: each core attention builds
+    what it needs, SDPA no `[s, s]` tensor). Under context parallelism every other tensor is this CP rank's
+    part of the sequence (Megatron's load-balanced split); the mask keeps the whole sequence's ids.
     """
     tokens = batch["tokens"].to(device, non_blocking=True)
     labels = batch["labels"].to(device, non_blocking=True)
@@ -52,10 +42,7 @@ def model_inputs(batch: Dict[str, torch.Tensor], device: torch.device, document_
     doc_ids = batch.get("document_ids")
     if doc_ids is not None:
         doc_ids = doc_ids.to(device, non_blocking=True)
-    cp_positions = this_rank_positions(tokens.shape[1] // cp_size_rank()[0], tokens.device)
-    attention_mask = None
-    if document_masking and doc_ids is not None:  # under CP only this rank's query rows: [b, 1, s/cp, s]
-        attention_mask = document_attention_mask(doc_ids, cp_positions)
+    attention_mask = document_ids_mask(doc_ids) if document_masking and doc_ids is not None else None
     inputs = split_batch(dict(input_ids=tokens, position_ids=position_ids.contiguous(), labels=labels,
                               loss_mask=loss_mask, document_ids=doc_ids))
     return dict(inputs, attention_mask=attention_mask)

@@ -25,19 +25,21 @@ def _batch(vocab: int):
 
 
 def _core_pair(config, dropout: float = 0.0):
-    """SDPAttention and DotProductAttention for one layer of ``config`` (no weights: attention has none)."""
-    from megatron.core.transformer.dot_product_attention import DotProductAttention
+    """SDPAttention and megatron's DotProductAttention (as the builder uses it: taking document ids too) for one
+    layer of ``config`` (no weights: attention has none)."""
     from megatron.core.transformer.enums import AttnMaskType
 
-    from cplm_megatron.model.attention import SDPAttention
+    from cplm_megatron.model.attention import DocumentMaskedDotProductAttention, SDPAttention
 
     kw = dict(layer_number=1, attn_mask_type=AttnMaskType.causal, attention_type="self", attention_dropout=dropout)
-    return SDPAttention(config, **kw), DotProductAttention(config, **kw)
+    return SDPAttention(config, **kw), DocumentMaskedDotProductAttention(config, **kw)
 
 
 def _core_cases(config, tp: int) -> Dict:
-    """Core attention alone on random local q/k/v: forward and q/k/v gradients, both masking modes, fp32/bf16."""
-    from cplm_megatron.training.step import document_attention_mask
+    """Core attention alone on random local q/k/v: forward and q/k/v gradients, fp32/bf16, causal and with
+    document masking: megatron's dense boolean mask to both (masking True), and the step's document ids to SDPA
+    (its per-document attention, "documents") against megatron with the dense mask."""
+    from cplm_megatron.model.document_mask import dense_document_mask, document_ids_mask
 
     _, _, _, doc = _batch(16)
     heads, groups, d = config.num_attention_heads // tp, config.num_query_groups // tp, config.kv_channels
@@ -49,15 +51,15 @@ def _core_cases(config, tp: int) -> Dict:
         v = torch.randn(S, B, groups, d, generator=g)
         dout = torch.randn(S, B, heads * d, generator=g)
         sdpa, megatron = _core_pair(config)
-        for masking in (False, True):
-            mask = document_attention_mask(doc) if masking else None
+        for masking in (False, True, "documents"):
+            dense = dense_document_mask(document_ids_mask(doc)) if masking else None
             res = []
             for mod in (sdpa, megatron):
                 # megatron's unfused path takes 16-bit inputs only with config.bf16 (its softmax casts); our
                 # config is fp32, so the bf16 case feeds bf16 tensors to SDPA and fp32-rounded-from-bf16 to megatron
                 ins = [t.to(dtype).requires_grad_() for t in (q, k, v)]
                 feed = ins if mod is sdpa else [t.float() for t in ins]
-                o = mod(*feed, mask)
+                o = mod(*feed, document_ids_mask(doc) if masking == "documents" and mod is sdpa else dense)
                 (o.float() * dout).sum().backward()
                 res.append({"out": o.detach().float(), "grads": [t.grad.float() for t in ins]})
             out[(str(dtype), masking)] = res
@@ -80,14 +82,14 @@ def _core_cases(config, tp: int) -> Dict:
 def _model_case(parallel: ParallelConfig, impl: str, masking: bool, precision=None, recompute=None) -> Dict:
     """Per-token losses and every parameter's gradient of the tiny backbone with core attention ``impl``."""
     from cplm_megatron.model.builder import build_model
+    from cplm_megatron.model.document_mask import document_ids_mask
     from cplm_megatron.parallel.distributed import set_seed
-    from cplm_megatron.training.step import document_attention_mask
 
     cfg = load_preset("tiny", attention_impl=impl)
     set_seed(7)  # the same weights for every case
     [model] = build_model(cfg, None, parallel, precision, recompute, max_seq_len=S)
     x, y, pos, doc = _batch(cfg.vocab_size)
-    mask = document_attention_mask(doc) if masking else None
+    mask = document_ids_mask(doc) if masking else None  # what the step passes
     loss = model(x, pos if masking else torch.arange(S)[None].expand(B, S), mask, labels=y)
     loss.float().sum().backward()
     grads = {n: (p.main_grad if getattr(p, "main_grad", None) is not None else p.grad).detach().float().clone()
@@ -123,15 +125,16 @@ def _saved_bytes(cfg, parallel: ParallelConfig) -> Dict:
     """Bytes that one layer's core attention keeps for its backward (autograd's saved tensors, by storage), in
     bf16 training, SDPA vs megatron's unfused attention, with and without the document mask; q/k/v excluded."""
     from cplm_megatron.model.builder import transformer_config
-    from cplm_megatron.training.step import document_attention_mask
+    from cplm_megatron.model.document_mask import document_ids_mask
 
     config = transformer_config(cfg, parallel, PrecisionConfig(dtype="bf16"))
     heads, groups, d = cfg.num_attention_heads, cfg.kv_heads, cfg.head_dim
     _, _, _, doc = _batch(16)
     out = {}
     for masking in (False, True):
-        mask = document_attention_mask(doc) if masking else None
         for mod, name in zip(_core_pair(config), ("sdpa", "megatron")):
+            # what each gets from the step (document ids), megatron's dense mask built from them inside its forward
+            mask = document_ids_mask(doc) if masking else None
             q, k, v = (torch.randn(S, B, n, d, dtype=torch.bfloat16, requires_grad=True) for n in (heads, groups, groups))
             inputs = {t.untyped_storage().data_ptr() for t in (q, k, v)}
             storages: Dict[int, tuple] = {}

@@ -33,7 +33,7 @@ def test_core_attention_equals_megatron_forward_and_gradients(results):
     tp, per_rank = results
     for r in per_rank:
         core = r["core"]
-        for masking in (False, True):
+        for masking in (False, True, "documents"):
             (s, m) = core[(str(torch.float32), masking)]
             _close_fp32(s["out"], m["out"])
             for gs, gm in zip(s["grads"], m["grads"]):
@@ -45,8 +45,10 @@ def test_core_attention_equals_megatron_forward_and_gradients(results):
             torch.testing.assert_close(s["out"], m["out"], rtol=0, atol=5e-2)
             for gs, gm in zip(s["grads"], m["grads"]):
                 torch.testing.assert_close(gs, gm, rtol=0, atol=5e-2 * gm.abs().max().item())
-        # document masking changes the result (the mask reaches both paths)
-        assert (core[(str(torch.float32), True)][0]["out"] - core[(str(torch.float32), False)][0]["out"]).abs().max() > 1e-3
+        # document masking changes the result (the mask reaches both paths, in both forms)
+        causal = core[(str(torch.float32), False)][0]["out"]
+        for masking in (True, "documents"):
+            assert (core[(str(torch.float32), masking)][0]["out"] - causal).abs().max() > 1e-3
         assert core["dropout"] == {"repeatable": True, "differs_from_eval": True}
 
 
@@ -57,8 +59,8 @@ def test_models_with_sdpa_and_megatron_attention_agree(results):
         model = r["model"]
         for masking in (False, True):
             s, m = model[("sdpa", masking)], model[("megatron", masking)]
-            assert s["kinds"] >= {"SDPAttention"} and "DotProductAttention" not in s["kinds"]
-            assert "DotProductAttention" in m["kinds"] and "SDPAttention" not in m["kinds"]
+            assert s["kinds"] >= {"SDPAttention"} and "DocumentMaskedDotProductAttention" not in s["kinds"]
+            assert "DocumentMaskedDotProductAttention" in m["kinds"] and "SDPAttention" not in m["kinds"]
             _close_fp32(s["loss"], m["loss"])
             assert s["grads"].keys() == m["grads"].keys()
             for name in s["grads"]:
@@ -146,23 +148,24 @@ def test_memory_estimate_follows_the_attention_in_use(results):
         got = {}
         for impl in ("sdpa", "megatron"):
             entries = saved[(impl, masking)]
-            # per-head [s, s] storages (scores/probabilities), shared [s, s] ones (masks, SDPA's bias), the
-            # log-sum-exp [b, heads, s], and head-shaped [b, heads, s, d] copies (SDPA's output + repeated k/v)
+            # per-head [s, s] storages (scores/probabilities), shared [s, s] ones (masks), the log-sum-exps
+            # ([b, heads, s], or [1, heads, length] per document) and SDPA's outputs + repeated k/v (head-shaped)
             square = [(n, shape) for n, shape, _ in entries if shape[-2:] == (s, s)]
             got[impl] = {
                 "per_head": sum(n for n, shape in square if torch.Size(shape).numel() >= b * h * s * s),
                 "shared": sum(n for n, shape in square if torch.Size(shape).numel() < b * h * s * s),
-                "lse": sum(n for n, shape, _ in entries if shape == (b, h, s)),
-                "heads": sum(n for n, shape, _ in entries if shape == (b, h, s, d)),
+                "lse": sum(n for n, shape, dtype in entries if len(shape) == 3 and shape[1] == h and dtype == "torch.float32"),
+                "heads": sum(n for n, shape, _ in entries if len(shape) == 4 and shape[1] == h and shape[-1] == d),
             }
         sd, mg = got["sdpa"], got["megatron"]
         assert sd["per_head"] == 0 and mg["per_head"] == est("megatron", False) == 6 * b * h * s * s
+        assert sd["shared"] == 0  # no [s, s] tensor, also with document masking (one attention per document)
         assert sd["lse"] == est("sdpa", False) == 4 * b * h * s
-        if masking:  # the bias (2 B) SDPA builds once from the step's bool mask (1 B, held by the caller) + k/v
-            repeated = sd["heads"] - 2 * b * h * s * d  # minus the saved output
-            assert sd["shared"] + sd["lse"] + repeated + b * s * s == est("sdpa", True)
-        else:
-            assert sd["shared"] == 0
+        assert sd["heads"] == 2 * b * h * s * d  # the output only: on CPU grouped k/v are not repeated
+        if masking:  # the estimate adds the copies CUDA's varlen kernel reads: k/v repeated for GQA (4 heads,
+            # 2 groups here) and, at micro-batch 2, q packed row after row
+            assert est("sdpa", True) == sd["lse"] + 2 * b * h * s * d * 2 + b * h * s * d * 2
+            assert mg["shared"] >= b * s * s  # megatron's dense boolean mask, built from the document ids
     # SmolLM2-1.7B, seq 2048, micro 4, bf16 (the figures): the unfused attention holds
     # 24 layers x 4 x 32 heads x 2048^2 x (4 + 2) B = 72 GiB; SDPA none of it (a log-sum-exp per head and token)
     big = load_preset("smollm2-1.7b")

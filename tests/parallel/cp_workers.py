@@ -51,9 +51,9 @@ def _attention_cases(rank: int) -> Dict:
     from cplm_megatron.model.attention import SDPAttention
     from cplm_megatron.model.builder import transformer_config
     from cplm_megatron.model.config import load_preset
+    from cplm_megatron.model.document_mask import dense_document_mask, document_ids_mask
     from cplm_megatron.parallel.context import split_batch
     from cplm_megatron.parallel.distributed import ParallelConfig
-    from cplm_megatron.training.step import document_attention_mask
 
     model = load_preset("tiny")
     config = transformer_config(model, ParallelConfig(cp=2))
@@ -66,7 +66,7 @@ def _attention_cases(rank: int) -> Dict:
     doc = head_inputs()["doc"]
     pos = local_positions(T, 2, rank)
     out = {}
-    for name, global_mask in (("causal", None), ("documents", document_attention_mask(doc))):
+    for name, global_mask in (("causal", None), ("documents", dense_document_mask(document_ids_mask(doc)))):
         # reference: plain SDPA over the whole sequence, gradients of sum(out * w)
         qf, kf, vf = (t.clone().requires_grad_(True) for t in (q, k, v))
         rep = heads // groups
@@ -76,11 +76,13 @@ def _attention_cases(rank: int) -> Dict:
         ref = ref.permute(2, 0, 1, 3).reshape(T, B, heads * d)
         (ref * w).sum().backward()
         ql, kl, vl = (t[pos].clone().requires_grad_(True) for t in (q, k, v))
-        # the step's mask rows of this rank (built directly) = Megatron's split of the full mask
-        local_mask = None if global_mask is None else document_attention_mask(doc, pos)
+        # the step passes the whole sequence's document ids; the rows SDPA builds for this rank's queries are
+        # Megatron's split of the full dense mask
+        ids = None if global_mask is None else document_ids_mask(doc)
+        local_mask = None if ids is None else dense_document_mask(ids, pos)
         same_rows = global_mask is None or torch.equal(
             local_mask, split_batch({"attention_mask": global_mask})["attention_mask"])
-        got = core(ql, kl, vl, local_mask)
+        got = core(ql, kl, vl, ids)
         (got * w[pos]).sum().backward()
         out[name] = dict(got=got.detach(), ref=ref.detach()[pos], dq=(ql.grad, qf.grad[pos]),
                          dk=(kl.grad, kf.grad[pos]), dv=(vl.grad, vf.grad[pos]), mask_shape=tuple(local_mask.shape)
