@@ -238,6 +238,12 @@ def missing_figures(summary: dict) -> list[str]:
             missing += [f"training.{slot}.{variant}.{k}" for k, v in entry[variant].items() if v is None]
         if entry.get("cplm_step_time_overhead") is None:
             missing.append(f"training.{slot}.cplm_step_time_overhead")
+    attention = summary["attention"] if isinstance(summary["attention"], dict) else {}
+    if not attention.get("ratios"):
+        missing.append("attention.ratios")
+    for entry in attention.get("ratios", []):
+        missing += [f"attention.seq{entry['seq']}.{k}" for k in ("time_vs_dense", "memory_vs_dense", "max_rel_err_vs_dense")
+                    if entry.get(k) is None]
     if not (summary["kernel_check"] or {}).get("passed"):
         missing.append("kernel_check.passed")
     if not (summary["compat"] or {}).get("ok"):
@@ -261,6 +267,7 @@ def summarize(work: Path, dest: Path, dry_run: bool, budget_limit: int = GPU_BUD
         "compat": _load(work / "compat.json"),
         "kernel_check": _load(work / "kernel_check.json"),
         "copy_kernel": kernel_figures(_load(work / "copy_kernel.json")),
+        "attention": _load(work / "attention.json") or "attention step failed: see its log",
         "training": training_figures(work),
         "lm_head_loss": lm_head if lm_head is not None else "lm_head_loss step failed: see its log",
     }

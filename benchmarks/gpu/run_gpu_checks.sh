@@ -21,8 +21,10 @@
 #   install       25  the carried wheels (.whl/: megatron-core) into a private site dir; imports checked
 #   compat        20  the compat layer on CUDA: no CPU patch; the torch-fallback fixes (no Apex/TE in the image)
 #   kernel_check  40  fused copy kernels vs the PyTorch reference at T=4096 (bf16, fp32, FP8; d 64/128)
-#   kernel_bench  60  copy kernels at T = 4k/16k/32k, d=64: fused vs SDPA flash vs chunked vs naive, FP8 vs
+#   kernel_bench  45  copy kernels at T = 4k/16k/32k, d=64: fused vs SDPA flash vs chunked vs naive, FP8 vs
 #                     bf16, extra memory
+#   attention     15  benchmarks/attention.py: document masking per document (flash varlen) vs a dense mask,
+#                     seq 8192 / 2048, bf16: time, extra memory, agreement
 #   train_*      180  pretrain_cplm.py, bf16, local layer spec with SDPA attention, synthetic data: SmolLM2-135M
 #                     (seq 2048, micro 8, 30 steps) and SmolLM2-1.7B (seq 2048, micro 2, 25 steps), baseline and
 #                     CPLM: tokens/s, MFU, step time, peak memory (the trainer averages the last 20 steps)
@@ -44,9 +46,9 @@ while [ $# -gt 0 ]; do
 done
 
 cd "$(dirname "$0")/../.." || exit 2
-ORDER=(install compat kernel_check kernel_bench train_small_base train_small_cplm train_large_base train_large_cplm
-       lm_head_loss summary)
-declare -A BUDGET=([install]=25 [compat]=20 [kernel_check]=40 [kernel_bench]=60 [train_small_base]=35
+ORDER=(install compat kernel_check kernel_bench attention train_small_base train_small_cplm train_large_base
+       train_large_cplm lm_head_loss summary)
+declare -A BUDGET=([install]=25 [compat]=20 [kernel_check]=40 [kernel_bench]=45 [attention]=15 [train_small_base]=35
                    [train_small_cplm]=35 [train_large_base]=55 [train_large_cplm]=55 [lm_head_loss]=30 [summary]=5)
 BUDGET_LIMIT=360
 TOTAL=0
@@ -206,6 +208,7 @@ if [ "$DRY_RUN" = 1 ]; then
   step kernel_check "$PY" benchmarks/gpu_kernel_check.py --tiny --json "$WORK/kernel_check.json"
   step kernel_bench "$PY" benchmarks/copy_kernel.py --gpu-row-set --seq-lens 32 64 --head-dims 32 \
     --json "$WORK/copy_kernel.json"
+  step attention "$PY" benchmarks/attention.py --quick --json "$WORK/attention.json"
   train small base tiny 64 2 3
   train small cplm tiny 64 2 3
   train large base tiny 128 2 3
@@ -214,6 +217,7 @@ else
   step kernel_check "$PY" benchmarks/gpu_kernel_check.py --json "$WORK/kernel_check.json"
   step kernel_bench "$PY" benchmarks/copy_kernel.py --seq-lens 4096 16384 32768 --head-dims 64 \
     --json "$WORK/copy_kernel.json"
+  step attention "$PY" benchmarks/attention.py --json "$WORK/attention.json"
   train small base smollm2-135m 2048 8 30
   train small cplm smollm2-135m 2048 8 30
   # 1.7B at micro 2: ~38 GiB planned with SDPA (tools/model_info.py; 76 with the unfused attention) of 139 GiB

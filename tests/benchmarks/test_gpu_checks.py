@@ -19,7 +19,7 @@ REPO = Path(__file__).resolve().parents[2]
 GPU_DIR = REPO / "benchmarks" / "gpu"
 SCRIPT = GPU_DIR / "run_gpu_checks.sh"
 LATEST_PYTHON = REPO / ".venv-mcore-latest" / "bin" / "python"
-STEPS = ["install", "compat", "kernel_check", "kernel_bench", "train_small_base", "train_small_cplm",
+STEPS = ["install", "compat", "kernel_check", "kernel_bench", "attention", "train_small_base", "train_small_cplm",
          "train_large_base", "train_large_cplm", "lm_head_loss", "summary"]
 OUTPUTS = ["details.tar.gz", "steps.log", "summary.json"]
 
@@ -85,6 +85,8 @@ def test_gpu_dry_run_runs_every_step_on_the_newest_megatron_core_in_bf16(tmp_pat
         assert entry["cplm_step_time_overhead"] == pytest.approx(
             entry["cplm"]["step_time"] / entry["base"]["step_time"] - 1, abs=1e-3)  # rounded to 4 decimals
     assert summary["lm_head_loss"]["complete"] and summary["lm_head_loss"]["rows"]
+    [attention] = summary["attention"]["ratios"]  # per document vs dense mask: the same function
+    assert attention["max_rel_err_vs_dense"] < 1e-5 and attention["memory_vs_dense"] > 0
     log = (out / "steps.log").read_text()
     assert "CPU DRY RUN" in log and "[summary]" in proc.stdout
     with tarfile.open(out / "details.tar.gz") as tar:

@@ -1,0 +1,218 @@
+"""Core attention with document masking, forward+backward: SDPA per document vs SDPA with a dense mask.
+
+The variants are `cplm_megatron.model.attention.SDPAttention` given what the step would pass:
+
+* ``documents``: the document ids (`model/document_mask.py`): one causal attention per document (flash varlen
+  through nested tensors on CUDA), no ``[s, s]`` tensor;
+* ``dense``: megatron's boolean ``[b, 1, s, s]`` mask (built once per micro-batch, like the step did before):
+  SDPA's memory-efficient kernel with an additive bias;
+* ``causal``: no document mask at all (``is_causal``, flash): the floor, and a different attention.
+
+Sizes: SmolLM2-1.7B's attention (32 heads, 32 k/v groups, head dim 64) at seq 8192 (micro 1) and 2048 (micro 4),
+bf16 on GPU; documents of random lengths (mean ~1k tokens). Memory is the peak beyond the inputs, the outputs
+and their gradients (the CUDA allocator; torch's MemTracker on CPU); time the median of interleaved
+repetitions after a warm-up. ``documents`` and ``dense`` compute the same function: their outputs and q/k/v
+gradients are compared (max relative error).
+
+    python benchmarks/attention.py --json OUT.json [--quick]    # --quick: tiny sizes on CPU (a smoke run)
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+from partial_results import write_partial  # noqa: E402
+
+HAS_CUDA = torch.cuda.is_available()
+VARIANTS = ("documents", "dense", "causal")
+
+
+def _init() -> None:
+    from cplm_megatron.model.config import ModelConfig
+    from cplm_megatron.parallel.distributed import ParallelConfig, free_port, init_distributed
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ["MASTER_PORT"] = str(free_port())
+    init_distributed(ParallelConfig(), ModelConfig(), seed=1)
+
+
+def document_ids(batch: int, seq: int, mean_len: int, device: torch.device) -> torch.Tensor:
+    """[b, s] ids of documents with geometric lengths (a fixed seed: every variant sees the same ones)."""
+    g = torch.Generator().manual_seed(0)
+    starts = torch.rand(batch, seq, generator=g) < 1.0 / mean_len
+    return torch.cumsum(starts, dim=1).to(device)
+
+
+def make_core(heads: int, groups: int, head_dim: int, dtype: torch.dtype):
+    from megatron.core.transformer import TransformerConfig
+    from megatron.core.transformer.enums import AttnMaskType
+
+    from cplm_megatron.model.attention import SDPAttention
+
+    config = TransformerConfig(num_layers=1, hidden_size=heads * head_dim, num_attention_heads=heads,
+                               num_query_groups=groups, kv_channels=head_dim, params_dtype=dtype,
+                               bf16=dtype == torch.bfloat16, attention_dropout=0.0)
+    return SDPAttention(config, layer_number=1, attn_mask_type=AttnMaskType.causal, attention_type="self")
+
+
+def _sync() -> None:
+    if HAS_CUDA:
+        torch.cuda.synchronize()
+
+
+def runner(core, inputs: List[torch.Tensor], grad: torch.Tensor, mask: Optional[torch.Tensor]) -> Callable:
+    from cplm_megatron.model.document_mask import document_ids_mask
+
+    def run() -> Tuple[torch.Tensor, ...]:
+        for t in inputs:
+            t.grad = None
+        # a fresh mask object per call, as the step makes one per micro-batch (the dense bias rides on it)
+        fresh = None if mask is None else (document_ids_mask(mask[:, 0, 0]) if mask.dtype != torch.bool
+                                           else mask.clone())
+        out = core(*inputs, fresh)
+        out.backward(grad)
+        result = (out.detach(), *(t.grad for t in inputs))
+        for t in inputs:
+            t.grad = None
+        return result
+
+    return run
+
+
+def peak_bytes(run: Callable, inputs: List[torch.Tensor]) -> Tuple[int, Tuple[torch.Tensor, ...]]:
+    """Peak memory of one call beyond its inputs, outputs and gradients."""
+    if HAS_CUDA:
+        _sync()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        out = run()
+        _sync()
+        peak = torch.cuda.max_memory_allocated() - before
+    else:
+        from torch.distributed._tools.mem_tracker import MemTracker
+
+        cpu = torch.device("cpu")
+        tracker = MemTracker()
+        tracker.track_external(*inputs)
+        before = tracker.get_tracker_snapshot("current").get(cpu, {}).get("Total", 0)
+        with tracker:
+            out = run()
+        peak = tracker.get_tracker_snapshot("peak")[cpu]["Total"] - before
+    returned = sum(t.numel() * t.element_size() for t in out)
+    return peak - returned, out
+
+
+def rel_err(a: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((a.double() - ref.double()).abs().max() / ref.double().abs().max().clamp_min(1e-30)).item()
+
+
+def bench_size(heads: int, groups: int, head_dim: int, seq: int, batch: int, mean_len: int, dtype: torch.dtype,
+               reps: int, on_row: Callable[[Dict[str, Any]], None]) -> None:
+    from cplm_megatron.model.document_mask import dense_document_mask, document_ids_mask
+
+    device = torch.device("cuda") if HAS_CUDA else torch.device("cpu")
+    core = make_core(heads, groups, head_dim, dtype)
+    g = torch.Generator(device=device).manual_seed(1)
+    inputs = [torch.randn(seq, batch, n, head_dim, generator=g, device=device).to(dtype).requires_grad_()
+              for n in (heads, groups, groups)]
+    grad = torch.randn(seq, batch, heads * head_dim, generator=g, device=device).to(dtype)
+    ids = document_ids(batch, seq, mean_len, device)
+    masks = {"documents": document_ids_mask(ids), "dense": dense_document_mask(document_ids_mask(ids)), "causal": None}
+    size = dict(heads=heads, groups=groups, head_dim=head_dim, seq=seq, batch=batch, dtype=str(dtype).split(".")[-1],
+                documents=int(ids[:, -1].sum() + batch))
+    runs, outs, rows = {}, {}, {}
+    for name in VARIANTS:
+        row = dict(size, variant=name)
+        try:
+            runs[name] = runner(core, inputs, grad, masks[name])
+            row["extra_bytes"], outs[name] = peak_bytes(runs[name], inputs)
+            row["status"] = "ok"
+        except Exception as err:  # noqa: BLE001 - one variant's failure must not lose the others
+            row["status"] = f"error: {type(err).__name__}: {err}"[:300]
+            if HAS_CUDA and isinstance(err, torch.cuda.OutOfMemoryError):
+                torch.cuda.empty_cache()
+        rows[name] = row
+    times: Dict[str, List[float]] = {name: [] for name in runs}
+    for rep in range(reps + 1):  # interleaved; the first round warms up
+        for name, run in runs.items():
+            if rows[name]["status"] != "ok":
+                continue
+            _sync()
+            start = time.perf_counter()
+            try:
+                run()
+            except Exception as err:  # noqa: BLE001
+                rows[name]["status"] = f"error: {type(err).__name__}: {err}"[:300]
+                continue
+            _sync()
+            if rep:
+                times[name].append(time.perf_counter() - start)
+    for name, row in rows.items():
+        if row["status"] == "ok" and times[name]:
+            row["seconds"] = statistics.median(times[name])
+        if name == "documents" and "dense" in outs and "documents" in outs:
+            row["max_rel_err_vs_dense"] = max(rel_err(a, b) for a, b in zip(outs["documents"], outs["dense"]))
+        print(f"{name:9s} b={batch} seq={seq:6d} heads={heads}/{groups} d={head_dim} {row['dtype']:8s} "
+              f"{row.get('seconds', float('nan')):8.4f} s  extra {row.get('extra_bytes', 0) / 2**20:9.1f} MiB  "
+              f"{row['status']}", flush=True)
+        on_row(row)
+
+
+def ratios(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """Per size: documents vs dense time and memory (and vs causal, the floor)."""
+    out = []
+    keys = sorted({(r["seq"], r["batch"]) for r in rows})
+    for seq, batch in keys:
+        by = {r["variant"]: r for r in rows if (r["seq"], r["batch"]) == (seq, batch) and r["status"] == "ok"}
+        if "documents" not in by:
+            continue
+        doc = by["documents"]
+        entry: Dict[str, Any] = {"seq": seq, "batch": batch, "max_rel_err_vs_dense": doc.get("max_rel_err_vs_dense")}
+        for other in ("dense", "causal"):
+            if other in by and by[other].get("seconds") and doc.get("seconds"):
+                entry[f"time_vs_{other}"] = doc["seconds"] / by[other]["seconds"]
+            if other in by and by[other].get("extra_bytes"):
+                entry[f"memory_vs_{other}"] = doc["extra_bytes"] / by[other]["extra_bytes"]
+        out.append(entry)
+    return out
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--json", help="write rows and ratios to this file (after every variant)")
+    p.add_argument("--quick", action="store_true", help="tiny sizes, 2 repetitions")
+    p.add_argument("--reps", type=int, default=3)
+    args = p.parse_args(argv)
+    _init()
+    dtype = torch.bfloat16 if HAS_CUDA else torch.float32
+    if args.quick:
+        plan = [(4, 2, 16, 128, 2, 32)]
+    else:
+        plan = [(32, 32, 64, 8192, 1, 1024), (32, 32, 64, 2048, 4, 1024)]
+    reps = 2 if args.quick else args.reps
+    rows: List[Dict[str, Any]] = []
+    device = torch.cuda.get_device_name() if HAS_CUDA else "cpu"
+
+    def on_row(row: Dict[str, Any]) -> None:
+        rows.append(row)
+        write_partial(args.json, {"device": device, "rows": rows, "ratios": ratios(rows)})
+
+    for heads, groups, head_dim, seq, batch, mean_len in plan:
+        bench_size(heads, groups, head_dim, seq, batch, mean_len, dtype, reps, on_row)
+    write_partial(args.json, {"device": device, "rows": rows, "ratios": ratios(rows)}, complete=True)
+    failed = [r for r in rows if r["status"] != "ok"]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
