@@ -11,7 +11,8 @@
 
 Warm processes. `import megatron.core` costs 7-20 s per interpreter on our 2-core machines, and the suite
 starts hundreds of processes. Workers therefore fork from a multiprocessing forkserver that imported torch,
-megatron-core and the project once per session (`set_forkserver_preload`): each is still a separate
+megatron-core and the project once per session (cplm_megatron/experiments/warm.py, which the study and
+ablation jobs use too): each is still a separate
 process (its own parallel state, signals, exit code, kill -9), started in ~20 ms. A `warm` pretrain run
 is pretrain_cplm.py executed as `__main__` in such processes with torchrun's environment contract
 (RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR/PORT); what only an interpreter or a launcher shows (start-up
@@ -19,21 +20,19 @@ warnings, torchrun's exit codes and signal forwarding) is tested with the `pytho
 """
 from __future__ import annotations
 
-import atexit
 import os
 import pickle
-import runpy
 import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from cplm_megatron.experiments.warm import WarmJob, become, redirect_output, start_script, warm_context
 from cplm_megatron.parallel.distributed import free_port
 
 REPO = Path(__file__).resolve().parents[1]
@@ -41,15 +40,6 @@ PRETRAIN = REPO / "pretrain" / "pretrain_cplm.py"
 LAUNCHER = REPO / "pretrain" / "launch_torchrun.py"
 TINY_RECIPE = REPO / "configs" / "tiny.yaml"
 PROCESS_TIMEOUT_S = 600
-# Imported once by the forkserver; its children inherit them. Only modules without import-time state
-# that a test changes (environment read at import, patches): the CPU-compat patches are applied per child.
-PRELOAD = (
-    "torch", "torch.distributed", "megatron.core", "megatron.core.models.gpt", "megatron.core.optimizer",
-    "megatron.core.pipeline_parallel", "megatron.core.dist_checkpointing", "megatron.core.distributed",
-    "cplm_megatron.model.builder", "cplm_megatron.training.trainer", "cplm_megatron.training.step",
-    "cplm_megatron.data.loader", "streaming", "transformers",
-)
-_CONTEXT: Dict[str, Any] = {}
 
 
 def process_env(extra: Optional[Dict[str, str]] = None, tmpdir: Optional[str] = None) -> Dict[str, str]:
@@ -60,35 +50,6 @@ def process_env(extra: Optional[Dict[str, str]] = None, tmpdir: Optional[str] = 
                TMPDIR=tmpdir or tempfile.gettempdir())
     env.update(extra or {})
     return env
-
-
-def warm_context():
-    """The session's forkserver context (started on first use, with PRELOAD imported in the server)."""
-    if "ctx" not in _CONTEXT:
-        import multiprocessing as mp
-
-        ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(list(PRELOAD))
-        _CONTEXT["ctx"] = ctx
-    return _CONTEXT["ctx"]
-
-
-def _become(env: Dict[str, str]) -> None:
-    """In a forked child: take `env` as the whole environment (and what was read from it at import)."""
-    os.environ.clear()
-    os.environ.update(env)
-    tempfile.tempdir = None  # gettempdir() cached the server's TMPDIR
-    import torch
-
-    torch.set_num_threads(int(env.get("OMP_NUM_THREADS", "1")))
-
-
-def _redirect_output(out: str, err: str) -> None:
-    """In a forked child: file descriptors 1 and 2 append to `out` and `err` (every rank to the same files)."""
-    for fd, path in ((1, out), (2, err)):
-        target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        os.dup2(target, fd)
-        os.close(target)
 
 
 # ---------------------------------------------------------------------------------------------- functions
@@ -118,12 +79,12 @@ def _reset_megatron() -> None:
 def _case_worker(rank: int, calls: Sequence[Call], world_size: int, port: int, out_dir: str, env: dict,
                  init_group: bool, capture: bool = False) -> None:
     if capture:  # the rank's output to files the parent reads (a test asserting on what a process prints)
-        _redirect_output(os.path.join(out_dir, "stdout"), os.path.join(out_dir, "stderr"))
+        redirect_output(os.path.join(out_dir, "stdout"), os.path.join(out_dir, "stderr"))
     env = dict(env, RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
                LOCAL_WORLD_SIZE=str(world_size), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     if not init_group:  # the data layer must work without the launcher's variables
         env = {k: v for k, v in env.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
-    _become(env)
+    become(env)
     import torch.distributed as dist
 
     if not init_group:
@@ -269,78 +230,6 @@ def pretrain_command(nproc: int, overrides: Sequence[str], mode: str = "python",
             "--master_port", str(free_port()), *base]
 
 
-def _warm_rank(argv: List[str], env: Dict[str, str], out: str, err: str) -> None:
-    """A warm process running pretrain_cplm.py as `__main__`, as `python pretrain_cplm.py ARGV` would."""
-    os.setsid()  # its own process group, as the subprocess runs get (start_new_session)
-    _redirect_output(out, err)
-    _become(env)
-    os.chdir(REPO)
-    sys.argv = [str(PRETRAIN), *argv]
-    code: Any = 0
-    try:
-        runpy.run_path(str(PRETRAIN), run_name="__main__")
-    except SystemExit as e:
-        code = e.code
-    except BaseException:
-        traceback.print_exc()
-        code = 1
-    code = code if isinstance(code, int) else (0 if code is None else 1)
-    threading._shutdown()  # what the interpreter does at exit: non-daemon threads, then atexit
-    atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
-@dataclass
-class WarmRun:
-    """A pretrain run in warm processes, used like subprocess.Popen (pid, poll, wait, returncode)."""
-    procs: list
-    args: List[str]
-    stdout_path: Path
-    stderr_path: Path
-    returncode: Optional[int] = None
-    pids: List[int] = field(default_factory=list)
-
-    @property
-    def pid(self) -> int:
-        return self.procs[0].pid
-
-    def poll(self) -> Optional[int]:
-        codes = [p.exitcode for p in self.procs]
-        if any(c is None for c in codes):
-            if any(c not in (None, 0) for c in codes):  # a dead rank: torchrun stops the others too
-                time.sleep(2.0)
-                self.send_signal(signal.SIGKILL)
-                for p in self.procs:
-                    p.join()
-                codes = [p.exitcode for p in self.procs]
-            else:
-                return None
-        bad = [c for c in codes if c != 0]
-        self.returncode = bad[0] if bad else 0
-        return self.returncode
-
-    def wait(self, timeout: Optional[float] = None) -> int:
-        deadline = None if timeout is None else time.time() + timeout
-        while self.poll() is None:
-            if deadline is not None and time.time() > deadline:
-                raise subprocess.TimeoutExpired(self.args, timeout)
-            time.sleep(0.02)
-        return self.returncode
-
-    def send_signal(self, sig: int) -> None:
-        """To every rank's process group (what `kill` of the job does)."""
-        for p in self.procs:
-            try:
-                os.killpg(p.pid, sig)
-            except (ProcessLookupError, PermissionError):  # not yet its own group (before setsid) or gone
-                try:
-                    os.kill(p.pid, sig)
-                except ProcessLookupError:
-                    pass
-
-
 def start_pretrain(nproc: int, overrides: Sequence[str], log: Path, mode: str = "warm",
                    extra_env: Optional[Dict[str, str]] = None, config: Optional[Path] = None):
     """Start a run in its own process group(s), output (stdout and stderr) to `log`."""
@@ -353,22 +242,10 @@ def start_pretrain(nproc: int, overrides: Sequence[str], log: Path, mode: str = 
 
 
 def _start_warm(nproc: int, overrides: Sequence[str], out: Path, err: Path, extra_env: Optional[Dict[str, str]],
-                config: Optional[Path]) -> WarmRun:
+                config: Optional[Path]) -> WarmJob:
     """`nproc` warm ranks with torchrun's variables (a test's own RANK/WORLD_SIZE/... in extra_env win)."""
-    ctx = warm_context()
-    argv = pretrain_args(overrides, config)
-    port = free_port()
-    out.touch()
-    err.touch()
-    procs = []
-    for rank in range(nproc):
-        launcher_vars = dict(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc), LOCAL_WORLD_SIZE=str(nproc),
-                             GROUP_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        rank_env = process_env({**launcher_vars, **(extra_env or {})})
-        p = ctx.Process(target=_warm_rank, args=(argv, rank_env, str(out), str(err)))
-        p.start()
-        procs.append(p)
-    return WarmRun(procs, [str(PRETRAIN), *argv], out, err)
+    return start_script(PRETRAIN, pretrain_args(overrides, config), nproc, out, err, env=process_env(),
+                        extra_env=extra_env, cwd=REPO, launcher_vars=True)
 
 
 def run_pretrain(nproc: int, overrides: Sequence[str], mode: str = "warm", timeout: int = PROCESS_TIMEOUT_S,
@@ -396,7 +273,7 @@ def run_pretrain(nproc: int, overrides: Sequence[str], mode: str = "warm", timeo
 
 def kill_group(proc, sig: int = signal.SIGKILL) -> None:
     """Signal the run's whole process group(s) (no error if they are gone)."""
-    if isinstance(proc, WarmRun):
+    if isinstance(proc, WarmJob):
         proc.send_signal(sig)
         return
     try:
@@ -407,7 +284,7 @@ def kill_group(proc, sig: int = signal.SIGKILL) -> None:
 
 def worker_pids(proc) -> List[int]:
     """The training processes of a run: its warm ranks, the process itself (python), or torchrun's children."""
-    if isinstance(proc, WarmRun):
+    if isinstance(proc, WarmJob):
         return [p.pid for p in proc.procs]
     import psutil
 

@@ -169,11 +169,21 @@ class JobResult:
         return f"{self.spec.name}: done (train {self.train_seconds:.0f} s, eval {self.eval_seconds:.0f} s)"
 
 
-def _run_logged(cmd: list[str], log: Path, env: dict[str, str]) -> int:
+def _run_logged(cmd: list[str], log: Path, env: dict[str, str], warm: bool) -> int:
+    """Run `cmd` (`python SCRIPT ...` or `python -m torch.distributed.run --nproc_per_node=N SCRIPT ...`) with
+    its output in `log`: as warm processes (cplm_megatron/experiments/warm.py: no interpreter start-up, the
+    same script as `__main__`), or as the subprocess the command line names."""
     with open(log, "w") as f:
         f.write("$ " + " ".join(cmd) + "\n")
         f.flush()
-        return subprocess.run(cmd, check=False, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT).returncode
+        if not warm:
+            return subprocess.run(cmd, check=False, stdout=f, stderr=subprocess.STDOUT, env=env,
+                                  cwd=REPO_ROOT).returncode
+    from cplm_megatron.experiments.warm import start_script
+
+    at = next(i for i, arg in enumerate(cmd) if arg.endswith(".py"))
+    nproc = next((int(a.split("=", 1)[1]) for a in cmd[:at] if a.startswith("--nproc_per_node=")), 1)
+    return start_script(cmd[at], cmd[at + 1:], nproc, log, env=env, cwd=REPO_ROOT, new_session=False).wait()
 
 
 def _tail(log: Path, lines: int = 8) -> str:
@@ -182,12 +192,12 @@ def _tail(log: Path, lines: int = 8) -> str:
     return "".join(f"\n    | {line}" for line in text)
 
 
-def run_job(spec: RunSpec, output: Path, tp: int, threads: int) -> JobResult:
+def run_job(spec: RunSpec, output: Path, tp: int, threads: int, warm: bool = True) -> JobResult:
     """Train one run, then evaluate its checkpoints.
 
     A run dir records its commands in job.json: a finished run with the same commands is reused, an
     unfinished one resumes (the trainer continues from its latest checkpoint); a run dir made with
-    other settings is an error rather than a silent mix.
+    other settings is an error rather than a silent mix. `warm`: the commands run in warm processes.
     """
     run_dir = output / "runs" / spec.name
     result = JobResult(spec, run_dir)
@@ -208,13 +218,13 @@ def run_job(spec: RunSpec, output: Path, tp: int, threads: int) -> JobResult:
     record.write_text(json.dumps(commands, indent=2) + "\n")
     env = subprocess_env(threads)
     start = time.perf_counter()
-    code = _run_logged(train_command(spec, run_dir, tp), run_dir / "train.log", env)
+    code = _run_logged(train_command(spec, run_dir, tp), run_dir / "train.log", env, warm)
     result.train_seconds = time.perf_counter() - start
     if code != 0:
         result.error = f"training failed (exit {code}); see {run_dir / 'train.log'}{_tail(run_dir / 'train.log')}"
         return result
     start = time.perf_counter()
-    code = _run_logged(eval_command(spec, run_dir), run_dir / "eval.log", env)
+    code = _run_logged(eval_command(spec, run_dir), run_dir / "eval.log", env, warm)
     result.eval_seconds = time.perf_counter() - start
     if code != 0:
         result.error = f"evaluation failed (exit {code}); see {run_dir / 'eval.log'}{_tail(run_dir / 'eval.log')}"

@@ -61,11 +61,13 @@ def test_finished_runs_are_reused_and_other_settings_refused(tmp_path: Path):
     assert "made with other settings" in refused.error
 
 
-def test_a_failed_job_reports_its_logs_last_lines(tmp_path: Path):
-    """The study's progress output is often all a CI log keeps: a failure shows its cause, not only a path."""
+@pytest.mark.parametrize("warm", [True, False], ids=["warm", "subprocess"])
+def test_a_failed_job_reports_its_logs_last_lines(tmp_path: Path, warm: bool):
+    """The study's progress output is often all a CI log keeps: a failure shows its cause, not only a path;
+    its exit code is the trainer's own (2: bad input), in a warm process as in a fresh interpreter."""
     spec = plan(Settings(experiments=("spamlang",), spamlang_vocabs=(4096,), spamlang_ties=(False,)), None)[0]
     broken = dataclasses.replace(spec, overrides=(*spec.overrides, "model.nonsense=1"))
-    failed = run_job(broken, tmp_path, tp=1, threads=1)
+    failed = run_job(broken, tmp_path, tp=1, threads=1, warm=warm)
     assert failed.error.startswith("training failed (exit 2); see ")
     assert "| error: unknown config key 'model.nonsense'" in failed.status_line()
 

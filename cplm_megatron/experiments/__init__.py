@@ -1,0 +1,1 @@
+"""Experiments: how studies and ablations run their jobs (warm processes: warm.py)."""
