@@ -39,7 +39,8 @@ VARIANTS = ("documents", "dense", "causal")
 
 def _init() -> None:
     from cplm_megatron.model.config import ModelConfig
-    from cplm_megatron.parallel.distributed import ParallelConfig, free_port, init_distributed
+    from cplm_megatron.model.layout import init_distributed
+    from cplm_megatron.parallel.distributed import ParallelConfig, free_port
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ["MASTER_PORT"] = str(free_port())

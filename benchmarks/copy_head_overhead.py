@@ -37,7 +37,8 @@ def _build(model_name: str, copy: bool, seq: int, dtype: str = "fp32"):
     from cplm_megatron.model.builder import PrecisionConfig, build_model
     from cplm_megatron.model.config import load_preset
     from cplm_megatron.model.copy_head import CopyHeadConfig
-    from cplm_megatron.parallel.distributed import ParallelConfig, init_distributed, set_seed
+    from cplm_megatron.model.layout import init_distributed
+    from cplm_megatron.parallel.distributed import ParallelConfig, set_seed
 
     spec = dict(MODELS[model_name])
     cfg = load_preset(spec.pop("preset"), max_position_embeddings=max(seq, 2048), **spec)

@@ -17,7 +17,8 @@ def _identity(rank: int, key: str) -> dict:
     from megatron.core import parallel_state as ps
 
     from cplm_megatron.model.config import load_preset
-    from cplm_megatron.parallel.distributed import ParallelConfig, init_distributed
+    from cplm_megatron.model.layout import init_distributed
+    from cplm_megatron.parallel.distributed import ParallelConfig
 
     before = ps.model_parallel_is_initialized()
     layout = init_distributed(ParallelConfig(tp=2), load_preset("tiny"))

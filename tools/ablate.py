@@ -33,10 +33,10 @@ import shlex
 import sys
 from pathlib import Path
 
-from cplm_megatron.evaluation.ablation import JobResult, Settings
-from cplm_megatron.evaluation.multiseed import ACTIVE_ARMS, ARMS, SCALES, StudySettings
-from cplm_megatron.evaluation.multiseed_report import headline_table, readme_block
-from cplm_megatron.evaluation.study import SpamLangSettings, run_ablation, run_recipe_study
+from cplm_megatron.experiments.ablation import JobResult, Settings
+from cplm_megatron.experiments.multiseed import ACTIVE_ARMS, ARMS, SCALES, StudySettings
+from cplm_megatron.experiments.multiseed_report import headline_table, readme_block
+from cplm_megatron.experiments.study import SpamLangSettings, run_ablation, run_recipe_study
 
 
 def _ints(text: str):

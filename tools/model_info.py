@@ -40,7 +40,8 @@ def count_built_params(model: ModelConfig, copy: Optional[CopyHeadShape]) -> Dic
 
     from cplm_megatron.model.builder import build_model
     from cplm_megatron.model.copy_head import CopyHeadConfig
-    from cplm_megatron.parallel.distributed import ParallelConfig, init_distributed
+    from cplm_megatron.model.layout import init_distributed
+    from cplm_megatron.parallel.distributed import ParallelConfig
 
     parallel = ParallelConfig()
     init_distributed(parallel, model)
@@ -200,7 +201,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     quiet_known_warnings()
     args = parse_args(argv)
     from cplm_megatron.errors import ConfigError
-    from cplm_megatron.parallel.distributed import ParallelConfig, validate_layout
+    from cplm_megatron.model.layout import validate_layout
+    from cplm_megatron.parallel.distributed import ParallelConfig
 
     try:
         if args.plan and args.gpu_memory is None:

@@ -78,12 +78,8 @@ def single_process_megatron() -> Iterator[None]:
     created_group = not dist.is_initialized()
     if created:
         from cplm_megatron.model.config import ModelConfig
-        from cplm_megatron.parallel.distributed import (
-            DistEnv,
-            ParallelConfig,
-            free_port,
-            init_distributed,
-        )
+        from cplm_megatron.model.layout import init_distributed
+        from cplm_megatron.parallel.distributed import DistEnv, ParallelConfig, free_port
 
         env = DistEnv(0, 1, 0, 1, "127.0.0.1", free_port(), "single")
         init_distributed(ParallelConfig(), ModelConfig(), env=env)

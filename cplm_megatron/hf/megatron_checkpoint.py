@@ -99,8 +99,9 @@ def single_process_megatron(model: ModelConfig, seed: int) -> Iterator[None]:
     """Megatron parallel state for one process (TP=PP=1, gloo); torn down again if created here."""
     import torch.distributed as dist
 
+    from cplm_megatron.model.layout import init_distributed
     from cplm_megatron.parallel.config import ParallelConfig
-    from cplm_megatron.parallel.distributed import destroy_distributed, detect_env, init_distributed
+    from cplm_megatron.parallel.distributed import destroy_distributed, detect_env
 
     env = detect_env()
     if env.world_size != 1:

@@ -329,9 +329,10 @@ OFFLOAD_OPTIONS = (0.0, 0.5, 1.0)
 
 
 def layout_valid(m: ModelConfig, layout: Layout) -> bool:
-    """Whether training would accept the layout (parallel.distributed.validate_layout)."""
+    """Whether training would accept the layout (cplm_megatron.model.layout.validate_layout)."""
     from cplm_megatron.errors import ConfigError
-    from cplm_megatron.parallel.distributed import ParallelConfig, validate_layout
+    from cplm_megatron.model.layout import validate_layout
+    from cplm_megatron.parallel.distributed import ParallelConfig
 
     try:
         validate_layout(layout.tp * layout.pp * layout.cp * layout.dp,

@@ -1,7 +1,8 @@
 """Process-group and Megatron parallel-state setup from torchrun or SLURM environments.
 
-`init_distributed` validates the layout against the model first (so a bad layout fails before any
-rendezvous), refuses to fall back to CPU where GPUs were promised, applies the CPU-compat layer where
+`init_process_groups` (called by cplm_megatron/model/layout.py's `init_distributed`, which checks the layout
+against the model first, so a bad layout fails before any rendezvous) refuses to fall back to CPU where GPUs
+were promised, applies the CPU-compat layer where
 it is needed (rank 0 logs which patches), picks nccl on CUDA and gloo on CPU,
 initializes Megatron's parallel state (tp, pp, virtual pp, sp; dp derived) and seeds every RNG the
 way Megatron-LM does.
@@ -15,16 +16,13 @@ import socket
 import sys
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, List, Mapping, Optional
+from typing import List, Mapping, Optional
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from cplm_megatron.parallel.config import ParallelConfig, validate_layout
-
-if TYPE_CHECKING:  # type-only: the model package imports this one
-    from cplm_megatron.model.config import ModelConfig
+from cplm_megatron.parallel.config import ParallelConfig, check_world
 
 
 @dataclass
@@ -140,14 +138,13 @@ def set_seed(seed: int) -> None:
     tensor_parallel.model_parallel_cuda_manual_seed(stage_seed)
 
 
-def init_distributed(
-    parallel: ParallelConfig, model: ModelConfig, seed: int = 1234, env: Optional[DistEnv] = None
-) -> Layout:
-    """Initialize torch.distributed + Megatron parallel state for this process."""
+def init_process_groups(parallel: ParallelConfig, seed: int = 1234, env: Optional[DistEnv] = None) -> Layout:
+    """Initialize torch.distributed + Megatron parallel state for this process (the layout checked against the
+    model first: cplm_megatron/model/layout.py's init_distributed)."""
     from cplm_megatron.parallel.cpu_compat import apply_compat, check_cuda_expected, describe_compat
 
     env = env or detect_env()
-    dp = validate_layout(env.world_size, parallel, model)
+    dp = check_world(env.world_size, parallel)
     if parallel.backend == "auto":  # an explicit gloo (e.g. CPU-side conversion) is a choice, not an accident
         check_cuda_expected()
     applied = apply_compat()

@@ -26,7 +26,8 @@ from cplm_megatron.errors import ConfigError
 from cplm_megatron.model.builder import PrecisionConfig, RecomputeConfig
 from cplm_megatron.model.config import ModelConfig, resolve_model_section
 from cplm_megatron.model.copy_head import CopyHeadConfig
-from cplm_megatron.parallel.config import ParallelConfig, check_context_parallel, validate_layout
+from cplm_megatron.model.layout import check_context_parallel, validate_layout
+from cplm_megatron.parallel.config import ParallelConfig
 from cplm_megatron.training.optimizer import OptimizerConfig, ScheduleConfig
 
 # Batch shape lives in train.*; the data section receives it (one source of truth).

@@ -76,7 +76,8 @@ class Trainer:
         position), then the first write to run.dir (checkpoint.overwrite's delete, a rollback's set-aside,
         config.yaml): a refused launch leaves run.dir as it was."""
         from cplm_megatron.model.builder import build_model, use_te_spec
-        from cplm_megatron.parallel.distributed import detect_env, init_distributed
+        from cplm_megatron.model.layout import init_distributed
+        from cplm_megatron.parallel.distributed import detect_env
         from cplm_megatron.training.optimizer import build_optimizer, build_scheduler, wrap_ddp
         from cplm_megatron.training.preflight import preflight
 

@@ -52,3 +52,22 @@ def test_a_failing_variant_is_reported_and_the_others_kept(tmp_path):
     status = {(r["impl"], r["hidden"]): r["status"] for r in report["rows"]}
     assert status[("megatron", 64)] == "ok" and status[("broken", 64)].startswith("failed: ConfigError"), status
     assert report["complete"]
+
+
+def test_the_recipes_lm_head_loss_follows_the_committed_benchmark():
+    """The rule fixed before the CPU run (README "LM-head loss"): `chunked` where, at seq 8192, its working
+    memory is <= 10% of Megatron's and its loss-path time <= 1.5x, for every SmolLM2 width measured; the SmolLM2
+    recipes take it when every width meets it (360M's width 960 lies between the measured 576 and 2048)."""
+    import yaml
+
+    repo = SCRIPT.parents[1]
+    report = json.loads((repo / "benchmarks" / "results" / "lm_head_loss_cpu.json").read_text())
+    assert report["complete"] and report["environment"]["threads"] == 1
+    by = {(r["impl"], r["hidden"], r["seq"]): r for r in report["rows"] if r["status"] == "ok"}
+    widths = sorted({h for (impl, h, seq) in by if impl == "chunked" and seq == 8192})
+    assert widths == [576, 2048]
+    met = all(by[("chunked", h, 8192)]["working_bytes"] <= 0.10 * by[("megatron", h, 8192)]["working_bytes"]
+              and by[("chunked", h, 8192)]["time_s"] <= 1.5 * by[("megatron", h, 8192)]["time_s"] for h in widths)
+    for recipe in ("smollm2_135m", "smollm2_360m", "smollm2_1p7b", "smollm2_1p7b_32k"):
+        model = yaml.safe_load((repo / "configs" / f"{recipe}.yaml").read_text())["model"]
+        assert model.get("lm_head_loss", "megatron") == ("chunked" if met else "megatron"), recipe

@@ -78,7 +78,7 @@ def build(cfg: RunConfig) -> list[torch.nn.Module]:
     from megatron.core import parallel_state as ps
 
     from cplm_megatron.model.builder import build_model
-    from cplm_megatron.parallel.distributed import init_distributed
+    from cplm_megatron.model.layout import init_distributed
 
     if ps.model_parallel_is_initialized() and (
         ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size(),

@@ -101,7 +101,7 @@ def _model_case(parallel: ParallelConfig, impl: str, masking: bool, precision=No
 def compare(rank: int, tp: int) -> Dict:
     """All cases for one world size (= tp): core attention alone, then whole models (TP, SP at tp>1, GQA 4/2)."""
     from cplm_megatron.model.builder import transformer_config
-    from cplm_megatron.parallel.distributed import init_distributed
+    from cplm_megatron.model.layout import init_distributed
 
     parallel = ParallelConfig(tp=tp, sp=tp > 1)
     cfg = load_preset("tiny")

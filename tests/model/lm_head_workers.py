@@ -65,7 +65,7 @@ def compare(rank: int, parallel_kw: dict, with_copy: bool, impls: tuple, steps: 
             n_micro: int = 4, model_overrides: Optional[dict] = None) -> Dict[str, dict]:
     """Per implementation: per-token outputs (single stage only), the first step's reduced gradients
     (main_grad of every parameter on this rank) and each step's loss and gradient norm."""
-    from cplm_megatron.parallel.distributed import init_distributed
+    from cplm_megatron.model.layout import init_distributed
     from cplm_megatron.training.step import train_step
 
     parallel = ParallelConfig(**parallel_kw)

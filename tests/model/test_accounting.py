@@ -30,7 +30,8 @@ def _profile(rank: int, copy: bool):
     from cplm_megatron.model.builder import build_model
     from cplm_megatron.model.config import load_preset
     from cplm_megatron.model.copy_head import CopyHeadConfig
-    from cplm_megatron.parallel.distributed import ParallelConfig, init_distributed
+    from cplm_megatron.model.layout import init_distributed
+    from cplm_megatron.parallel.distributed import ParallelConfig
 
     m = load_preset("tiny")
     init_distributed(ParallelConfig(), m)

@@ -93,7 +93,8 @@ def _attention_cases(rank: int) -> Dict:
 def cp2_cases(rank: int) -> Dict:
     """Every CP=2 case in one process group: the copy head (gate and sentinel mixing) and SDPA attention."""
     from cplm_megatron.model.config import load_preset
-    from cplm_megatron.parallel.distributed import ParallelConfig, init_distributed
+    from cplm_megatron.model.layout import init_distributed
+    from cplm_megatron.parallel.distributed import ParallelConfig
 
     layout = init_distributed(ParallelConfig(cp=2, backend="gloo"), load_preset("tiny"))
     pos = local_positions(T, 2, rank)

@@ -32,7 +32,7 @@ def build(parallel: ParallelConfig, preset: str = "tiny", copy: Optional[CopyHea
           distributed_optimizer: bool = False, seed: int = 1234, **model_overrides):
     """init_distributed + model + DDP + optimizer + scheduler for one process."""
     from cplm_megatron.model.builder import build_model
-    from cplm_megatron.parallel.distributed import init_distributed
+    from cplm_megatron.model.layout import init_distributed
     from cplm_megatron.training.optimizer import (
         OptimizerConfig,
         ScheduleConfig,

@@ -3,13 +3,8 @@ import pytest
 
 from cplm_megatron.errors import ConfigError
 from cplm_megatron.model.config import load_preset
-from cplm_megatron.parallel.distributed import (
-    ParallelConfig,
-    detect_env,
-    expand_hostlist,
-    master_port_for_job,
-    validate_layout,
-)
+from cplm_megatron.model.layout import validate_layout
+from cplm_megatron.parallel.distributed import ParallelConfig, detect_env, expand_hostlist, master_port_for_job
 
 pytestmark = pytest.mark.mcore  # the outcome depends on megatron-core (both CI legs)
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from cplm_megatron.evaluation.ablation import (
+from cplm_megatron.experiments.ablation import (
     Settings,
     eval_command,
     plan,

@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cplm_megatron.evaluation.ablation import RunResults
-from cplm_megatron.evaluation.multiseed import ARMS, GLOBAL_BATCH, SEQ_LEN
+from cplm_megatron.experiments.ablation import RunResults
+from cplm_megatron.experiments.multiseed import ARMS, GLOBAL_BATCH, SEQ_LEN
 
 DECISION_RULE = (
     "Fixed before the grid ran: rank the CPLM training arms by mean validation loss (full distribution, every "
@@ -87,7 +87,7 @@ def _task_metric(run: RunResults, task: str, metric: str) -> float | None:
 
 def train_flops_per_token(run: RunResults) -> float | None:
     """Training FLOPs per token of a run's model (backbone, LM head and, for CPLM, the Copy-Paste head)."""
-    from cplm_megatron.evaluation.ablation import RECIPE
+    from cplm_megatron.experiments.ablation import RECIPE
     from cplm_megatron.model.accounting import CopyHeadShape
     from cplm_megatron.model.accounting import train_flops_per_token as flops
     from cplm_megatron.training.run_config import load_run_config
@@ -323,7 +323,7 @@ def summarize(runs: Sequence[RunResults]) -> dict[str, Any]:
         }
     largest = max(order, key=lambda s: scales[s]["model"]["hidden"] * scales[s]["model"]["layers"])
     decision = decide(scales, largest, all_figures[largest])
-    from cplm_megatron.evaluation.multiseed import StudySettings
+    from cplm_megatron.experiments.multiseed import StudySettings
 
     present = set(by_key)
     missing = [f"{sc}-{a}-s{s}" for sc, a, s in StudySettings().planned() if (sc, a, s) not in present]

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cplm_megatron.evaluation.ablation import (
+from cplm_megatron.experiments.ablation import (
     JobResult,
     RunResults,
     Settings,
@@ -27,10 +27,10 @@ from cplm_megatron.evaluation.ablation import (
     run_all,
     run_seconds,
 )
-from cplm_megatron.evaluation.multiseed import ARMS, StudySettings, ensure_corpora, plan_study
-from cplm_megatron.evaluation.multiseed_report import write_study_report
-from cplm_megatron.evaluation.multiseed_summary import summarize
-from cplm_megatron.evaluation.report import spamlang_claims, write_report
+from cplm_megatron.experiments.multiseed import ARMS, StudySettings, ensure_corpora, plan_study
+from cplm_megatron.experiments.multiseed_report import write_study_report
+from cplm_megatron.experiments.multiseed_summary import summarize
+from cplm_megatron.experiments.report import spamlang_claims, write_report
 
 
 @dataclass

@@ -3,14 +3,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cplm_megatron.evaluation.ablation import (
+from cplm_megatron.experiments.ablation import (
     RunResults,
     RunSpec,
     first_reaching,
     pair_up,
     staying_from,
 )
-from cplm_megatron.evaluation.report import spamlang_claims, write_report
+from cplm_megatron.experiments.report import spamlang_claims, write_report
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

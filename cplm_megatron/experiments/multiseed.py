@@ -3,12 +3,12 @@
 Each run trains one arm (the baseline, or a CPLM training objective) at one scale with one seed;
 runs of the same seed and scale share the backbone initialization and the data order, so every CPLM
 arm is compared with "its" baseline (paired differences). Runs are the ablation's jobs
-(`cplm_megatron.evaluation.ablation.run_job`): the real trainer, then `tools/evaluate.py` on the last
+(`cplm_megatron.experiments.ablation.run_job`): the real trainer, then `tools/evaluate.py` on the last
 checkpoint; finished runs are reused, unfinished ones resume. The trainer's periodic validation (the
 same batches at every evaluation) gives the val-loss curves, the LM head's own val loss and the
 training efficiency; `tools/evaluate.py` gives copy accuracy, passkey retrieval and the gradient figures.
 
-Aggregation, the decision rule and summary.json: `cplm_megatron.evaluation.multiseed_summary`.
+Aggregation, the decision rule and summary.json: `cplm_megatron.experiments.multiseed_summary`.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cplm_megatron.evaluation.ablation import RunSpec
+from cplm_megatron.experiments.ablation import RunSpec
 
 
 @dataclass(frozen=True)

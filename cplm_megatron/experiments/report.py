@@ -1,6 +1,6 @@
 """The ablation report: `report.md` with results tables and PNG plots (matplotlib, Agg backend).
 
-Input: finished runs (cplm_megatron.evaluation.ablation.RunResults), grouped in baseline/CPLM pairs.
+Input: finished runs (cplm_megatron.experiments.ablation.RunResults), grouped in baseline/CPLM pairs.
 Plots: loss_curves.png, copy_accuracy.png (copy and SpamLang accuracy vs steps), passkey.png
 (operating points of the last checkpoints), gradient_retention.png. A plot without data is skipped.
 """
@@ -16,7 +16,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from cplm_megatron.evaluation.ablation import (
+from cplm_megatron.experiments.ablation import (
     PairSummary,
     RunResults,
     first_reaching,

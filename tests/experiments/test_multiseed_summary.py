@@ -1,10 +1,10 @@
 """The recipe study's aggregation: efficiency, mean/std, paired differences, the decision rule, the tables."""
 import pytest
 
-from cplm_megatron.evaluation.ablation import RunResults, RunSpec
-from cplm_megatron.evaluation.multiseed import GLOBAL_BATCH, SEQ_LEN
-from cplm_megatron.evaluation.multiseed_report import headline_table, readme_block
-from cplm_megatron.evaluation.multiseed_summary import summarize, tokens_to_reach
+from cplm_megatron.experiments.ablation import RunResults, RunSpec
+from cplm_megatron.experiments.multiseed import GLOBAL_BATCH, SEQ_LEN
+from cplm_megatron.experiments.multiseed_report import headline_table, readme_block
+from cplm_megatron.experiments.multiseed_summary import summarize, tokens_to_reach
 
 pytestmark = pytest.mark.mcore  # the outcome depends on megatron-core (both CI legs)
 

@@ -1,6 +1,6 @@
 """The recipe study's report: report.md, PNG plots with error bands, and the README's headline table.
 
-Input: the body of summary.json (`cplm_megatron.evaluation.multiseed_summary.summarize`) plus the command
+Input: the body of summary.json (`cplm_megatron.experiments.multiseed_summary.summarize`) plus the command
 and wall time. Plots: val_loss_curves.png (full distribution and LM head, mean ± std over seeds vs tokens),
 final_metrics.png (bars with ± std), passkey_by_length.png.
 """
@@ -14,7 +14,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from cplm_megatron.evaluation.multiseed import SCALES
+from cplm_megatron.experiments.multiseed import SCALES
 
 README_BEGIN = "<!-- study-table:begin (generated from benchmarks/results/study_cpu/summary.json) -->"
 README_END = "<!-- study-table:end -->"
@@ -161,7 +161,7 @@ def write_study_report(output: Path, summary: dict[str, Any], spamlang: list[dic
     for arm, data in first["arms"].items():
         overrides = ", ".join(f"`{o}`" for o in data["overrides"]) or "`copy_head.enabled=false`"
         lines.append(f"- **{arm}**: {data['description']} ({overrides})")
-    from cplm_megatron.evaluation.multiseed import ARMS
+    from cplm_megatron.experiments.multiseed import ARMS
 
     retired = [a for a in ARMS.values() if a.retired and a.name not in first["arms"]]
     if retired:

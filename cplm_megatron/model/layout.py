@@ -1,0 +1,79 @@
+"""The parallel layout against the model, checked before any rendezvous, and the process groups set up for it.
+
+`validate_layout` and `check_context_parallel` need no process group: a layout that does not fit the world
+size or the model fails at once, naming the keys. `init_distributed` runs them, then sets up torch.distributed
+and Megatron's parallel state (cplm_megatron/parallel/distributed.py).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Optional
+
+from cplm_megatron.errors import ConfigError
+from cplm_megatron.model.config import ModelConfig
+from cplm_megatron.parallel.config import ParallelConfig, check_world
+
+if TYPE_CHECKING:  # the checks import no torch (config validation, the planner)
+    from cplm_megatron.model.copy_head import CopyHeadConfig
+    from cplm_megatron.parallel.distributed import DistEnv, Layout
+
+
+def init_distributed(parallel: ParallelConfig, model: ModelConfig, seed: int = 1234, env: Optional[DistEnv] = None
+                     ) -> Layout:
+    """Check the layout against the world and the model, then initialize torch.distributed and Megatron's
+    parallel state for this process (parallel/distributed.py: init_process_groups)."""
+    from cplm_megatron.parallel.distributed import detect_env, init_process_groups
+
+    env = env or detect_env()
+    validate_layout(env.world_size, parallel, model)
+    return init_process_groups(parallel, seed, env)
+
+
+def validate_layout(world_size: int, parallel: ParallelConfig, model: ModelConfig) -> int:
+    """Check the layout against the world and the model; returns the data-parallel size."""
+    dp = check_world(world_size, parallel)
+    if model.num_attention_heads % parallel.tp:
+        raise ConfigError(
+            f"model.num_attention_heads={model.num_attention_heads} is not divisible by "
+            f"parallel.tp={parallel.tp}"
+        )
+    if model.kv_heads % parallel.tp:
+        raise ConfigError(
+            f"KV heads (model.num_query_groups={model.kv_heads}) are not divisible by parallel.tp={parallel.tp}"
+        )
+    stages = parallel.pp * (parallel.vpp or 1)
+    if model.num_layers % stages:
+        raise ConfigError(
+            f"model.num_layers={model.num_layers} is not divisible by parallel.pp={parallel.pp}"
+            + (f" x parallel.vpp={parallel.vpp}" if parallel.vpp else "")
+        )
+    if model.padded_vocab_size % parallel.tp:
+        raise ConfigError(
+            f"padded vocab {model.padded_vocab_size} (model.vocab_size={model.vocab_size}, "
+            f"model.vocab_pad_multiple={model.vocab_pad_multiple}) is not divisible by parallel.tp={parallel.tp}"
+        )
+    return dp
+
+
+def check_context_parallel(parallel: ParallelConfig, model: ModelConfig, seq_len: int,
+                           copy_head: Optional[CopyHeadConfig] = None) -> None:
+    """The context-parallel checks that need no process group: the load-balanced split cuts the sequence
+    into 2 x parallel.cp chunks, and only SDPA's (or TE's) core attention and the torch copy kernels
+    attend across CP ranks."""
+    cp = parallel.cp
+    if cp == 1:
+        return
+    if seq_len % (2 * cp):
+        raise ConfigError(
+            f"train.seq_len={seq_len} is not divisible by 2 x parallel.cp = {2 * cp} (context parallelism "
+            f"splits the sequence into 2 x cp chunks); choose a seq_len that is a multiple of {2 * cp}"
+        )
+    if model.attention_impl == "megatron":
+        raise ConfigError(
+            f"parallel.cp={cp} needs model.attention_impl=sdpa (or te with Transformer Engine): megatron-core's "
+            "unfused DotProductAttention has no context parallelism"
+        )
+    if copy_head is not None and copy_head.enabled and (copy_head.impl == "fused" or copy_head.fp8):
+        raise ConfigError(
+            f"parallel.cp={cp}: the fused copy kernel (copy_head.impl=fused, copy_head.fp8) takes no global key "
+            "positions yet; use copy_head.impl=chunked (or auto, which picks it under CP) and copy_head.fp8=false"
+        )
