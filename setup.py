@@ -1,15 +1,18 @@
 """cplm-megatron: Megatron-Core GPT backbones with a vocab-parallel Copy-Paste head.
 
 Two import packages are installed:
-  * ``cplm_megatron`` (from ``cplm_megatron/``): configs, model, parallel setup, data, training, HF.
+  * ``cplm_megatron`` (from ``cplm_megatron/``): configs, model, parallel setup, data, training, HF,
+    evaluation, experiments; the recipes and model presets of ``configs/`` as ``cplm_megatron.recipes``.
   * ``cplm_kernels``  (from ``kernels/``): the fused Copy-Paste Triton kernels and their PyTorch
     references; importable without megatron-core.
+Entry points: ``cplm-pretrain`` (``python -m cplm_megatron.pretrain``), ``cplm-evaluate``
+(``python -m cplm_megatron.evaluate``).
 
 mosaicml-streaming is a core dependency but is installed by ``make setup`` with ``--no-deps``
 (its metadata pulls ~1 GB of cloud SDKs and torchvision, which breaks CPU torch); its light runtime
 dependencies are listed below. See README "Installation".
 """
-from setuptools import setup
+from setuptools import find_packages, setup
 
 CORE = [
     "torch>=2.4",
@@ -56,19 +59,12 @@ setup(
     version="0.1.0",
     description="Copy-Paste Language Models on Megatron-Core: vocab-parallel copy head, fused kernels",
     python_requires=">=3.10",
-    packages=[
-        "cplm_megatron",
-        "cplm_megatron.config",
-        "cplm_megatron.data",
-        "cplm_megatron.hf",
-        "cplm_megatron.model",
-        "cplm_megatron.parallel",
-        "cplm_megatron.training",
-        "cplm_megatron.evaluation",
-        "cplm_kernels",
-    ],
-    package_dir={"cplm_kernels": "kernels"},
-    package_data={"cplm_megatron": ["py.typed"], "cplm_megatron.hf": ["*.py", "lm_eval_tasks/*.yaml"]},
+    packages=[*find_packages(include=["cplm_megatron", "cplm_megatron.*"]), "cplm_megatron.recipes", "cplm_kernels"],
+    package_dir={"cplm_kernels": "kernels", "cplm_megatron.recipes": "configs"},
+    package_data={"cplm_megatron": ["py.typed"], "cplm_megatron.hf": ["*.py", "lm_eval_tasks/*.yaml"],
+                  "cplm_megatron.recipes": ["*.yaml", "models/*.yaml"]},
+    entry_points={"console_scripts": ["cplm-pretrain = cplm_megatron.pretrain:script_main",
+                                      "cplm-evaluate = cplm_megatron.evaluate:main"]},
     install_requires=CORE,
     extras_require=EXTRAS,
 )

@@ -2,7 +2,7 @@
 
 The one place that knows about the interpreter: the kernels never test the environment themselves:
 they take the integer modes chosen here as ``tl.constexpr`` arguments. Interpreter quirks handled
-here (measured in PLATFORM.md, triton 3.9):
+here (measured with triton 3.9):
 
 * ``tl.dot`` on bf16 operands returns garbage in the interpreter -> every dot operand is cast to
   fp32 when interpreting (exact for bf16/fp16/fp8 values, so tolerances need not be loosened);

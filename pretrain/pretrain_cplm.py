@@ -1,89 +1,13 @@
 #!/usr/bin/env python
-"""Pretrain a Megatron-Core GPT backbone with (or without) the Copy-Paste head.
-
-One process per device, launched by torchrun or srun:
+"""Pretrain a Megatron-Core GPT backbone with (or without) the Copy-Paste head: `cplm_megatron/pretrain.py`
+(also `python -m cplm_megatron.pretrain`) as a script of the checkout.
 
   torchrun --nproc_per_node 2 pretrain/pretrain_cplm.py --config configs/tiny.yaml \\
       --set parallel.tp=2 train.iters=50 run.dir=runs/x
-
-Exit codes: 0 done; 75 stopped early with a checkpoint (Ctrl-C/SIGINT, SIGTERM, SIGUSR1 or
-train.exit_after_iters): relaunch the same command to resume from run.dir/checkpoints/latest; a second
-Ctrl-C stops at once (130); 2 bad input (config, data, checkpoint, disk, memory: one line on stderr naming
-the fix; nothing in run.dir written or deleted); 1 failure (one `error:` line; helper processes are
-stopped). torchrun turns every worker exit code other than 0 into 1: launch with
-pretrain/launch_torchrun.py to keep 75 and 2.
 """
-from __future__ import annotations
-
-import argparse
 import sys
-from typing import List, Optional
 
-from cplm_megatron.training.exit_status import BAD_INPUT_EXIT_CODE, record_exit_status
-from cplm_megatron.training.signals import RESUME_EXIT_CODE, defer_stop_signals, kill_descendants
-
-
-def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", help="YAML recipe (configs/*.yaml); later --config flags replace earlier ones",
-                   action="append")
-    p.add_argument("--set", nargs="+", action="append", metavar="KEY=VALUE",
-                   help="dotted overrides applied after the recipe, e.g. --set train.lr=3e-4 parallel.tp=2")
-    p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
-    return p.parse_args(argv)
-
-
-def run(args: argparse.Namespace) -> int:
-    """Resolve the config, then print it or train; bad input is one line on stderr and exit code 2."""
-    from cplm_megatron.cli import quiet_known_warnings
-    from cplm_megatron.errors import UserError
-
-    quiet_known_warnings()
-    try:
-        from cplm_megatron.training.run_config import load_run_config, overrides_from_args
-
-        config_path = args.config[-1] if args.config else None
-        cfg = load_run_config(config_path, overrides_from_args(args.set))
-        if args.print_config:
-            import io
-
-            import yaml
-
-            buf = io.StringIO()
-            yaml.safe_dump(cfg.to_dict(), buf, sort_keys=False)
-            print(buf.getvalue())
-            return 0
-        from cplm_megatron.training.checkpointing import CheckpointWriterDied
-        from cplm_megatron.training.trainer import NonFiniteLossError, train
-
-        try:
-            return train(cfg)
-        except (NonFiniteLossError, CheckpointWriterDied) as e:
-            print(f"error: {e}", file=sys.stderr, flush=True)
-            return 1
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr, flush=True)
-        return BAD_INPUT_EXIT_CODE
-
-
-def main(argv: Optional[List[str]] = None) -> int:
-    import signal
-
-    mask = defer_stop_signals()  # before the heavy imports: a stop signal during start-up is not lost
-    code = 1  # an exception escaping is a failure
-    try:
-        code = run(parse_args(argv))
-    except SystemExit as e:  # argparse: --help (0) or a usage error (2)
-        code = e.code if isinstance(e.code, int) else 1
-        raise
-    finally:
-        record_exit_status(code)  # for pretrain/launch_torchrun.py (torchrun reports only 0 or 1)
-        signal.pthread_sigmask(signal.SIG_SETMASK, mask)  # for an in-process caller (tests)
-    return code
-
+from cplm_megatron.pretrain import main, parse_args, run, script_main  # noqa: F401 - the script's interface
 
 if __name__ == "__main__":
-    exit_code = main()
-    if exit_code not in (0, BAD_INPUT_EXIT_CODE, RESUME_EXIT_CODE):
-        kill_descendants()  # a failed run leaves no helper process behind (a dead writer's orphaned workers)
-    sys.exit(exit_code)
+    sys.exit(script_main())

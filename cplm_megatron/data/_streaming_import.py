@@ -1,7 +1,7 @@
 """The one place that imports mosaicml-streaming (stubbing its vision extras first).
 
 `import streaming` imports `streaming.vision`, which imports torchvision; torchvision's only PyPI
-builds are CUDA builds that break beside a CPU torch (PLATFORM.md). We never use the vision
+builds are CUDA builds that break beside a CPU torch (measured). We never use the vision
 datasets, so an empty stand-in module is registered before the import.
 """
 from __future__ import annotations

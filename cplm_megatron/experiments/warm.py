@@ -29,7 +29,8 @@ from typing import Any, Dict, List, Optional, Sequence
 # Imported once by the forkserver: modules without import-time state that a job changes (the megatron-core
 # fixes are applied per process, by init_distributed).
 PRELOAD = (
-    "torch", "torch.distributed", "megatron.core", "megatron.core.models.gpt", "megatron.core.optimizer",
+    "cplm_megatron.experiments.forkserver_init", "torch", "torch.distributed", "megatron.core",
+    "megatron.core.models.gpt", "megatron.core.optimizer",
     "megatron.core.pipeline_parallel", "megatron.core.dist_checkpointing", "megatron.core.distributed",
     "cplm_megatron.model.builder", "cplm_megatron.training.trainer", "cplm_megatron.training.step",
     "cplm_megatron.data.loader", "streaming", "transformers",

@@ -1,7 +1,7 @@
 """The CPU-compat layer: the only place where megatron-core is patched.
 
 megatron-core assumes CUDA (and Apex or Transformer Engine). Each patch below names the megatron-core
-code it replaces and why (PLATFORM.md lists the measurements). Two scopes:
+code it replaces and why (README "The CPU-compat layer" lists what each fixes). Two scopes:
 
 * ``cpu``            — applied only when CUDA is absent (``torch.cuda.is_available()`` is False);
                        these never touch a GPU run.

@@ -24,7 +24,7 @@ from cplm_megatron.config.loader import (
 from cplm_megatron.data.config import DataConfig
 from cplm_megatron.errors import ConfigError
 from cplm_megatron.model.builder import PrecisionConfig, RecomputeConfig
-from cplm_megatron.model.config import ModelConfig, resolve_model_section
+from cplm_megatron.model.config import ModelConfig, recipe_path, resolve_model_section
 from cplm_megatron.model.copy_head import CopyHeadConfig
 from cplm_megatron.model.layout import check_context_parallel, validate_layout
 from cplm_megatron.parallel.config import ParallelConfig
@@ -203,10 +203,10 @@ _ALTERNATIVE_KEYS = {("train", "iters"): ("train", "tokens"), ("train", "tokens"
 
 
 def load_run_config(path: Optional[str], overrides: Sequence[str] = ()) -> RunConfig:
-    """Read a YAML recipe (or start empty), apply dotted overrides, build and validate. An override of
-    train.iters replaces a recipe's train.tokens (and the other way round), so `--set train.iters=1000`
-    works on a recipe that trains by tokens."""
-    tree = read_yaml(path) if path else {}
+    """Read a YAML recipe (a file, or a shipped recipe's name: `tiny`; or start empty), apply dotted overrides,
+    build and validate. An override of train.iters replaces a recipe's train.tokens (and the other way round),
+    so `--set train.iters=1000` works on a recipe that trains by tokens."""
+    tree = read_yaml(recipe_path(path)) if path else {}
     overridden = {tuple(parts): value for parts, value in map(parse_override, overrides)}
     apply_overrides(tree, overrides)
     for key, other in _ALTERNATIVE_KEYS.items():

@@ -1,0 +1,89 @@
+"""The wheel installs and works outside the checkout: built from setup.py, installed into a directory of its
+own, it holds every subpackage, the recipes and presets and the HF export's files, and trains the tiny recipe
+(`python -m cplm_megatron.pretrain --config tiny`) and evaluates the run (`python -m cplm_megatron.evaluate`)
+from another directory, with the checkout's editable install out of the way (`python -S`: no .pth files)."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import site
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from tests import harness
+from tests.training.pretrain_utils import tiny_overrides
+
+REPO = harness.REPO
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("isolated_streaming")]
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory) -> tuple[Path, Path]:
+    """(the wheel, the directory it was installed into)."""
+    out = tmp_path_factory.mktemp("wheel")
+    source = out / "source"  # the checkout's files (tracked and new, not ignored): the build leaves the tree clean
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO, capture_output=True,
+                           check=True).stdout.decode().split("\0")
+    for name in filter(None, files):
+        if (REPO / name).is_file():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, source / name)
+    pip = [sys.executable, "-m", "pip", "-q", "--disable-pip-version-check"]
+    build = subprocess.run([*pip, "wheel", ".", "--no-deps", "--no-build-isolation", "-w", str(out)], cwd=source,
+                           capture_output=True, text=True, timeout=600)
+    assert build.returncode == 0, build.stdout + build.stderr
+    [wheel] = out.glob("cplm_megatron-*.whl")
+    target = out / "site"
+    install = subprocess.run([*pip, "install", "--no-deps", "--target", str(target), str(wheel)],
+                             capture_output=True, text=True, timeout=600)
+    assert install.returncode == 0, install.stdout + install.stderr
+    return wheel, target
+
+
+def test_the_wheel_holds_every_subpackage_and_the_data_files(installed):
+    wheel, target = installed
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for package in REPO.joinpath("cplm_megatron").rglob("__init__.py"):
+        assert str(package.relative_to(REPO)) in names
+    assert {"cplm_megatron/evaluation/tasks/val.py", "cplm_megatron/recipes/tiny.yaml",
+            "cplm_megatron/recipes/models/smollm2-1.7b.yaml", "cplm_megatron/hf/modeling_cplm.py",
+            "cplm_kernels/linear_ce.py"} <= names, sorted(names)[:20]
+    assert any(n.startswith("cplm_megatron/hf/lm_eval_tasks/") and n.endswith(".yaml") for n in names)
+    recipes = {p.name for p in REPO.joinpath("configs").glob("*.yaml")}
+    assert recipes == {n.split("/")[-1] for n in names if n.startswith("cplm_megatron/recipes/") and n.count("/") == 2
+                       and n.endswith(".yaml")}
+    entry_points = next(n for n in names if n.endswith("entry_points.txt"))
+    text = zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert "cplm-pretrain = cplm_megatron.pretrain:script_main" in text and "cplm-evaluate" in text
+
+
+def test_trains_and_evaluates_from_another_directory(installed, stdlib_corpus, tmp_path):
+    _, target = installed
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    # the venv's packages without their .pth files (the checkout's editable install is one), the wheel first
+    env = harness.process_env({"PYTHONPATH": os.pathsep.join([str(target), *site.getsitepackages()])})
+    where = subprocess.run([sys.executable, "-S", "-c", "import cplm_megatron, cplm_kernels; "
+                            "print(cplm_megatron.__file__, cplm_kernels.__file__)"],
+                           cwd=elsewhere, env=env, capture_output=True, text=True, timeout=120)
+    assert where.returncode == 0, where.stderr
+    assert all(path.startswith(str(target)) for path in where.stdout.split()), where.stdout
+    run_dir = elsewhere / "run"
+    train = subprocess.run([sys.executable, "-S", "-m", "cplm_megatron.pretrain", "--config", "tiny", "--set",
+                            *tiny_overrides(stdlib_corpus, run_dir, iters=3)],
+                           cwd=elsewhere, env=env, capture_output=True, text=True, timeout=600)
+    assert train.returncode == 0, train.stdout[-3000:] + train.stderr[-3000:]
+    assert (run_dir / "checkpoints" / "iter_0000003").is_dir()
+    out = elsewhere / "eval.json"
+    evaluate = subprocess.run([sys.executable, "-S", "-m", "cplm_megatron.evaluate", "--checkpoint", str(run_dir),
+                               "--tasks", "val,copy", "--limit", "4", "--no-progress", "--output", str(out)],
+                              cwd=elsewhere, env=env, capture_output=True, text=True, timeout=600)
+    assert evaluate.returncode == 0, evaluate.stdout[-3000:] + evaluate.stderr[-3000:]
+    results = json.loads(out.read_text())
+    assert results["iteration"] == 3 and results["tasks"]["val"]["metrics"]["val_loss"] > 0
+    assert 0 <= results["tasks"]["copy"]["metrics"]["copy_accuracy"] <= 1
