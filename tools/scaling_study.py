@@ -40,7 +40,7 @@ class StudyError(ValueError):
 
 
 @dataclass(frozen=True)
-class Layout:
+class SweepLayout:
     """Model-parallel sizes of one run; data parallelism is what the world size leaves."""
 
     tp: int
@@ -49,7 +49,7 @@ class Layout:
     sp: bool
 
     @classmethod
-    def parse(cls, text: str) -> Layout:
+    def parse(cls, text: str) -> SweepLayout:
         m = _LAYOUT.match(text)
         if not m:
             raise StudyError(f"layout {text!r} is not tp<N>pp<M>[vpp<K>][sp] (e.g. tp2pp1sp, tp4pp2vpp4sp)")
@@ -74,7 +74,7 @@ class Combination:
 
     size: str
     nodes: int
-    layout: Layout
+    layout: SweepLayout
     copy_head: bool
 
     @property
@@ -86,7 +86,7 @@ class Combination:
         return REPO / "slurm" / f"pretrain_{self.size}.sh"
 
 
-def plan(layouts: dict[str, list[Layout]], nodes: Sequence[int], copy_heads: Sequence[bool],
+def plan(layouts: dict[str, list[SweepLayout]], nodes: Sequence[int], copy_heads: Sequence[bool],
          tasks_per_node: int) -> tuple[list[Combination], list[tuple[Combination, str]]]:
     """(combinations to run, [(combination, why it is skipped)]) in submission order; `layouts` maps
     each model size to the layouts it is run with."""
@@ -174,7 +174,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def recipe_layout(size: str) -> Layout:
+def recipe_layout(size: str) -> SweepLayout:
     """The parallel layout of the recipe slurm/pretrain_<size>.sh runs."""
     import yaml
 
@@ -183,7 +183,7 @@ def recipe_layout(size: str) -> Layout:
     if not recipe:
         raise StudyError(f"{script} has no 'recipe=' line")
     par = (yaml.safe_load((REPO / recipe.group(1)).read_text()) or {}).get("parallel") or {}
-    return Layout(int(par.get("tp", 1)), int(par.get("pp", 1)), par.get("vpp"), bool(par.get("sp", False)))
+    return SweepLayout(int(par.get("tp", 1)), int(par.get("pp", 1)), par.get("vpp"), bool(par.get("sp", False)))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -193,7 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise StudyError(f"--nodes and --iters must be >= 1 (got nodes {args.nodes}, iters {args.iters})")
         sizes = list(dict.fromkeys(args.sizes))
         if args.layouts:
-            chosen = list(dict.fromkeys(Layout.parse(t) for t in args.layouts))
+            chosen = list(dict.fromkeys(SweepLayout.parse(t) for t in args.layouts))
             layouts = {size: chosen for size in sizes}
         else:
             layouts = {size: [recipe_layout(size)] for size in sizes}

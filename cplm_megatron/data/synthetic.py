@@ -121,12 +121,3 @@ def synthetic_val_batches(task: str, n_batches: int, micro_batch: int, seq_len: 
     """A fixed validation set (different seed from training) for one DP rank."""
     loader = SyntheticLoader(task, seq_len, vocab_size, micro_batch, dp_rank, dp_size, seed)
     return [next(loader) for _ in range(n_batches)]
-
-
-def optional_task(name: Optional[str]) -> Optional[str]:
-    """Validate a `data.synthetic` value."""
-    if name in (None, "", "none"):
-        return None
-    if name not in ("spamlang", "copy"):
-        raise ValueError(f"data.synthetic={name!r}: expected spamlang, copy or null")
-    return name

@@ -18,14 +18,13 @@ include the (small, untrained-towards) probability of the padding ids.
 """
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
+from cplm_megatron.model.layout import single_process_megatron  # noqa: F401 - scorers load inside it
 from cplm_megatron.training.checkpoint_lookup import CheckpointRef, read_saved_config, resolve_checkpoint
 
 Batch = dict[str, torch.Tensor]
@@ -63,33 +62,6 @@ def document_segments(batch: Batch) -> list[tuple[int, int, int]]:
 
 
 # ---------------------------------------------------------------------------------------------- Megatron
-
-
-@contextlib.contextmanager
-def single_process_megatron() -> Iterator[None]:
-    """A one-process gloo group with Megatron parallel state (tp = pp = 1) for loading checkpoints.
-
-    Torn down on exit only if it was created here, so a caller that already set it up keeps it.
-    """
-    import torch.distributed as dist
-    from megatron.core import parallel_state as ps
-
-    created = not ps.model_parallel_is_initialized()
-    created_group = not dist.is_initialized()
-    if created:
-        from cplm_megatron.model.config import ModelConfig
-        from cplm_megatron.model.layout import init_distributed
-        from cplm_megatron.parallel.distributed import DistEnv, ParallelConfig, free_port
-
-        env = DistEnv(0, 1, 0, 1, "127.0.0.1", free_port(), "single")
-        init_distributed(ParallelConfig(), ModelConfig(), env=env)
-    try:
-        yield
-    finally:
-        if created:
-            ps.destroy_model_parallel()
-        if created_group and dist.is_initialized():
-            dist.destroy_process_group()
 
 
 def _require_single_process_state() -> None:
@@ -265,15 +237,6 @@ class HFScorer:
     def _segment_log_probs(self, input_ids: torch.Tensor) -> torch.Tensor:
         logits = self.model(input_ids=input_ids.to(self.model.device)).logits.float().cpu()
         return logits if self.outputs_log_probs else torch.log_softmax(logits, dim=-1)
-
-
-def load_scorer(checkpoint: str | Path | None = None, hf: str | Path | None = None) -> Scorer:
-    """A MegatronScorer (`checkpoint`, inside `single_process_megatron()`) or an HFScorer (`hf`)."""
-    if (checkpoint is None) == (hf is None):
-        raise ValueError("give exactly one of a Megatron checkpoint and an HF directory")
-    if checkpoint is not None:
-        return MegatronScorer.load(checkpoint)
-    return HFScorer.load(hf)
 
 
 # ---------------------------------------------------------------------------------------------- hidden states

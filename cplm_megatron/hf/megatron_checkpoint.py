@@ -13,8 +13,7 @@ import json
 import logging
 import re
 import warnings
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from cplm_megatron.errors import ConfigError
 from cplm_megatron.hf.config_mapping import ConversionError
 from cplm_megatron.model.config import ModelConfig
 from cplm_megatron.model.copy_head import CopyHeadConfig
+from cplm_megatron.model.layout import single_process_megatron
 from cplm_megatron.training.checkpoint_lookup import (
     DIST_METADATA,
     read_record,
@@ -94,28 +94,6 @@ def read_tensors(iter_dir: Path, keys: list[str]) -> dict[str, torch.Tensor]:
     return tensors
 
 
-@contextmanager
-def single_process_megatron(model: ModelConfig, seed: int) -> Iterator[None]:
-    """Megatron parallel state for one process (TP=PP=1, gloo); torn down again if created here."""
-    import torch.distributed as dist
-
-    from cplm_megatron.model.layout import init_distributed
-    from cplm_megatron.parallel.config import ParallelConfig
-    from cplm_megatron.parallel.distributed import destroy_distributed, detect_env
-
-    env = detect_env()
-    if env.world_size != 1:
-        raise ConversionError(f"checkpoint conversion runs in one process, but WORLD_SIZE={env.world_size}; "
-                              "run it without torchrun/srun")
-    created = not dist.is_initialized()
-    init_distributed(ParallelConfig(backend="gloo"), model, seed, env)
-    try:
-        yield
-    finally:
-        if created:
-            destroy_distributed()
-
-
 def fill_model(chunk: torch.nn.Module, tensors: Mapping[str, torch.Tensor]) -> list[str]:
     """Load full Megatron tensors (by sharded key) into a TP=PP=1 model; returns the keys left at init.
 
@@ -166,7 +144,7 @@ def write_weights_checkpoint(
     root = Path(root)
     if root.exists() and (not root.is_dir() or any(root.iterdir())):
         raise FileExistsError(f"output {root} exists and is not an empty directory; remove it or choose another")
-    with single_process_megatron(model, seed):
+    with single_process_megatron(model, seed, backend="gloo"):
         [chunk] = build_model(model, copy_head, ParallelConfig())
         fresh = fill_model(chunk, tensors)
         if fresh:

@@ -307,7 +307,7 @@ def memory_estimate(
 
 
 @dataclass(frozen=True)
-class Layout:
+class PlannedLayout:
     """One way to run a model on ``tp * pp * cp * dp`` GPUs, with its memory-saving options."""
 
     tp: int
@@ -328,7 +328,7 @@ LM_HEAD_LOSS_OPTIONS = ("megatron", "fused")  # chunked costs the same memory on
 OFFLOAD_OPTIONS = (0.0, 0.5, 1.0)
 
 
-def layout_valid(m: ModelConfig, layout: Layout) -> bool:
+def layout_valid(m: ModelConfig, layout: PlannedLayout) -> bool:
     """Whether training would accept the layout (cplm_megatron.model.layout.validate_layout)."""
     from cplm_megatron.errors import ConfigError
     from cplm_megatron.model.layout import validate_layout
@@ -342,7 +342,7 @@ def layout_valid(m: ModelConfig, layout: Layout) -> bool:
     return True
 
 
-def extra_flops_fraction(m: ModelConfig, seq_len: int, c: Optional[CopyHeadShape], layout: Layout) -> float:
+def extra_flops_fraction(m: ModelConfig, seq_len: int, c: Optional[CopyHeadShape], layout: PlannedLayout) -> float:
     """Training FLOPs added by recomputation (layers, and the LM head's logits recomputed by the
     chunked/fused loss) relative to the plain step."""
     base = train_flops_per_token(m, seq_len, c)
@@ -364,12 +364,12 @@ def plan_layouts(m: ModelConfig, c: Optional[CopyHeadShape], gpus: int, seq_len:
              if gpus % (tp * pp * cp) == 0 and seq_len % (2 * cp) == 0 and (cp == 1 or attention != "megatron")]
     for tp, pp, cp in grids:
         dp = gpus // (tp * pp * cp)
-        if not layout_valid(m, Layout(tp, pp, dp, cp=cp)):
+        if not layout_valid(m, PlannedLayout(tp, pp, dp, cp=cp)):
             continue
         for recompute in RECOMPUTE_OPTIONS:
             for loss in LM_HEAD_LOSS_OPTIONS:
                 for offload in OFFLOAD_OPTIONS:
-                    layout = Layout(tp, pp, dp, recompute, loss, offload, cp)
+                    layout = PlannedLayout(tp, pp, dp, recompute, loss, offload, cp)
                     mem = memory_estimate(m, c, tp=tp, pp=pp, dp=dp, seq_len=seq_len, micro_batch=micro_batch,
                                           sp=layout.sp, param_bytes=param_bytes, recompute=recompute,
                                           lm_head_loss=loss, offload_fraction=offload, attention=attention,

@@ -6,7 +6,8 @@ and Megatron's parallel state (cplm_megatron/parallel/distributed.py).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Iterator, Optional
 
 from cplm_megatron.errors import ConfigError
 from cplm_megatron.model.config import ModelConfig
@@ -14,11 +15,11 @@ from cplm_megatron.parallel.config import ParallelConfig, check_world
 
 if TYPE_CHECKING:  # the checks import no torch (config validation, the planner)
     from cplm_megatron.model.copy_head import CopyHeadConfig
-    from cplm_megatron.parallel.distributed import DistEnv, Layout
+    from cplm_megatron.parallel.distributed import DistEnv, RankLayout
 
 
 def init_distributed(parallel: ParallelConfig, model: ModelConfig, seed: int = 1234, env: Optional[DistEnv] = None
-                     ) -> Layout:
+                     ) -> RankLayout:
     """Check the layout against the world and the model, then initialize torch.distributed and Megatron's
     parallel state for this process (parallel/distributed.py: init_process_groups)."""
     from cplm_megatron.parallel.distributed import detect_env, init_process_groups
@@ -26,6 +27,33 @@ def init_distributed(parallel: ParallelConfig, model: ModelConfig, seed: int = 1
     env = env or detect_env()
     validate_layout(env.world_size, parallel, model)
     return init_process_groups(parallel, seed, env)
+
+
+@contextmanager
+def single_process_megatron(model: Optional[ModelConfig] = None, seed: int = 1234, backend: str = "auto"
+                            ) -> Iterator[None]:
+    """Megatron parallel state for this one process (TP = PP = 1), for loading, scoring and converting
+    checkpoints; whatever it creates (process group, parallel state) is torn down on exit, so a caller that
+    set either up keeps it. `backend="gloo"` keeps a conversion on the CPU of a GPU machine."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    from cplm_megatron.parallel.distributed import detect_env
+
+    env = detect_env()
+    if env.world_size != 1:
+        raise ConfigError(f"this runs in one process, but WORLD_SIZE={env.world_size}; run it without torchrun/srun")
+    created_state = not ps.model_parallel_is_initialized()
+    created_group = not dist.is_initialized()
+    if created_state:
+        init_distributed(ParallelConfig(backend=backend), model or ModelConfig(), seed, env)
+    try:
+        yield
+    finally:
+        if created_state and ps.model_parallel_is_initialized():
+            ps.destroy_model_parallel()
+        if created_group and dist.is_initialized():
+            dist.destroy_process_group()
 
 
 def validate_layout(world_size: int, parallel: ParallelConfig, model: ModelConfig) -> int:

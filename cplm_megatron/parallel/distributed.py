@@ -39,7 +39,7 @@ class DistEnv:
 
 
 @dataclass
-class Layout:
+class RankLayout:
     """This rank's coordinates in the Megatron process grid."""
 
     rank: int
@@ -53,14 +53,6 @@ class Layout:
     pp_rank: int
     dp_rank: int
     device: torch.device
-
-    @property
-    def is_last_stage(self) -> bool:
-        return self.pp_rank == self.pp - 1
-
-    @property
-    def is_first_stage(self) -> bool:
-        return self.pp_rank == 0
 
 
 def expand_hostlist(nodelist: str) -> List[str]:
@@ -138,7 +130,7 @@ def set_seed(seed: int) -> None:
     tensor_parallel.model_parallel_cuda_manual_seed(stage_seed)
 
 
-def init_process_groups(parallel: ParallelConfig, seed: int = 1234, env: Optional[DistEnv] = None) -> Layout:
+def init_process_groups(parallel: ParallelConfig, seed: int = 1234, env: Optional[DistEnv] = None) -> RankLayout:
     """Initialize torch.distributed + Megatron parallel state for this process (the layout checked against the
     model first: cplm_megatron/model/layout.py's init_distributed)."""
     from cplm_megatron.parallel.cpu_compat import apply_compat, check_cuda_expected, describe_compat
@@ -172,7 +164,7 @@ def init_process_groups(parallel: ParallelConfig, seed: int = 1234, env: Optiona
             context_parallel_size=parallel.cp,
         )
     set_seed(seed)
-    return Layout(
+    return RankLayout(
         rank=env.rank,
         world_size=env.world_size,
         tp=parallel.tp,

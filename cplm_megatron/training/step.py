@@ -205,18 +205,6 @@ def setup_model_config(chunks: List[torch.nn.Module], optimizer) -> None:
         config.param_sync_func = param_sync[0] if len(chunks) == 1 else param_sync
 
 
-def count_microbatches(global_batch: int, micro_batch: int, dp: int) -> int:
-    """global = micro * dp * n; error naming the values when it does not divide."""
-    from cplm_megatron.errors import ConfigError
-
-    if global_batch % (micro_batch * dp):
-        raise ConfigError(
-            f"train.global_batch={global_batch} is not divisible by train.micro_batch={micro_batch} x "
-            f"data-parallel size {dp}"
-        )
-    return global_batch // (micro_batch * dp)
-
-
 def take(iterator: Iterable, n: int) -> List:
     """The next n items of an iterator as a list."""
     it = iter(iterator)

@@ -1,7 +1,6 @@
 """Helpers shared by the HF model/export tests: tiny configs and models, a tokenizer, an offline env."""
 
 import copy
-import os
 from pathlib import Path
 
 import torch
@@ -85,18 +84,6 @@ def train_tokenizer(out: Path) -> Path:
     assert fast.bos_token_id == BOS_EOS_ID and fast.pad_token_id == PAD_ID and len(fast) == VOCAB_SIZE
     fast.save_pretrained(out)
     return out
-
-
-def offline_env(hf_home: Path) -> dict[str, str]:
-    """Environment for a fresh process that must not reach any hub (and caches remote code under hf_home)."""
-    return {
-        **os.environ,
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        "HF_DATASETS_OFFLINE": "1",
-        "HF_HOME": str(hf_home),
-        "TOKENIZERS_PARALLELISM": "false",
-    }
 
 
 @torch.no_grad()

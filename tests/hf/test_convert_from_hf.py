@@ -28,7 +28,6 @@ from hf_testing import (
     VOCAB_SIZE,
     assert_logits_are_the_models,
     cplm_config,
-    offline_env,
     randomize_norms,
     tiny_cplm,
 )
@@ -41,6 +40,7 @@ from transformers import (
     MistralConfig,
 )
 
+from cplm_megatron.evaluation.tasks.lmeval import offline_env
 from cplm_megatron.hf.config_mapping import (
     ConversionError,
     check_preset_matches,

@@ -16,7 +16,6 @@ from hf_testing import (
     assert_logits_are_the_models,
     cplm_config,
     llama_config_like,
-    offline_env,
     repetitive_ids,
     tiny_cplm,
 )
@@ -29,6 +28,7 @@ from transformers import (
     LlamaForCausalLM,
 )
 
+from cplm_megatron.evaluation.tasks.lmeval import offline_env
 from cplm_megatron.hf.export import with_legacy_rope_fields, write_hf_checkpoint
 from cplm_megatron.model import mixing
 

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from hf_testing import PAD_ID, cplm_config, offline_env, tiny_cplm
+from hf_testing import PAD_ID, cplm_config, tiny_cplm
 from transformers import AutoTokenizer
 
+from cplm_megatron.evaluation.tasks.lmeval import offline_env
 from cplm_megatron.hf.export import write_hf_checkpoint
 from cplm_megatron.hf.local_tasks import template_path, write_local_task
 

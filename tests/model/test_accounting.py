@@ -11,7 +11,7 @@ import pytest
 from cplm_kernels.linear_ce import CPU_CHUNKS
 from cplm_megatron.model.accounting import (
     GIB,
-    Layout,
+    PlannedLayout,
     lm_head_loss_bytes,
     memory_estimate,
     plan_layouts,
@@ -147,7 +147,7 @@ def test_planner_prefers_the_fused_loss_where_megatron_logits_do_not_fit():
     single = {(r["lm_head_loss"], r["recompute"], r["offload_fraction"]): r["fits"]
               for r in rows if (r["tp"], r["pp"], r["cp"]) == (1, 1, 1)}
     assert single[("fused", "none", 0.0)] and not single[("megatron", "none", 0.0)]
-    assert Layout(2, 1, 4).sp and not Layout(1, 2, 4).sp
+    assert PlannedLayout(2, 1, 4).sp and not PlannedLayout(1, 2, 4).sp
 
 
 def test_context_parallel_divides_activations_and_adds_the_gathered_keys():

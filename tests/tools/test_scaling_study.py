@@ -7,8 +7,8 @@ import pytest
 
 from tools.scaling_study import (
     Combination,
-    Layout,
     StudyError,
+    SweepLayout,
     main,
     parse_args,
     plan,
@@ -18,18 +18,18 @@ from tools.scaling_study import (
 
 
 def test_layout_names_round_trip_and_bad_ones_are_rejected():
-    assert Layout.parse("tp4pp2vpp4sp") == Layout(4, 2, 4, True)
-    assert Layout.parse("tp2pp1sp").overrides() == ["parallel.tp=2", "parallel.pp=1", "parallel.vpp=null",
+    assert SweepLayout.parse("tp4pp2vpp4sp") == SweepLayout(4, 2, 4, True)
+    assert SweepLayout.parse("tp2pp1sp").overrides() == ["parallel.tp=2", "parallel.pp=1", "parallel.vpp=null",
                                                     "parallel.sp=true"]
     for text in ("tp4pp2vpp4sp", "tp1pp1", "tp2pp2vpp2"):
-        assert Layout.parse(text).name == text
+        assert SweepLayout.parse(text).name == text
     for bad in ("tp2", "tp1pp1sp", "tp2pp1vpp2", "tp0pp1"):
         with pytest.raises(StudyError, match=bad):
-            Layout.parse(bad)
+            SweepLayout.parse(bad)
 
 
 def test_grid_skips_layouts_the_world_cannot_hold():
-    layouts = {"1p7b": [Layout(1, 1, None, False), Layout(4, 4, None, False)]}
+    layouts = {"1p7b": [SweepLayout(1, 1, None, False), SweepLayout(4, 4, None, False)]}
     runnable, skipped = plan(layouts, [1, 2], [True, False], tasks_per_node=8)
     assert [c.name for c in runnable] == ["1p7b-n1-tp1pp1-cplm", "1p7b-n1-tp1pp1-base", "1p7b-n2-tp1pp1-cplm",
                                           "1p7b-n2-tp4pp4-cplm", "1p7b-n2-tp1pp1-base", "1p7b-n2-tp4pp4-base"]
@@ -39,14 +39,14 @@ def test_grid_skips_layouts_the_world_cannot_hold():
 
 
 def test_recipe_layouts_come_from_the_scripts_recipes():
-    assert recipe_layout("13b") == Layout(4, 2, 4, True)
-    assert recipe_layout("135m") == Layout(1, 1, None, False)
+    assert recipe_layout("13b") == SweepLayout(4, 2, 4, True)
+    assert recipe_layout("135m") == SweepLayout(1, 1, None, False)
 
 
 def test_sbatch_command_runs_the_size_script_with_the_study_overrides_then_the_users(tmp_path: Path):
     args = parse_args(["--output", str(tmp_path), "--sizes", "7b", "--nodes", "2", "--iters", "7",
                        "--ntasks-per-node", "2", "--sbatch-arg=--partition=h100", "--set", "train.lr=1e-4"])
-    combo = Combination("7b", 2, Layout(2, 1, None, True), False)
+    combo = Combination("7b", 2, SweepLayout(2, 1, None, True), False)
     cmd = sbatch_command(combo, tmp_path, args, dependency="41")
     script = cmd.index(str(combo.script))
     assert combo.script.is_file() and combo.script.name == "pretrain_7b.sh"

@@ -22,8 +22,8 @@ def tiny_config(run_dir: Path, *overrides: str) -> RunConfig:
 def write_checkpoints(cfg: RunConfig, iterations: Iterable[int]) -> Path:
     """Checkpoints (weights, RNG, config; no optimizer) at `iterations` under run.dir/checkpoints, via the
     trainer's Checkpointer in a one-process group; returns the checkpoint root."""
-    from cplm_megatron.hf.megatron_checkpoint import single_process_megatron
     from cplm_megatron.model.builder import build_model
+    from cplm_megatron.model.layout import single_process_megatron
     from cplm_megatron.parallel.config import ParallelConfig
     from cplm_megatron.training.checkpointing import Checkpointer, TrainState
 

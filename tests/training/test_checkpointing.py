@@ -15,8 +15,8 @@ pytestmark = pytest.mark.mcore  # the outcome depends on megatron-core (both CI 
 
 
 def _save(cfg, root: Path, iterations, keep: int, resumed_from=None) -> None:
-    from cplm_megatron.hf.megatron_checkpoint import single_process_megatron
     from cplm_megatron.model.builder import build_model
+    from cplm_megatron.model.layout import single_process_megatron
     from cplm_megatron.parallel.config import ParallelConfig
     from cplm_megatron.training.checkpointing import Checkpointer, TrainState
     from cplm_megatron.training.preflight import checkpoint_size
