@@ -6,59 +6,33 @@ parallelism work unchanged. Without labels it returns the mixture's log-probabil
 GPTModel returns logits (a softmax of them is the mixture, as for the HF export). With
 ``copy_head=None`` it is exactly the plain backbone: same parameters, same loss bits.
 
-The head hooks into GPTModel's private ``_postprocess``: Megatron has no public post-processing
-hook in every supported version (0.18 added ``output_processor``; 0.16/0.17 have none). The
-override names every argument it reads, and `check_megatron_postprocess` compares the installed
-signature with the ones this file was written against when the model is built.
+How the head reaches the last stage's output: on megatron-core >= 0.18 through GPTModel's public hook,
+``forward(..., output_processor=..., output_processor_context=...)`` (no private method overridden); on
+0.16/0.17, which have no hook, through the ``_postprocess`` override of `postprocess_shim.py`, the one place
+that knows GPTModel's private signature. Both call `CPLMGPTModel.head_output`.
 """
 from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
-from functools import partial
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Optional
 
 import torch
 from megatron.core import parallel_state, tensor_parallel
 from megatron.core.models.gpt import GPTModel
 
-from cplm_megatron.errors import UserError
 from cplm_megatron.model.copy_head import CopyHeadConfig, CopyHeadOutput, CopyPasteHead
 from cplm_megatron.model.lm_head_loss import check_lm_head_loss, lm_head_ce
-
-SUPPORTED_MEGATRON_CORE = "0.16.1 ... 0.19.x"
-_POSTPROCESS_0_16 = (
-    "hidden_states", "input_ids", "position_ids", "labels", "rotary_pos_emb", "rotary_pos_cos", "rotary_pos_sin",
-    "mtp_in_postprocess", "loss_mask", "decoder_input", "attention_mask", "inference_params", "packed_seq_params",
-    "sequence_len_offset", "runtime_gather_output", "extra_block_kwargs", "inference_context",
+from cplm_megatron.model.postprocess_shim import (  # noqa: F401 - re-exported: the supported releases
+    POSTPROCESS_SIGNATURES,
+    SUPPORTED_MEGATRON_CORE,
+    PostprocessShim,
+    UnsupportedMegatronError,
+    check_megatron_postprocess,
 )
-# GPTModel._postprocess's parameters (after self) in each supported megatron-core release.
-POSTPROCESS_SIGNATURES: Dict[str, Tuple[str, ...]] = {
-    "0.16": _POSTPROCESS_0_16,
-    "0.17": _POSTPROCESS_0_16 + ("is_spec_decode",),
-    "0.18-0.19": _POSTPROCESS_0_16[:11] + ("padding_mask",) + _POSTPROCESS_0_16[11:]
-    + ("output_processor", "output_processor_context"),
-}
 
-
-class UnsupportedMegatronError(UserError):
-    """The installed megatron-core is not one CPLMGPTModel was written and tested against."""
-
-
-def check_megatron_postprocess(postprocess: Any = None) -> None:
-    """Raise unless GPTModel._postprocess (or `postprocess`) has a signature listed in POSTPROCESS_SIGNATURES."""
-    import megatron.core
-
-    postprocess = GPTModel._postprocess if postprocess is None else postprocess
-    params = tuple(inspect.signature(postprocess).parameters)[1:]
-    if params not in POSTPROCESS_SIGNATURES.values():
-        version = getattr(megatron.core, "__version__", "unknown")
-        raise UnsupportedMegatronError(
-            f"megatron-core {version} is not supported by CPLMGPTModel: the Copy-Paste head overrides "
-            f"GPTModel._postprocess, whose parameters here are ({', '.join(params)}) and match none of the "
-            f"supported releases ({SUPPORTED_MEGATRON_CORE}); install a supported megatron-core, e.g. "
-            "pip install 'megatron-core>=0.16.1,<0.20'"
-        )
+# megatron-core >= 0.18: GPTModel.forward takes a post-processing hook (the shim is for 0.16/0.17)
+USES_OUTPUT_PROCESSOR = "output_processor" in inspect.signature(GPTModel.forward).parameters
 
 
 def _vocab_parallel_lse(logits: torch.Tensor) -> torch.Tensor:
@@ -80,14 +54,14 @@ def labels_from_inputs(input_ids: torch.Tensor) -> torch.Tensor:
 
 
 @dataclass(frozen=True)
-class _HeadRequest:
-    """What `forward` tells `_postprocess` beyond GPTModel's arguments (set for the duration of one call)."""
+class HeadRequest:
+    """What `forward` asks of the last stage beyond GPTModel's arguments (the output processor's context)."""
 
     document_ids: Optional[torch.Tensor]
     output: str
 
 
-class CPLMGPTModel(GPTModel):
+class CPLMGPTModel(*((GPTModel,) if USES_OUTPUT_PROCESSOR else (PostprocessShim, GPTModel))):
     """GPTModel + an optional Copy-Paste head on the last pipeline stage; the LM head's loss computed
     by Megatron (`lm_head_loss="megatron"`) or without a logits tensor ("chunked", "fused")."""
 
@@ -95,7 +69,8 @@ class CPLMGPTModel(GPTModel):
 
     def __init__(self, *args: Any, copy_head: Optional[CopyHeadConfig] = None, lm_head_loss: str = "megatron",
                  **kwargs: Any):
-        check_megatron_postprocess()
+        if not USES_OUTPUT_PROCESSOR:
+            check_megatron_postprocess()
         check_lm_head_loss(lm_head_loss)
         super().__init__(*args, **kwargs)
         self.lm_head_loss = lm_head_loss
@@ -108,7 +83,6 @@ class CPLMGPTModel(GPTModel):
             )
         else:
             self.copy_head = None
-        self._request = _HeadRequest(None, "loss")
 
     def forward(
         self,
@@ -127,11 +101,57 @@ class CPLMGPTModel(GPTModel):
         the last stage returns the mixture log-probs (candidates from `input_ids`)."""
         if output not in self.OUTPUTS:
             raise ValueError(f"output={output!r}; expected one of {self.OUTPUTS}")
-        self._request = _HeadRequest(document_ids, output)
-        try:
-            return super().forward(input_ids, position_ids, attention_mask, *args, **kwargs)
-        finally:
-            self._request = _HeadRequest(None, "loss")
+        request = HeadRequest(document_ids, output)
+        if not USES_OUTPUT_PROCESSOR:
+            return self.forward_through_shim(request, input_ids, position_ids, attention_mask, *args, **kwargs)
+        if kwargs.get("output_processor") is not None:
+            raise ValueError("CPLMGPTModel sets GPTModel's output_processor itself; pass output=... instead")
+        labels = kwargs["labels"] if "labels" in kwargs else (args[1] if len(args) > 1 else None)
+        if self.copy_head is None and output == "loss" and (labels is None or self.lm_head_loss == "megatron"):
+            return super().forward(input_ids, position_ids, attention_mask, *args, **kwargs)  # GPTModel's own path
+        return super().forward(input_ids, position_ids, attention_mask, *args, **kwargs,
+                               output_processor=self._output_processor, output_processor_context=request)
+
+    def _output_processor(self, *, hidden_states, labels, loss_mask, input_ids, inference_context,
+                          runtime_gather_output, context: HeadRequest, **_megatron_helpers):
+        """GPTModel's post-processing hook (megatron-core >= 0.18), on the last stage only."""
+        self.refuse_native_inference(inference_context)
+        return self.head_output(hidden_states, input_ids, labels, loss_mask, runtime_gather_output, context)
+
+    def refuse_native_inference(self, inference_context) -> None:
+        """Megatron-native inference would return the LM head's logits without the head: refused."""
+        if self.copy_head is not None and inference_context is not None:
+            raise NotImplementedError(
+                "Megatron-native inference (inference_context / output_processor) is not supported with the "
+                "Copy-Paste head: it would return the LM head's logits without the head. Score with labels "
+                "(output='log_probs_gathered'), call the model without labels (mixture log-probs), or export "
+                "with tools/convert_to_hf.py and generate with the HF model (it caches the copy keys)"
+            )
+
+    def head_output(self, hidden_states, input_ids, labels, loss_mask, runtime_gather_output,
+                    request: HeadRequest):
+        """The last stage's output for `request` from the decoder's hidden states (both hooks end here):
+        mixture log-probs, the LM head's own loss (copy_head=None, lm_head_loss chunked/fused), or the
+        copy mixture's per-token loss (and its CopyHeadOutput)."""
+        if labels is not None and request.output.startswith("log_probs"):
+            return self.mixture_log_probs(hidden_states, labels, loss_mask, request.document_ids,
+                                          gather=request.output == "log_probs_gathered")
+        if self.copy_head is None:
+            if labels is None:  # GPTModel's logits, as its own path returns them
+                gather = runtime_gather_output if runtime_gather_output is not None else not self.parallel_output
+                output_weight = self.shared_embedding_or_output_weight() if self.share_embeddings_and_output_weights \
+                    else None
+                logits, _ = self.output_layer(hidden_states, weight=output_weight, runtime_gather_output=gather)
+                return logits.transpose(0, 1).contiguous()
+            return self.language_model_ce(hidden_states, labels)
+        if labels is None:  # the mixture's log-probs where GPTModel returns logits
+            gather = runtime_gather_output if runtime_gather_output is not None else not self.parallel_output
+            return self.mixture_log_probs(hidden_states, labels_from_inputs(input_ids), loss_mask,
+                                          request.document_ids, gather)
+        lm_ce = self.language_model_ce(hidden_states, labels)
+        out: CopyHeadOutput = self.copy_head(self._full_sequence(hidden_states), lm_ce, labels, loss_mask,
+                                             request.document_ids)
+        return (out.loss, out) if request.output == "loss_and_copy" else out.loss
 
     def _full_sequence(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """[s(/tp), b, h] -> [b, s, h]; under sequence parallelism gather the sequence first.
@@ -144,42 +164,6 @@ class CPLMGPTModel(GPTModel):
                 hidden_states, tensor_parallel_output_grad=False
             )
         return hidden_states.transpose(0, 1)
-
-    def _postprocess(self, hidden_states, input_ids, position_ids, labels, *, loss_mask=None,
-                     inference_context=None, runtime_gather_output=None, **megatron_args):
-        """GPTModel's post-processing with the head on the last stage. Reads hidden_states, input_ids,
-        labels, loss_mask, inference_context, runtime_gather_output; the other arguments of the installed
-        release (POSTPROCESS_SIGNATURES) go to GPTModel._postprocess untouched when the head is not involved."""
-        plain = partial(super()._postprocess, hidden_states, input_ids, position_ids, labels, loss_mask=loss_mask,
-                        inference_context=inference_context, runtime_gather_output=runtime_gather_output,
-                        **megatron_args)
-        if not self.post_process:
-            return plain()
-        if self.copy_head is not None and (inference_context is not None
-                                           or megatron_args.get("output_processor") is not None):
-            raise NotImplementedError(
-                "Megatron-native inference (inference_context / output_processor) is not supported with the "
-                "Copy-Paste head: it would return the LM head's logits without the head. Score with labels "
-                "(output='log_probs_gathered'), call the model without labels (mixture log-probs), or export "
-                "with tools/convert_to_hf.py and generate with the HF model (it caches the copy keys)"
-            )
-        request = self._request
-        if labels is not None and request.output.startswith("log_probs"):
-            return self.mixture_log_probs(hidden_states, labels, loss_mask, request.document_ids,
-                                          gather=request.output == "log_probs_gathered")
-        if self.copy_head is None:
-            if labels is not None and self.lm_head_loss != "megatron" and inference_context is None \
-                    and megatron_args.get("output_processor") is None:
-                return self.language_model_ce(hidden_states, labels)
-            return plain()
-        if labels is None:  # the mixture's log-probs where GPTModel returns logits
-            gather = runtime_gather_output if runtime_gather_output is not None else not self.parallel_output
-            return self.mixture_log_probs(hidden_states, labels_from_inputs(input_ids), loss_mask,
-                                          request.document_ids, gather)
-        lm_ce = self.language_model_ce(hidden_states, labels)
-        out: CopyHeadOutput = self.copy_head(self._full_sequence(hidden_states), lm_ce, labels, loss_mask,
-                                             request.document_ids)
-        return (out.loss, out) if request.output == "loss_and_copy" else out.loss
 
     def language_model_ce(self, hidden_states: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """-log p_LM(y_t) [b, s] from the vocab-parallel output layer and cross entropy (as GPTModel's loss),

@@ -179,22 +179,48 @@ def test_installed_megatron_core_has_a_supported_postprocess_signature():
 
 
 def test_a_changed_postprocess_signature_stops_model_building_with_a_clear_error(monkeypatch):
+    """Where the shim is used (0.16/0.17), a release that renames _postprocess's arguments fails at build time."""
     from megatron.core.models.gpt import GPTModel
 
     from cplm_megatron.errors import UserError
-    from cplm_megatron.model.cplm_gpt import CPLMGPTModel, UnsupportedMegatronError
+    from cplm_megatron.model.cplm_gpt import (
+        USES_OUTPUT_PROCESSOR,
+        CPLMGPTModel,
+        UnsupportedMegatronError,
+        check_megatron_postprocess,
+    )
 
     def renamed(self, hidden_states, input_ids, position_ids, target_ids, rotary_pos_emb, rotary_pos_cos,
                 rotary_pos_sin, mtp_in_postprocess=None, loss_mask=None):
         raise AssertionError("never called")
 
-    monkeypatch.setattr(GPTModel, "_postprocess", renamed)
     with pytest.raises(UnsupportedMegatronError) as err:
-        CPLMGPTModel(config=None, transformer_layer_spec=None, vocab_size=8, max_sequence_length=8)
+        check_megatron_postprocess(renamed)
     message = str(err.value)
-    print(message)
     assert isinstance(err.value, UserError)
     assert "megatron-core" in message and "0.16.1 ... 0.19.x" in message and "target_ids" in message
+    if not USES_OUTPUT_PROCESSOR:
+        monkeypatch.setattr(GPTModel, "_postprocess", renamed)
+        with pytest.raises(UnsupportedMegatronError):
+            CPLMGPTModel(config=None, transformer_layer_spec=None, vocab_size=8, max_sequence_length=8)
+
+
+def test_the_head_uses_megatron_cores_public_hook_where_it_has_one():
+    """megatron-core >= 0.18: GPTModel.forward(output_processor=...) and no private method of GPTModel
+    overridden by a class of ours; 0.16/0.17: the _postprocess override lives in postprocess_shim.py only."""
+    import inspect
+
+    from megatron.core.models.gpt import GPTModel
+
+    from cplm_megatron.model.cplm_gpt import USES_OUTPUT_PROCESSOR, CPLMGPTModel
+
+    ours = [c for c in CPLMGPTModel.__mro__ if c.__module__.startswith("cplm_megatron")]
+    overriding = [f"{c.__module__}.{c.__name__}" for c in ours if "_postprocess" in vars(c)]
+    if "output_processor" in inspect.signature(GPTModel.forward).parameters:
+        assert USES_OUTPUT_PROCESSOR and overriding == []
+    else:
+        assert not USES_OUTPUT_PROCESSOR
+        assert overriding == ["cplm_megatron.model.postprocess_shim.PostprocessShim"]
 
 
 @pytest.mark.slow

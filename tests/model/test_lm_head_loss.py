@@ -35,6 +35,11 @@ def test_unknown_or_unavailable_lm_head_loss_is_a_config_error(monkeypatch):
         load_run_config(REPO_CONFIGS / "tiny.yaml", ["model.lm_head_loss=triton"])
     with pytest.raises(ConfigError, match="expected one of megatron, chunked, fused"):
         check_lm_head_loss("triton")
+    # triton decorates the kernels when their modules are first imported: import them while the interpreter is
+    # on, so unsetting the variable for the check below cannot leave later tests with CUDA-only kernels
+    import cplm_kernels.triton_ce  # noqa: F401
+    import cplm_kernels.triton_copy  # noqa: F401
+
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     if not cplm_kernels.fused_available():  # CPU without the interpreter: the Triton kernels cannot run
         with pytest.raises(ConfigError, match="use model.lm_head_loss=chunked on CPU"):
