@@ -172,14 +172,19 @@ class JobResult:
 def _run_logged(cmd: list[str], log: Path, env: dict[str, str], warm: bool) -> int:
     """Run `cmd` (`python SCRIPT ...` or `python -m torch.distributed.run --nproc_per_node=N SCRIPT ...`) with
     its output in `log`: as warm processes (cplm_megatron/experiments/warm.py: no interpreter start-up, the
-    same script as `__main__`), or as the subprocess the command line names."""
+    same script as `__main__`), or as the subprocess the command line names (also when the project's code
+    changed since the warm processes' server imported it)."""
+    from cplm_megatron.experiments.warm import source_changed, start_script
+
     with open(log, "w") as f:
         f.write("$ " + " ".join(cmd) + "\n")
+        if warm and source_changed():  # the warm processes would run the code as it was when the tool started
+            f.write("[jobs] the project's code changed since this tool started: a fresh interpreter for this job\n")
+            warm = False
         f.flush()
         if not warm:
             return subprocess.run(cmd, check=False, stdout=f, stderr=subprocess.STDOUT, env=env,
                                   cwd=REPO_ROOT).returncode
-    from cplm_megatron.experiments.warm import start_script
 
     at = next(i for i, arg in enumerate(cmd) if arg.endswith(".py"))
     nproc = next((int(a.split("=", 1)[1]) for a in cmd[:at] if a.startswith("--nproc_per_node=")), 1)

@@ -37,11 +37,31 @@ PRELOAD = (
 )
 
 
+_SERVER_STARTED: list = []  # when this process's forkserver was first asked for (the code it preloaded)
+
+
 def warm_context():
     """The forkserver context; its server starts on first use (one per process) and imports PRELOAD."""
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(list(PRELOAD))  # no effect once the server runs
+    if not _SERVER_STARTED:
+        _SERVER_STARTED.append(time.time())
     return ctx
+
+
+def _source_files() -> list:
+    import cplm_kernels
+
+    roots = (Path(__file__).resolve().parents[1], Path(cplm_kernels.__file__).resolve().parent)
+    return [f for root in roots for f in root.rglob("*.py")]
+
+
+def source_changed() -> bool:
+    """Whether the project's code changed since the forkserver preloaded it: its children would mix the
+    preloaded modules with newer files, so such a job must start in a fresh interpreter instead."""
+    if not _SERVER_STARTED:
+        return False
+    return any(f.stat().st_mtime > _SERVER_STARTED[0] for f in _source_files())
 
 
 def become(env: Dict[str, str]) -> None:

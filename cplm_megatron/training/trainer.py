@@ -15,6 +15,7 @@ import torch
 
 from cplm_megatron.model.accounting import CopyHeadShape, train_flops_per_token
 from cplm_megatron.training.checkpointing import Checkpointer, TrainState
+from cplm_megatron.training.loop import Cadence, NonFiniteGuard, NonFiniteLossError, StopPolicy  # noqa: F401
 from cplm_megatron.training.metrics_log import MetricsLogger, format_line, rank0_print
 from cplm_megatron.training.preflight import checkpoint_size
 from cplm_megatron.training.resume import StartPlan, apply_plan, plan_start
@@ -22,10 +23,6 @@ from cplm_megatron.training.run_config import RunConfig, dump_run_config
 from cplm_megatron.training.signals import RESUME_EXIT_CODE, StopSignal
 from cplm_megatron.training.step import eval_step, setup_model_config, take, train_step
 from cplm_megatron.training.throughput import SpeedMonitor, default_peak_tflops
-
-
-class NonFiniteLossError(RuntimeError):
-    """Too many consecutive non-finite losses."""
 
 
 def copy_shape(cfg: RunConfig) -> Optional[CopyHeadShape]:
@@ -175,8 +172,9 @@ class Trainer:
         """Train to the end (0), or stop early with a checkpoint (RESUME_EXIT_CODE)."""
         cfg, t = self.cfg, self.cfg.train
         stop = self.stop
-        nonfinite_in_a_row = 0
-        launch_start = self.state.iteration
+        guard = NonFiniteGuard(t.max_nonfinite_steps)
+        log_due, eval_due = Cadence(t.log_interval, also_at=self.total_iters), Cadence(t.eval_interval)
+        policy = StopPolicy(cfg.checkpoint.interval, t.exit_after_iters, launch_start=self.state.iteration)
         self.speed.start()
         try:
             while self.state.iteration < self.total_iters:
@@ -186,34 +184,22 @@ class Trainer:
                 self.speed.step()
                 self.state.iteration += 1
                 self.state.consumed_tokens += t.global_batch * t.seq_len
-                if result.skipped:
-                    self.state.skipped_steps += 1
-                    nonfinite_in_a_row += 1
-                    rank0_print(f"[train] iteration {self.state.iteration}: non-finite loss "
-                                f"({result.metrics['loss']}), step skipped ({nonfinite_in_a_row} in a row)")
-                    if nonfinite_in_a_row >= t.max_nonfinite_steps:
-                        raise NonFiniteLossError(
-                            f"loss was non-finite for {nonfinite_in_a_row} consecutive steps (last at iteration "
-                            f"{self.state.iteration}); lower optimizer.lr, check the data, or raise "
-                            f"train.max_nonfinite_steps. Checkpoints on disk are from before the failure."
-                        )
-                else:
-                    nonfinite_in_a_row = 0
                 it = self.state.iteration
-                if it % t.log_interval == 0 or it == self.total_iters:
+                self.state.skipped_steps += int(result.skipped)
+                note = guard.observe(it, result.skipped, result.metrics["loss"])
+                if note:
+                    rank0_print(note)
+                if log_due.due(it):
                     self._log(result)
-                if t.eval_interval and self.val_data is not None and it % t.eval_interval == 0:
+                if self.val_data is not None and eval_due.due(it):
                     val = self.evaluate()
                     rank0_print(f"[eval] iter {it} | val loss {val['val_loss']:.4f} | ppl {val['val_ppl']:.2f}")
                     self.logger.log({"iteration": it, **val})
                 self.checkpointer.poll()
-                stop_now = stop.requested()
-                exit_now = t.exit_after_iters is not None and it - launch_start >= t.exit_after_iters
-                interval = cfg.checkpoint.interval
-                if (interval and it % interval == 0) or stop_now or exit_now:
+                reason = policy.stop_reason(it, stop.requested(), stop.received)
+                if policy.save_due(it, stopping=reason is not None):
                     self.save()
-                if stop_now or exit_now:
-                    reason = f"signal {stop.received}" if stop_now else "train.exit_after_iters"
+                if reason is not None:
                     rank0_print(f"[train] stopping at iteration {it} ({reason}); exit code {RESUME_EXIT_CODE} = resume me")
                     self._write_summary(stopped_early=True)  # a launch stopped early still reports its throughput
                     return RESUME_EXIT_CODE

@@ -152,3 +152,27 @@ def test_study_smoke_runs_arms_seeds_spamlang_and_reports(tmp_path: Path, stdlib
     before = {p: p.stat().st_mtime for p in (out / "runs").glob("*/eval.json")}
     assert load_tool("ablate").main(args) == 0
     assert {p: p.stat().st_mtime for p in (out / "runs").glob("*/eval.json")} == before  # nothing re-run
+
+
+def test_a_job_after_a_code_change_starts_in_a_fresh_interpreter(tmp_path: Path, monkeypatch):
+    """Warm jobs fork from a server that imported the project once; after an edit they would mix old modules
+    with new files, so the runner falls back to a fresh interpreter and says so in the job's log."""
+    import os
+    import time
+
+    from cplm_megatron.experiments import warm
+
+    source = tmp_path / "edited.py"
+    source.write_text("")
+    os.utime(source, (0, 0))  # as old as the checkout's files
+    monkeypatch.setattr(warm, "_source_files", lambda: [source])
+    warm.warm_context()
+    assert not warm.source_changed()
+    later = time.time() + 5
+    os.utime(source, (later, later))  # edited after the server preloaded the code
+    assert warm.source_changed()
+    spec = plan(Settings(experiments=("spamlang",), spamlang_vocabs=(4096,), spamlang_ties=(False,)), None)[0]
+    broken = dataclasses.replace(spec, overrides=(*spec.overrides, "model.nonsense=1"))
+    failed = run_job(broken, tmp_path, tp=1, threads=1, warm=True)
+    log = (tmp_path / "runs" / spec.name / "train.log").read_text()
+    assert "code changed since this tool started: a fresh interpreter" in log and "exit 2" in failed.error
