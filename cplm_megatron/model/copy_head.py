@@ -130,8 +130,11 @@ class CopyHeadOutput:
     has_match: torch.Tensor  # bool: some candidate proposes y_t
     log_p_copy: torch.Tensor  # log p_copy(y_t) (-inf without a match)
 
+    # what metrics() returns, in order (the step reduces them by these names, on every pipeline stage)
+    METRICS = ("lm_loss", "mix_loss", "gate_mean", "match_frac", "copy_prob")
+
     def metrics(self) -> Dict[str, torch.Tensor]:
-        """Detached per-token tensors the loss function reduces with the loss mask."""
+        """Detached per-token tensors the loss function reduces with the loss mask (names: METRICS)."""
         return {
             "lm_loss": self.lm_ce.detach(),
             "mix_loss": self.mix_nll.detach(),

@@ -66,6 +66,15 @@ class CPLMGPTModel(*((GPTModel,) if USES_OUTPUT_PROCESSOR else (PostprocessShim,
     by Megatron (`lm_head_loss="megatron"`) or without a logits tensor ("chunked", "fused")."""
 
     OUTPUTS = ("loss", "loss_and_copy", "log_probs", "log_probs_gathered")
+    # per-token quantities of every model: the objective, the LM head's NLL, the full distribution's NLL
+    BASE_METRICS = ("loss", "lm_loss", "mix_loss")
+
+    def metric_names(self) -> tuple:
+        """The per-token quantities a training step reduces for this model (the same on every pipeline stage):
+        BASE_METRICS, and the copy head's own (CopyHeadOutput.METRICS) when it has one."""
+        if self.copy_cfg is None:
+            return self.BASE_METRICS
+        return self.BASE_METRICS + tuple(k for k in CopyHeadOutput.METRICS if k not in self.BASE_METRICS)
 
     def __init__(self, *args: Any, copy_head: Optional[CopyHeadConfig] = None, lm_head_loss: str = "megatron",
                  **kwargs: Any):

@@ -19,9 +19,6 @@ import torch.distributed as dist
 from cplm_megatron.model.document_mask import document_ids_mask
 from cplm_megatron.parallel.context import split_batch
 
-# Per-token quantities reduced with the loss mask; `loss` first (the optimized objective).
-METRIC_KEYS = ("loss", "lm_loss", "mix_loss", "gate_mean", "match_frac", "copy_prob")
-
 
 def model_inputs(batch: Dict[str, torch.Tensor], device: torch.device, document_masking: bool) -> Dict:
     """Batch dict (tokens/labels/loss_mask/position_ids/document_ids) -> model call arguments.
@@ -48,21 +45,25 @@ def model_inputs(batch: Dict[str, torch.Tensor], device: torch.device, document_
     return dict(inputs, attention_mask=attention_mask)
 
 
-def loss_func(loss_mask: torch.Tensor, copy_out, output_tensor: torch.Tensor):
-    """Megatron loss_func: (sum of masked per-token loss, token count, metric sums for logging)."""
+def loss_func(loss_mask: torch.Tensor, names: tuple, copy_out, output_tensor: torch.Tensor):
+    """Megatron loss_func: (sum of masked per-token loss, token count, the masked sums of the model's
+    `names` for logging: the loss, then the copy head's per-token quantities, or for a baseline its loss as
+    the LM head's and the full distribution's NLL)."""
     mask = loss_mask.float().reshape(-1)
     losses = output_tensor.float().reshape(-1)
     loss_sum = torch.sum(losses * mask)
     num_tokens = mask.sum().to(torch.int)
-    sums = [loss_sum.detach()]
-    if copy_out is not None:
-        metrics = copy_out.metrics()
-        for key in METRIC_KEYS[1:]:
-            sums.append(torch.sum(metrics[key].float().reshape(-1) * mask))
-    else:  # baseline: the loss is the LM cross entropy; no copy quantities
-        sums += [loss_sum.detach(), loss_sum.detach()] + [torch.zeros(())] * (len(METRIC_KEYS) - 3)
+    per_token = copy_out.metrics() if copy_out is not None else {"lm_loss": losses, "mix_loss": losses}
+    sums = [loss_sum.detach()] + [torch.sum(per_token[k].float().reshape(-1) * mask).detach() for k in names[1:]]
     report = torch.stack([s.to(mask.device) for s in sums] + [mask.sum()])
     return loss_sum, num_tokens, {"sums": report}
+
+
+def metric_names(model) -> tuple:
+    """The per-token quantities `model` (a chunk, wrapped or not) reports (CPLMGPTModel.metric_names)."""
+    from megatron.core.utils import get_attr_wrapped_model
+
+    return get_attr_wrapped_model(model, "metric_names")()
 
 
 def forward_step(document_masking: bool, data_iterator, model):
@@ -75,14 +76,14 @@ def forward_step(document_masking: bool, data_iterator, model):
         loss, copy_out = out
     else:
         loss, copy_out = out, None
-    return loss, partial(loss_func, inputs["loss_mask"], copy_out)
+    return loss, partial(loss_func, inputs["loss_mask"], metric_names(model), copy_out)
 
 
-def _reduce_metrics(losses_reduced: List[Dict], device: torch.device) -> Dict[str, float]:
+def _reduce_metrics(losses_reduced: List[Dict], device: torch.device, names: tuple) -> Dict[str, float]:
     """Sum micro-batch reports, all-reduce over data parallel, share from the last stage with all ranks."""
     from megatron.core import parallel_state as ps
 
-    n = len(METRIC_KEYS) + 1
+    n = len(names) + 1
     total = torch.zeros(n, dtype=torch.float64, device=device)
     if ps.is_pipeline_last_stage(ignore_virtual=True):
         for item in losses_reduced:
@@ -95,7 +96,7 @@ def _reduce_metrics(losses_reduced: List[Dict], device: torch.device) -> Dict[st
         total.zero_()
     dist.all_reduce(total)  # exactly one contributor: last stage, tp 0, dp-cp 0
     tokens = float(total[-1])
-    out = {k: float(total[i]) / max(tokens, 1.0) for i, k in enumerate(METRIC_KEYS)}
+    out = {k: float(total[i]) / max(tokens, 1.0) for i, k in enumerate(names)}
     out["tokens"] = tokens
     return out
 
@@ -139,7 +140,7 @@ def train_step(
         forward_only=False,
     )
     device = next(chunks[0].parameters()).device
-    metrics = _reduce_metrics(losses, device)
+    metrics = _reduce_metrics(losses, device, metric_names(chunks[0]))
     lr = optimizer.param_groups[0]["lr"]
     if not math.isfinite(metrics["loss"]):
         optimizer.zero_grad()
@@ -177,7 +178,7 @@ def eval_step(
     finally:
         for chunk in chunks:
             chunk.train()
-    return _reduce_metrics(losses, next(chunks[0].parameters()).device)
+    return _reduce_metrics(losses, next(chunks[0].parameters()).device, metric_names(chunks[0]))
 
 
 def _iterators(batches: List[Dict[str, torch.Tensor]], n_chunks: int):

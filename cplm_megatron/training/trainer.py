@@ -261,9 +261,8 @@ class Trainer:
             "time": time.time(),
             **self.speed.metrics(self.state.iteration),
         }
-        if self.cfg.copy_head.enabled:
-            rec.update(gate_mean=m["gate_mean"], match_frac=m["match_frac"], copy_prob=m["copy_prob"],
-                       mix_loss=m["mix_loss"])
+        if self.cfg.copy_head.enabled:  # whatever else the model reports (CPLMGPTModel.metric_names)
+            rec.update({k: v for k, v in m.items() if k not in rec and k != "tokens"})
         if torch.cuda.is_available():
             rec["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
         if self.is_logger:
