@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from cplm_megatron.cli import quiet_known_warnings
+from cplm_megatron.cli import exit_2_on, quiet_known_warnings
 from cplm_megatron.evaluation.options import DEFAULT_LIMITS, EvalOptions
 from cplm_megatron.evaluation.runner import (
     evaluate,
@@ -86,24 +86,16 @@ def options_from_args(args: argparse.Namespace) -> EvalOptions:
     )
 
 
+@exit_2_on(ValueError, FileNotFoundError)
 def main(argv: list[str] | None = None) -> int:
     quiet_known_warnings()
     args = parse_args(argv)
-    try:
-        tasks = parse_tasks(args.tasks)
-        options = options_from_args(args)
-        options.validate()
-    except ValueError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    tasks = parse_tasks(args.tasks)
+    options = options_from_args(args)
+    options.validate()
     if args.all_checkpoints and not args.checkpoint:
-        print("error: --all-checkpoints needs --checkpoint RUN_DIR", file=sys.stderr)
-        return 2
-    try:
-        results = run(args, tasks, options)
-    except (ValueError, FileNotFoundError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+        raise ValueError("--all-checkpoints needs --checkpoint RUN_DIR")
+    results = run(args, tasks, options)
     output = Path(args.output)
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(results, indent=2) + "\n")

@@ -16,7 +16,7 @@ import logging
 import os
 import sys
 
-from cplm_megatron.cli import quiet_known_warnings
+from cplm_megatron.cli import exit_2_on, quiet_known_warnings
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -35,6 +35,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+@exit_2_on(ValueError, FileNotFoundError, FileExistsError)
 def main(argv: list[str] | None = None) -> int:
     """Convert; errors about the inputs print one line and exit with 2."""
     quiet_known_warnings()
@@ -44,12 +45,8 @@ def main(argv: list[str] | None = None) -> int:
 
     logging.basicConfig(level=logging.WARNING, format="[convert_from_hf] %(message)s")
     logging.getLogger("cplm_megatron").setLevel(logging.INFO)
-    try:
-        out = convert_from_hf(args.hf, args.output, copy_head=not args.no_copy_head, preset=args.preset,
-                              copy_heads=args.copy_heads, copy_head_dim=args.copy_head_dim, seed=args.seed)
-    except (ValueError, FileNotFoundError, FileExistsError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    out = convert_from_hf(args.hf, args.output, copy_head=not args.no_copy_head, preset=args.preset,
+                          copy_heads=args.copy_heads, copy_head_dim=args.copy_head_dim, seed=args.seed)
     print(f"[convert_from_hf] done: {out}")
     return 0
 

@@ -16,7 +16,7 @@ import argparse
 import logging
 import sys
 
-from cplm_megatron.cli import quiet_known_warnings
+from cplm_megatron.cli import exit_2_on, quiet_known_warnings
 from cplm_megatron.hf.convert import DTYPES, convert_to_hf
 
 
@@ -31,17 +31,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+@exit_2_on(ValueError, FileNotFoundError, FileExistsError)
 def main(argv: list[str] | None = None) -> int:
     """Convert; errors about the inputs print one line and exit with 2."""
     quiet_known_warnings()
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="[convert_to_hf] %(message)s")
     logging.getLogger("cplm_megatron").setLevel(logging.INFO)
-    try:
-        out = convert_to_hf(args.checkpoint, args.output, args.tokenizer, args.dtype)
-    except (ValueError, FileNotFoundError, FileExistsError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
+    out = convert_to_hf(args.checkpoint, args.output, args.tokenizer, args.dtype)
     print(f"[convert_to_hf] done: {out}")
     return 0
 

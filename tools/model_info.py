@@ -20,7 +20,8 @@ import re
 import sys
 from typing import Dict, List, Optional
 
-from cplm_megatron.cli import quiet_known_warnings
+from cplm_megatron.cli import exit_2_on, quiet_known_warnings
+from cplm_megatron.errors import ConfigError
 from cplm_megatron.model.accounting import (
     GIB,
     CopyHeadShape,
@@ -197,26 +198,22 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+@exit_2_on(ConfigError)
 def main(argv: Optional[List[str]] = None) -> int:
     quiet_known_warnings()
     args = parse_args(argv)
-    from cplm_megatron.errors import ConfigError
     from cplm_megatron.model.layout import validate_layout
     from cplm_megatron.parallel.distributed import ParallelConfig
 
-    try:
-        if args.plan and args.gpu_memory is None:
-            raise ConfigError("--plan needs --gpu-memory (e.g. --gpu-memory 80GB)")
-        if not 0.0 <= args.offload_fraction <= 1.0 or not 0.0 <= args.reserve < 1.0:
-            raise ConfigError("--offload-fraction must be in [0, 1] and --reserve in [0, 1)")
-        validate_layout(args.tp * args.pp * args.cp * args.dp,
-                        ParallelConfig(tp=args.tp, pp=args.pp, sp=args.sp, cp=args.cp), load_preset(args.preset))
-        if args.cp > 1 and args.seq_len % (2 * args.cp):
-            raise ConfigError(f"--seq-len {args.seq_len} is not divisible by 2 x --cp = {2 * args.cp}")
-        summary = report(args)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    if args.plan and args.gpu_memory is None:
+        raise ConfigError("--plan needs --gpu-memory (e.g. --gpu-memory 80GB)")
+    if not 0.0 <= args.offload_fraction <= 1.0 or not 0.0 <= args.reserve < 1.0:
+        raise ConfigError("--offload-fraction must be in [0, 1] and --reserve in [0, 1)")
+    validate_layout(args.tp * args.pp * args.cp * args.dp,
+                    ParallelConfig(tp=args.tp, pp=args.pp, sp=args.sp, cp=args.cp), load_preset(args.preset))
+    if args.cp > 1 and args.seq_len % (2 * args.cp):
+        raise ConfigError(f"--seq-len {args.seq_len} is not divisible by 2 x --cp = {2 * args.cp}")
+    summary = report(args)
     if args.json:
         print(json.dumps(summary, indent=2))
     else:

@@ -20,6 +20,7 @@ import json
 import os
 import sys
 
+from cplm_megatron.cli import exit_2_on
 from cplm_megatron.data.documents import DEFAULT_MAX_INVALID_FRACTION, SPLIT_MODES
 from cplm_megatron.data.prepare import prepare_dataset
 from cplm_megatron.data.shards import DEFAULT_SHARD_SIZE_LIMIT
@@ -45,18 +46,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+@exit_2_on(UserError)
 def main(argv: list[str] | None = None) -> int:
     """Prepare (or confirm up to date) and print the manifest summary as JSON."""
     args = parse_args(argv)
-    try:
-        result = prepare_dataset(
-            args.input, args.tokenizer, args.output, seq_len=args.seq_len, workers=args.workers,
-            split_by=args.split_by, text_field=args.text_field, shard_size_limit=args.shard_size,
-            show_progress=not args.quiet, max_invalid_fraction=args.max_invalid_utf8,
-        )
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    result = prepare_dataset(
+        args.input, args.tokenizer, args.output, seq_len=args.seq_len, workers=args.workers,
+        split_by=args.split_by, text_field=args.text_field, shard_size_limit=args.shard_size,
+        show_progress=not args.quiet, max_invalid_fraction=args.max_invalid_utf8,
+    )
     manifest = result.manifest
     if result.damage:
         print(f"[prepare_data] the existing dataset was damaged and has been rebuilt: {result.damage}",

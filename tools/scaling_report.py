@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from statistics import mean
 
+from cplm_megatron.cli import exit_2_on
+
 RECORD_NAME = "summary.json"
 
 
@@ -288,16 +290,13 @@ def write_report(roots: Sequence[Path], output: Path) -> Path:
     return report
 
 
+@exit_2_on(ReportError)
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("records", nargs="+", type=Path, help="directories searched (recursively) for summary.json")
     p.add_argument("--output", type=Path, required=True, help="directory for report.md and the PNG plots")
     args = p.parse_args(argv)
-    try:
-        report = write_report(args.records, args.output)
-    except ReportError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    report = write_report(args.records, args.output)
     print(f"[scaling_report] wrote {report} and plots in {args.output}")
     return 0
 

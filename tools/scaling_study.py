@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from itertools import product
 from pathlib import Path
 
+from cplm_megatron.cli import exit_2_on
+
 REPO = Path(__file__).resolve().parents[1]
 SIZES = ("135m", "360m", "1p7b", "7b", "13b")  # slurm/pretrain_<size>.sh
 DEFAULT_TASKS_PER_NODE = 8  # the scripts' --ntasks-per-node (one task per GPU)
@@ -186,56 +188,53 @@ def recipe_layout(size: str) -> SweepLayout:
     return SweepLayout(int(par.get("tp", 1)), int(par.get("pp", 1)), par.get("vpp"), bool(par.get("sp", False)))
 
 
+@exit_2_on(StudyError)
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
-        if any(n < 1 for n in args.nodes) or args.iters < 1:
-            raise StudyError(f"--nodes and --iters must be >= 1 (got nodes {args.nodes}, iters {args.iters})")
-        sizes = list(dict.fromkeys(args.sizes))
-        if args.layouts:
-            chosen = list(dict.fromkeys(SweepLayout.parse(t) for t in args.layouts))
-            layouts = {size: chosen for size in sizes}
-        else:
-            layouts = {size: [recipe_layout(size)] for size in sizes}
-        heads = [h == "on" for h in dict.fromkeys(args.copy_head)]
-        combos, skipped = plan(layouts, sorted(set(args.nodes)), heads, args.ntasks_per_node or DEFAULT_TASKS_PER_NODE)
-        for combo, why in skipped:
-            print(f"[scaling_study] skip {combo.name}: {why}")
-        output = args.output.resolve()
-        jobs: list[dict[str, object]] = []
-        previous = None
-        for combo in combos:
-            run_dir = output / "runs" / combo.name
-            if (run_dir / "summary.json").is_file():
-                print(f"[scaling_study] {combo.name}: record exists, not resubmitted")
-                continue
-            cmd = sbatch_command(combo, output, args, previous if args.chain else None)
-            if args.dry_run:
-                print(" ".join(cmd))
-                continue
-            (output / "logs").mkdir(parents=True, exist_ok=True)
-            previous = submit(cmd)
-            print(f"[scaling_study] submitted {combo.name}: job {previous}", flush=True)
-            jobs.append({"name": combo.name, "size": combo.size, "nodes": combo.nodes, "layout": combo.layout.name,
-                         "copy_head": combo.copy_head, "job_id": previous, "run_dir": str(run_dir),
-                         "log": str(output / "logs" / f"scal-{combo.name}-{previous}.out"), "command": cmd})
-            (output / "study.json").write_text(json.dumps(
-                {"created": datetime.datetime.now().isoformat(timespec="seconds"), "iters": args.iters,
-                 "jobs": jobs, "skipped": [{"name": c.name, "reason": why} for c, why in skipped]}, indent=2))
-        if args.dry_run or not jobs:
-            return 0
-        print(f"[scaling_study] {len(jobs)} jobs; report: .venv/bin/python tools/scaling_report.py "
-              f"{output / 'runs'} --output {output / 'report'}")
-        if not args.wait:
-            return 0
-        wait_for_jobs([str(j["job_id"]) for j in jobs], args.poll)
-        missing = [j for j in jobs if not (Path(str(j["run_dir"])) / "summary.json").is_file()]
-        for j in missing:
-            print(f"[scaling_study] {j['name']} (job {j['job_id']}) wrote no record; see {j['log']}", file=sys.stderr)
-        return 1 if missing else 0
-    except StudyError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    if any(n < 1 for n in args.nodes) or args.iters < 1:
+        raise StudyError(f"--nodes and --iters must be >= 1 (got nodes {args.nodes}, iters {args.iters})")
+    sizes = list(dict.fromkeys(args.sizes))
+    if args.layouts:
+        chosen = list(dict.fromkeys(SweepLayout.parse(t) for t in args.layouts))
+        layouts = {size: chosen for size in sizes}
+    else:
+        layouts = {size: [recipe_layout(size)] for size in sizes}
+    heads = [h == "on" for h in dict.fromkeys(args.copy_head)]
+    combos, skipped = plan(layouts, sorted(set(args.nodes)), heads, args.ntasks_per_node or DEFAULT_TASKS_PER_NODE)
+    for combo, why in skipped:
+        print(f"[scaling_study] skip {combo.name}: {why}")
+    output = args.output.resolve()
+    jobs: list[dict[str, object]] = []
+    previous = None
+    for combo in combos:
+        run_dir = output / "runs" / combo.name
+        if (run_dir / "summary.json").is_file():
+            print(f"[scaling_study] {combo.name}: record exists, not resubmitted")
+            continue
+        cmd = sbatch_command(combo, output, args, previous if args.chain else None)
+        if args.dry_run:
+            print(" ".join(cmd))
+            continue
+        (output / "logs").mkdir(parents=True, exist_ok=True)
+        previous = submit(cmd)
+        print(f"[scaling_study] submitted {combo.name}: job {previous}", flush=True)
+        jobs.append({"name": combo.name, "size": combo.size, "nodes": combo.nodes, "layout": combo.layout.name,
+                     "copy_head": combo.copy_head, "job_id": previous, "run_dir": str(run_dir),
+                     "log": str(output / "logs" / f"scal-{combo.name}-{previous}.out"), "command": cmd})
+        (output / "study.json").write_text(json.dumps(
+            {"created": datetime.datetime.now().isoformat(timespec="seconds"), "iters": args.iters,
+             "jobs": jobs, "skipped": [{"name": c.name, "reason": why} for c, why in skipped]}, indent=2))
+    if args.dry_run or not jobs:
+        return 0
+    print(f"[scaling_study] {len(jobs)} jobs; report: .venv/bin/python tools/scaling_report.py "
+          f"{output / 'runs'} --output {output / 'report'}")
+    if not args.wait:
+        return 0
+    wait_for_jobs([str(j["job_id"]) for j in jobs], args.poll)
+    missing = [j for j in jobs if not (Path(str(j["run_dir"])) / "summary.json").is_file()]
+    for j in missing:
+        print(f"[scaling_study] {j['name']} (job {j['job_id']}) wrote no record; see {j['log']}", file=sys.stderr)
+    return 1 if missing else 0
 
 
 if __name__ == "__main__":

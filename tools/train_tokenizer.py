@@ -15,6 +15,7 @@ import argparse
 import json
 import sys
 
+from cplm_megatron.cli import exit_2_on
 from cplm_megatron.data.documents import DEFAULT_MAX_INVALID_FRACTION, SPLIT_MODES
 from cplm_megatron.data.tokenizer import DEFAULT_EOD_TOKEN
 from cplm_megatron.data.tokenizer_training import train_tokenizer_from_files
@@ -38,18 +39,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+@exit_2_on(UserError)
 def main(argv: list[str] | None = None) -> int:
     """Train (or confirm up to date) and print a JSON summary."""
     args = parse_args(argv)
-    try:
-        result = train_tokenizer_from_files(
-            args.input, args.vocab_size, args.output, eod_token=args.eod_token, split_by=args.split_by,
-            text_field=args.text_field, min_frequency=args.min_frequency, show_progress=not args.quiet,
-            max_invalid_fraction=args.max_invalid_utf8,
-        )
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    result = train_tokenizer_from_files(
+        args.input, args.vocab_size, args.output, eod_token=args.eod_token, split_by=args.split_by,
+        text_field=args.text_field, min_frequency=args.min_frequency, show_progress=not args.quiet,
+        max_invalid_fraction=args.max_invalid_utf8,
+    )
     status = "trained" if result.rebuilt else "up to date"
     print(json.dumps({"status": status, "output": str(result.output), **result.info.to_dict()}, indent=2))
     return 0
