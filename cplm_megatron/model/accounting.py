@@ -145,6 +145,11 @@ def activation_bytes_per_layer_token(m: ModelConfig, tp: int, sp: bool, recomput
     return per
 
 
+# cplm_kernels.linear_ce.GPU_CHUNKS (tokens, vocab), without importing the kernels (and torch): the GPU check's
+# summary step estimates memory torch-free; tests/model/test_accounting.py checks they agree
+GPU_CE_TILE = (4096, 4096)
+
+
 def lm_head_loss_bytes(m: ModelConfig, tokens: int, tp: int, lm_head_loss: str = "megatron",
                        param_bytes: int = 2, tile: Optional["CEChunks"] = None) -> Dict[str, float]:
     """Memory of the LM head's loss for one micro-batch of ``tokens`` on one GPU of the last stage:
@@ -161,9 +166,8 @@ def lm_head_loss_bytes(m: ModelConfig, tokens: int, tp: int, lm_head_loss: str =
     logits = tokens * m.padded_vocab_size / tp
     if lm_head_loss == "megatron":  # + a target mask (bool) and masked targets (int64) per token
         return {"held": 4 * logits + 9 * tokens, "peak": (4 + (param_bytes if param_bytes < 4 else 0)) * logits}
-    if tile is None:  # the GPU default tile
-        from cplm_kernels.linear_ce import GPU_CHUNKS as tile
-    rows, cols = min(tokens, tile.tokens), min(m.padded_vocab_size / tp, tile.vocab)
+    tile_tokens, tile_vocab = GPU_CE_TILE if tile is None else (tile.tokens, tile.vocab)
+    rows, cols = min(tokens, tile_tokens), min(m.padded_vocab_size / tp, tile_vocab)
     per_tile = param_bytes + (4 if lm_head_loss == "chunked" and param_bytes < 4 else 0)
     accumulators = 4 * m.hidden_size * (tokens + cols) if param_bytes < 4 else 0
     scaled_rows = param_bytes * rows * m.hidden_size  # a tile's hidden rows times the upstream gradient

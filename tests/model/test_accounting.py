@@ -168,3 +168,19 @@ def test_context_parallel_divides_activations_and_adds_the_gathered_keys():
     assert {r["cp"] for r in rows} == {1, 2, 4, 8}
     assert all(r["tp"] * r["pp"] * r["cp"] * r["dp"] == 8 for r in rows)
     assert not any(r["cp"] > 1 for r in plan_layouts(m, c, 8, seq, 1, 67.0, attention="megatron"))
+
+
+def test_the_planners_gpu_tile_is_the_kernels_and_the_estimate_imports_no_torch():
+    """The GPU check's summary step estimates a chunked-loss run's memory without torch (it runs from an EXIT
+    trap with seconds to spare): the planner's copy of the GPU tile must be the kernels' own."""
+    import subprocess
+    import sys
+
+    from cplm_kernels.linear_ce import GPU_CHUNKS
+    from cplm_megatron.model.accounting import GPU_CE_TILE
+
+    assert GPU_CE_TILE == (GPU_CHUNKS.tokens, GPU_CHUNKS.vocab)
+    code = ("import sys; from cplm_megatron.model.accounting import memory_estimate; "
+            "from cplm_megatron.model.config import load_preset; "
+            "memory_estimate(load_preset('smollm2-135m'), lm_head_loss='chunked'); print('torch' in sys.modules)")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
