@@ -140,10 +140,12 @@ def write_study_report(output: Path, summary: dict[str, Any], spamlang: list[dic
     output = Path(output)
     plots = [_plot_curves(output, summary), _plot_final(output, summary), _plot_passkey(output, summary)]
     decision = summary["decision"]
+    where = summary.get("where", "CPU")
+    ran = (f"wall time {summary.get('wall_seconds', 0) / 60:.0f} min on 2 CPU cores (2 single-threaded runs at a "
+           f"time)" if where == "CPU" else f"{where}, ~{summary.get('gpu_hours_estimated', 0):.0f} GPU-hours planned")
     lines = [
-        "# Recipe study: CPLM training objectives x seeds x scales (CPU)", "",
-        f"Command: `{summary.get('command', '')}`; wall time {summary.get('wall_seconds', 0) / 60:.0f} min "
-        f"on 2 CPU cores (2 single-threaded runs at a time).", "",
+        f"# Recipe study: CPLM training objectives x seeds x scales ({where})", "",
+        f"Command: `{summary.get('command', '')}`; {ran}.", "",
         "Every run of a seed and scale shares the backbone initialization and the data order; arms differ only in "
         "the copy head and its training objective. Val loss: `tools/evaluate.py --tasks val --val-all` on the last "
         "checkpoint, every sample of the clean validation split (generated and near-duplicate modules moved to "
@@ -167,17 +169,19 @@ def write_study_report(output: Path, summary: dict[str, Any], spamlang: list[dic
     if retired:
         lines += ["", "Arms no longer run (the previous study dominated them):", ""]
         lines += [f"- **{a.name}**: {a.retired}" for a in retired]
-    not_run = [SCALES[s] for s in SCALES if s not in summary["scales"]]
+    planned_scales = summary.get("planned_scales", list(SCALES))
+    not_run = [s for s in planned_scales if s not in summary["scales"]]
     if not_run:
         lines += ["", "**Scales not run:** " + "; ".join(
-            f"{s.name} (hidden {s.hidden}, {s.layers} layers, vocabulary {s.vocab}, {s.iters} steps)" for s in not_run)
+            f"{s} (hidden {SCALES[s].hidden}, {SCALES[s].layers} layers, vocabulary {SCALES[s].vocab}, "
+            f"{SCALES[s].iters} steps)" if s in SCALES else s for s in not_run)
             + ". The decision below rests on the scales that ran only."]
     lines += ["", "## Decision", "", f"Rule: {summary['rule']}", "",
               f"**Default: {decision['default']}** ({', '.join(f'`{o}`' for o in decision['overrides'])}). "
               f"{decision['reason']}.", ""]
     if decision.get("provisional"):
         lines += [f"**Provisional**: {decision['planned_runs_missing']} of the {decision['planned_runs']} runs of the "
-                  f"planned grid (every active arm x 3 seeds x 2 scales) are not in this summary.", ""]
+                  f"planned grid are not in this summary.", ""]
     lines += ["## Results", "", headline_table(summary), ""]
     for name, scale in summary["scales"].items():
         m, flat = scale["model"], scale["baseline_flattening"]

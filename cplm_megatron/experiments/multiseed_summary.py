@@ -64,7 +64,13 @@ def val_curve(run: RunResults) -> list[tuple[int, float, float]]:
     return [(it, *by_iteration[it]) for it in sorted(by_iteration)]
 
 
-def tokens_to_reach(curve: Sequence[tuple[int, float]], target: float) -> float | None:
+def tokens_per_step(run: RunResults) -> int:
+    """Training tokens per optimizer step of a run (the CPU study's fixed batch unless its labels say)."""
+    return int(run.spec.label.get("tokens_per_step", GLOBAL_BATCH * SEQ_LEN))
+
+
+def tokens_to_reach(curve: Sequence[tuple[int, float]], target: float, per_step: int = GLOBAL_BATCH * SEQ_LEN
+                    ) -> float | None:
     """Training tokens at which a (iteration, loss) curve first reaches `target` (None: never).
 
     Linear interpolation between evaluations; a curve already at or below the target at its first
@@ -73,10 +79,10 @@ def tokens_to_reach(curve: Sequence[tuple[int, float]], target: float) -> float 
     for iteration, loss in curve:
         if loss <= target:
             if previous is None or previous[1] == loss:
-                return float(iteration * GLOBAL_BATCH * SEQ_LEN)
+                return float(iteration * per_step)
             (it0, loss0) = previous
             fraction = (loss0 - target) / (loss0 - loss)
-            return float((it0 + fraction * (iteration - it0)) * GLOBAL_BATCH * SEQ_LEN)
+            return float((it0 + fraction * (iteration - it0)) * per_step)
         previous = (iteration, loss)
     return None
 
@@ -86,7 +92,10 @@ def _task_metric(run: RunResults, task: str, metric: str) -> float | None:
 
 
 def train_flops_per_token(run: RunResults) -> float | None:
-    """Training FLOPs per token of a run's model (backbone, LM head and, for CPLM, the Copy-Paste head)."""
+    """Training FLOPs per token of a run's model (backbone, LM head and, for CPLM, the Copy-Paste head): its
+    label where the run records it (cluster runs), else from the CPU study's recipe and the run's overrides."""
+    if run.spec.label.get("train_flops_per_token") is not None:
+        return float(run.spec.label["train_flops_per_token"])
     from cplm_megatron.experiments.ablation import RECIPE
     from cplm_megatron.model.accounting import CopyHeadShape
     from cplm_megatron.model.accounting import train_flops_per_token as flops
@@ -124,8 +133,9 @@ def run_figures(run: RunResults, baseline: RunResults) -> dict[str, Any]:
     if curve[-1][0] != label["iters"]:
         raise ValueError(f"run {run.spec.name}: the last validation is at iteration {curve[-1][0]}, not at the "
                          f"end ({label['iters']}); the run did not finish")
-    base_tokens = base_curve[-1][0] * GLOBAL_BATCH * SEQ_LEN
-    reached = tokens_to_reach([(it, v) for it, v, _ in curve], base_curve[-1][1])
+    per_step = tokens_per_step(run)
+    base_tokens = base_curve[-1][0] * per_step
+    reached = tokens_to_reach([(it, v) for it, v, _ in curve], base_curve[-1][1], per_step)
     flops, base_flops = train_flops_per_token(run), train_flops_per_token(baseline)
     val = run.final["tasks"].get("val", {})
     full = val.get("metrics")  # every validation sample, with the document interval
@@ -158,7 +168,7 @@ def run_figures(run: RunResults, baseline: RunResults) -> dict[str, Any]:
         "copy_grad_share": _task_metric(run, "gradient", "copy_grad_share"),
         "copy_grad_projection": _task_metric(run, "gradient", "copy_grad_projection"),
         "copy_lm_grad_cosine": _task_metric(run, "gradient", "copy_lm_grad_cosine"),
-        "val_curve": [{"iteration": it, "tokens": it * GLOBAL_BATCH * SEQ_LEN, "val_loss": v, "lm_val_loss": lm}
+        "val_curve": [{"iteration": it, "tokens": it * per_step, "val_loss": v, "lm_val_loss": lm}
                       for it, v, lm in curve],
     }
 
@@ -289,8 +299,9 @@ def _separated(paired: dict[str, Any]) -> bool:
     return paired["ci_low"] is not None and paired["ci_low"] > 0
 
 
-def summarize(runs: Sequence[RunResults]) -> dict[str, Any]:
-    """The study's summary.json body (without command/wall time): per scale, per arm, and the decision."""
+def summarize(runs: Sequence[RunResults], planned: Sequence[tuple[str, str, int]] | None = None) -> dict[str, Any]:
+    """The study's summary.json body (without command/wall time): per scale, per arm, and the decision;
+    provisional while a `planned` (scale, arm, seed) is missing (default: the CPU study's grid)."""
     by_key = {(r.spec.label["scale"], r.spec.label["arm"], r.spec.label["seed"]): r for r in runs}
     scales: dict[str, dict[str, Any]] = {}
     all_figures: dict[str, dict[str, dict[int, dict[str, Any]]]] = {}
@@ -315,7 +326,7 @@ def summarize(runs: Sequence[RunResults]) -> dict[str, Any]:
                          if cache else {}),
             "baseline_copy_accuracy": mean_std([figures["baseline"][s]["copy_accuracy"] for s in seeds]),
             "model": {k: sample[k] for k in ("hidden", "layers", "vocab", "iters")},
-            "tokens": sample["iters"] * GLOBAL_BATCH * SEQ_LEN,
+            "tokens": sample["iters"] * int(sample.get("tokens_per_step", GLOBAL_BATCH * SEQ_LEN)),
             "seeds": seeds,
             "baseline_flattening": flattening([figures["baseline"][s]["val_curve"] for s in seeds]),
             "arms": {a: {"description": ARMS[a].description, "overrides": list(ARMS[a].overrides),
@@ -326,11 +337,13 @@ def summarize(runs: Sequence[RunResults]) -> dict[str, Any]:
     from cplm_megatron.experiments.multiseed import StudySettings
 
     present = set(by_key)
-    missing = [f"{sc}-{a}-s{s}" for sc, a, s in StudySettings().planned() if (sc, a, s) not in present]
+    planned = list(planned) if planned is not None else StudySettings().planned()
+    missing = [f"{sc}-{a}-s{s}" for sc, a, s in planned if (sc, a, s) not in present]
     return {"rule": DECISION_RULE, "scales": scales, "largest_scale": largest,
             "decision": {"default": decision.default, "overrides": list(ARMS[decision.default].overrides),
                          "qualified": decision.qualified, "reason": decision.reason,
                          "established": decision.established, "ranking": decision.ranking,
                          "previous_default": PREVIOUS_DEFAULT,
                          "provisional": bool(missing), "planned_runs_missing": len(missing),
-                         "planned_runs": len(StudySettings().planned())}}
+                         "planned_runs": len(planned)},
+            "planned_scales": list(dict.fromkeys(sc for sc, _, _ in planned))}

@@ -1,0 +1,231 @@
+"""The recipe study on a SLURM cluster: one command submits every run, one aggregates them when done.
+
+    .venv/bin/python tools/study_cluster.py submit --output runs/study --scales 135m,360m --data /data/corpus
+    .venv/bin/python tools/study_cluster.py collect --output runs/study
+
+Every (scale, arm, seed) of the study (multiseed.py's arms and seeds) is two jobs: training through
+`slurm/pretrain_<scale>.sh` (its recipe and #SBATCH directives; slurm/launch.sh requeues it on exit 75, so a
+preempted or timed-out run resumes from its checkpoint under the same job id), then its evaluation
+(`tools/evaluate.py`, the CPU study's tasks) as a job that starts after the training job succeeded
+(`--dependency=afterok`). `--data` is a prepared corpus with `train/`, `dev/` and `val/` splits (tools/prepare_data.py)
+tokenized for the recipe's vocabulary. Runs whose evaluation exists are not submitted again; a run whose
+training finished resumes at its last iteration and only evaluates. OUTPUT/study.json lists the runs and job ids;
+`collect` applies the CPU study's aggregation and decision rule to the finished runs (summary.json, report.md,
+plots), provisional until every planned run is in.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+import sys
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from cplm_megatron.experiments.ablation import RunSpec, load_run
+from cplm_megatron.experiments.multiseed import ACTIVE_ARMS, ARMS
+
+REPO = Path(__file__).resolve().parents[2]
+EVALUATE = REPO / "tools" / "evaluate.py"
+SCALES = ("135m", "360m", "1p7b")  # slurm/pretrain_<scale>.sh
+# GPU-hours are estimated from the training FLOPs (model/accounting.py) at this fraction of an H100's dense
+# bf16 peak (989 TFLOP/s): what a well-tuned Megatron run reaches on a 135M-1.7B model, not a measurement.
+ASSUMED_MFU = 0.35
+H100_BF16_PEAK = 989e12
+
+
+class ClusterStudyError(ValueError):
+    """A study that cannot be submitted or collected as asked."""
+
+
+@dataclass
+class ClusterStudySettings:
+    """What `submit` plans: arms x seeds x scales of the recipe study, at cluster sizes."""
+
+    scales: tuple[str, ...] = ("135m", "360m")
+    arms: tuple[str, ...] = ACTIVE_ARMS
+    seeds: tuple[int, ...] = (1, 2, 3)
+    data: str = ""
+    iters: int = 5000
+    eval_interval: int = 250
+    checkpoint_interval: int = 1000
+    eval_limit: int = 64  # tools/evaluate.py --limit (sequences per task; val scores every sample)
+    passkey_lengths: tuple[int, ...] = (512, 2048, 4096, 8192)
+    time: str = "12:00:00"
+    sbatch_args: tuple[str, ...] = ()  # every job (e.g. --partition=h100, --account=...)
+    eval_sbatch_args: tuple[str, ...] = ("--gpus=1",)  # the evaluation jobs (one process)
+    sets: tuple[str, ...] = ()  # training overrides applied after the study's
+
+    def validate(self) -> None:
+        unknown = [a for a in self.arms if a not in ARMS] + [s for s in self.scales if s not in SCALES]
+        if unknown:
+            raise ClusterStudyError(f"unknown arm(s)/scale(s) {unknown}; arms: {', '.join(ARMS)}; scales: "
+                                    f"{', '.join(SCALES)}")
+        if "baseline" not in self.arms or len(self.arms) < 2:
+            raise ClusterStudyError("the study compares CPLM arms with the baseline: --arms must hold baseline and "
+                                    ">= 1 other")
+        if len(set(self.seeds)) < 2:
+            raise ClusterStudyError(f"a spread needs >= 2 distinct seeds, got {list(self.seeds)}")
+        missing = [s for s in ("train", "dev", "val") if not (Path(self.data) / s / "manifest.json").is_file()]
+        if missing:
+            raise ClusterStudyError(f"--data {self.data} has no prepared {', '.join(missing)} split(s) (manifest.json); "
+                                    "prepare them with tools/prepare_data.py")
+        if self.iters < 1 or self.eval_interval < 1 or self.iters % self.eval_interval:
+            raise ClusterStudyError(f"--iters {self.iters} must be a positive multiple of --eval-interval "
+                                    f"{self.eval_interval} (the last step must be evaluated)")
+
+
+@dataclass
+class ClusterRun:
+    """One run of the study: its training job's script and arguments, its evaluation's arguments."""
+
+    name: str
+    scale: str
+    arm: str
+    seed: int
+    run_dir: str
+    script: str
+    train_args: list[str]
+    eval_args: list[str]
+    labels: dict[str, Any]
+    gpu_hours: float
+    jobs: dict[str, str] = field(default_factory=dict)
+
+    def spec(self) -> RunSpec:
+        """The RunSpec the study's aggregation reads (labels: arm, scale, seed, model size, iterations)."""
+        return RunSpec(self.name, f"{self.scale}-s{self.seed}", "study", ARMS[self.arm].copy_head, (), tuple(self.eval_args),
+                       tuple(sorted(self.labels.items())), every_checkpoint=False)
+
+
+def recipe_of(script: Path) -> Path:
+    """The recipe a slurm/pretrain_<size>.sh script trains (its `recipe=` line)."""
+    found = re.search(r"^recipe=(\S+)", script.read_text(), re.MULTILINE)
+    if not found:
+        raise ClusterStudyError(f"{script} has no 'recipe=' line")
+    return REPO / found.group(1).strip("\"'")
+
+
+def plan(settings: ClusterStudySettings, output: Path) -> list[ClusterRun]:
+    """Every run, scale by scale and seed by seed; each run's config is resolved (and checked) here."""
+    from cplm_megatron.model.accounting import CopyHeadShape, train_flops_per_token
+    from cplm_megatron.training.run_config import load_run_config
+
+    settings.validate()
+    data = Path(settings.data).resolve()
+    runs = []
+    for scale in settings.scales:
+        script = REPO / "slurm" / f"pretrain_{scale}.sh"
+        recipe = recipe_of(script)
+        for seed in settings.seeds:
+            for arm_name in settings.arms:
+                arm = ARMS[arm_name]
+                name = f"{scale}-{arm_name}-s{seed}"
+                run_dir = output / "runs" / name
+                sets = [f"run.dir={run_dir}", f"copy_head.enabled={str(arm.copy_head).lower()}", f"run.seed={seed}",
+                        f"data.seed={seed}", f"data.streams=[{data / 'train'}]", f"data.val_streams=[{data / 'val'}]",
+                        "train.tokens=null", f"train.iters={settings.iters}",
+                        f"train.eval_interval={settings.eval_interval}", f"train.log_interval={settings.eval_interval}",
+                        f"checkpoint.interval={settings.checkpoint_interval}", *arm.overrides, *settings.sets]
+                cfg = load_run_config(str(recipe), sets)
+                tokens = settings.iters * cfg.train.global_batch * cfg.train.seq_len
+                per_token = train_flops_per_token(cfg.model, cfg.train.seq_len, CopyHeadShape.of(cfg.copy_head),
+                                                  cfg.recompute.granularity)
+                tasks = "val,copy,passkey,gradient" + (",cache" if not arm.copy_head else "")
+                eval_args = ["--checkpoint", str(run_dir), "--output", str(run_dir / "eval.json"), "--no-progress",
+                             "--tasks", tasks, "--limit", str(settings.eval_limit), "--gradient-source", "val",
+                             "--data", str(data / "val"), "--dev-data", str(data / "dev"), "--val-all",
+                             "--passkey-lengths", ",".join(map(str, settings.passkey_lengths))]
+                labels = {"arm": arm_name, "scale": scale, "seed": seed, "hidden": cfg.model.hidden_size,
+                          "layers": cfg.model.num_layers, "vocab": cfg.model.vocab_size, "iters": settings.iters,
+                          "copy_head": arm.copy_head, "tokens_per_step": cfg.train.global_batch * cfg.train.seq_len,
+                          "train_flops_per_token": per_token}
+                runs.append(ClusterRun(name, scale, arm_name, seed, str(run_dir), str(script), ["--set", *sets],
+                                       eval_args, labels, per_token * tokens / (H100_BF16_PEAK * ASSUMED_MFU) / 3600))
+    return runs
+
+
+def _sbatch(cmd: Sequence[str]) -> str:
+    result = subprocess.run(list(cmd), cwd=REPO, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise ClusterStudyError(f"sbatch failed ({result.returncode}): {result.stderr.strip()}\n  command: "
+                                f"{shlex.join(cmd)}")
+    return result.stdout.strip().split(";")[0]
+
+
+def job_commands(run: ClusterRun, settings: ClusterStudySettings, output: Path, train_job: str = "TRAIN_JOB_ID"
+                 ) -> tuple[list[str], list[str]]:
+    """The two sbatch command lines of a run: training, then its evaluation after the training job succeeded."""
+    logs = output / "logs"
+    train = ["sbatch", "--parsable", f"--job-name=study-{run.name}", f"--output={logs}/%x-%j.out",
+             f"--time={settings.time}", *settings.sbatch_args, run.script, *run.train_args]
+    evaluate = shlex.join([sys.executable, str(EVALUATE), *run.eval_args])
+    ev = ["sbatch", "--parsable", f"--job-name=study-eval-{run.name}", f"--output={logs}/%x-%j.out",
+          f"--dependency=afterok:{train_job}", "--nodes=1", "--ntasks=1", f"--time={settings.time}",
+          *settings.sbatch_args, *settings.eval_sbatch_args, f"--wrap=cd {shlex.quote(str(REPO))} && {evaluate}"]
+    return train, ev
+
+
+def submit(settings: ClusterStudySettings, output: Path, dry_run: bool = False,
+           log: Callable[[str], None] = print) -> list[ClusterRun]:
+    """Submit every run without an evaluation yet; writes OUTPUT/study.json (the runs and their job ids)."""
+    output = Path(output).resolve()
+    runs = plan(settings, output)
+    total = sum(r.gpu_hours for r in runs)
+    log(f"[study-cluster] {len(runs)} runs: arms {', '.join(settings.arms)} x seeds {list(settings.seeds)} x scales "
+        f"{', '.join(settings.scales)}; ~{total:.0f} GPU-hours of training (H100 bf16 at {ASSUMED_MFU:.0%} MFU)")
+    for run in runs:
+        if (Path(run.run_dir) / "eval.json").is_file():
+            log(f"[study-cluster] {run.name}: evaluated already, not submitted")
+            continue
+        train, ev = job_commands(run, settings, output)
+        if dry_run:
+            log(shlex.join(train))
+            log(shlex.join(ev))
+            continue
+        (output / "logs").mkdir(parents=True, exist_ok=True)
+        Path(run.run_dir).mkdir(parents=True, exist_ok=True)
+        (Path(run.run_dir) / "job.json").write_text(json.dumps({"train": [run.script, *run.train_args],
+                                                                "eval": [str(EVALUATE), *run.eval_args]}, indent=2))
+        run.jobs["train"] = _sbatch(train)
+        run.jobs["eval"] = _sbatch(job_commands(run, settings, output, run.jobs["train"])[1])
+        log(f"[study-cluster] {run.name}: training job {run.jobs['train']}, evaluation job {run.jobs['eval']} "
+            f"(~{run.gpu_hours:.1f} GPU-hours)")
+    if not dry_run:
+        previous = _read_study(output).get("runs", {}) if (output / "study.json").is_file() else {}
+        record = {"settings": asdict(settings), "runs": {**previous, **{r.name: asdict(r) for r in runs if r.jobs}}}
+        record["planned"] = [asdict(r) for r in runs]
+        (output / "study.json").write_text(json.dumps(record, indent=2) + "\n")
+    return runs
+
+
+def _read_study(output: Path) -> dict[str, Any]:
+    path = Path(output) / "study.json"
+    if not path.is_file():
+        raise ClusterStudyError(f"{path} is missing: submit the study first (tools/study_cluster.py submit)")
+    return json.loads(path.read_text())
+
+
+def collect(output: Path, command: str = "", log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Aggregate the evaluated runs of a submitted study: OUTPUT/summary.json, report.md and the plots."""
+    from cplm_megatron.experiments.multiseed_report import write_study_report
+    from cplm_megatron.experiments.multiseed_summary import summarize
+
+    output = Path(output).resolve()
+    study = _read_study(output)
+    planned = [ClusterRun(**r) for r in study["planned"]]
+    done = [r for r in planned if (Path(r.run_dir) / "eval.json").is_file()]
+    log(f"[study-cluster] {len(done)} of {len(planned)} planned runs evaluated")
+    if not done:
+        raise ClusterStudyError(f"no run of {output} has been evaluated yet (squeue shows the jobs; logs: "
+                                f"{output / 'logs'})")
+    summary = summarize([load_run(r.spec(), output) for r in done],
+                        planned=[(r.scale, r.arm, r.seed) for r in planned])
+    summary.update(command=command, where="a SLURM cluster", settings=study["settings"],
+                   gpu_hours_estimated=sum(r.gpu_hours for r in planned))
+    (output / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_study_report(output, summary)
+    log(f"[study-cluster] default: {summary['decision']['default']}"
+        f"{' (provisional)' if summary['decision']['provisional'] else ''}; report: {output / 'report.md'}")
+    return summary
