@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from cplm_megatron.model.config import load_preset
 from tests.slurm.jobs import JOB_TIMEOUT, REPO, job_env, tiny_cpu_settings
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
@@ -59,8 +60,9 @@ def test_the_study_submits_evaluates_and_collects_on_slurm(cluster, stdlib_corpu
     summary = json.loads((study / "summary.json").read_text())
     scale = summary["scales"]["135m"]
     assert scale["seeds"] == [1, 2] and list(scale["arms"]) == ["baseline", "mixture"]
-    assert scale["model"]["hidden"] == 64 and scale["tokens"] == ITERS * 4 * stdlib_corpus.train.seq_len
-    assert summary["decision"]["default"] == "mixture" or summary["decision"]["default"] == "baseline"
+    tiny = load_preset("tiny")  # the recipe at the test's tiny size (--set model.preset=tiny ...)
+    assert scale["model"]["hidden"] == tiny.hidden_size and scale["tokens"] == ITERS * 4 * stdlib_corpus.train.seq_len
+    assert summary["decision"]["default"] == "mixture"  # the only CPLM arm planned
     assert summary["decision"]["provisional"] is False and summary["planned_scales"] == ["135m"]
     assert scale["cache_control"]["mean_std"]["val_loss"]["n"] == 2  # the baselines' continuous-cache control
     report = (study / "report.md").read_text()
