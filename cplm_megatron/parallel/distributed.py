@@ -16,6 +16,7 @@ import socket
 import sys
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import List, Mapping, Optional
 
 import numpy as np
@@ -80,9 +81,31 @@ def master_port_for_job(job_id: str) -> int:
     return 15000 + int(digits) % 20000
 
 
+def _ephemeral_range() -> tuple:
+    """The kernel's range for outgoing connections' source ports (Linux; the usual default elsewhere)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port() -> int:
-    """An unused TCP port on 127.0.0.1."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    """An unused TCP port on 127.0.0.1, below the ephemeral range: a port the kernel hands out for outgoing
+    connections (what binding port 0 returns) can be taken by any process between this check and the bind
+    that follows it; a random port below the range can only collide with another caller of this function."""
+    low = 20000
+    high = max(low + 1000, _ephemeral_range()[0] - 1)
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randint(low, high)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # everything busy: any port the kernel gives
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
 

@@ -55,3 +55,22 @@ def test_layout_errors_name_the_values(world, kw, preset, overrides, message):
 
 def test_valid_layout_returns_dp():
     assert validate_layout(8, ParallelConfig(tp=2, pp=2), load_preset("tiny")) == 2
+
+
+def test_free_ports_lie_below_the_ephemeral_range_and_do_not_follow_the_seed():
+    """A port from the ephemeral range can be taken by any process's outgoing connection between free_port()
+    and the bind after it (EADDRINUSE seen with a study running beside the suite); below it, only another caller
+    of free_port() could. Training seeds `random`: the ports must not repeat with the seed."""
+    import random
+    import socket
+
+    from cplm_megatron.parallel.distributed import _ephemeral_range, free_port
+
+    low, _ = _ephemeral_range()
+    ports = []
+    for _ in range(20):
+        random.seed(1234)
+        ports.append(free_port())
+    assert all(20000 <= p < low for p in ports) and len(set(ports)) > 10
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", ports[-1]))  # free when returned
