@@ -6,8 +6,9 @@ nproc, log, env)` runs `script` as `__main__` (what `python SCRIPT ARGV` does) i
 such a server, with torchrun's environment contract when `nproc` > 1 (RANK, LOCAL_RANK, WORLD_SIZE,
 MASTER_ADDR/PORT). Each is still a separate process -- its own parallel state, signal handlers, exit code --
 in its own process group (or the caller's: `new_session=False`), started in ~20 ms; atexit handlers and
-non-daemon threads run at its end as at an interpreter's. Unlike torchrun, a job's exit code is its first failing rank's own code (torchrun folds every
-non-zero code into 1), and the other ranks are killed when one fails. The children run the code the server
+non-daemon threads run at its end as at an interpreter's. Unlike torchrun, a job's exit code is its first
+failing rank's own code (torchrun folds every non-zero code into 1), and the other ranks are killed when one
+fails. The children run the code the server
 imported: `source_changed` tells a caller when the project's files are newer than that.
 """
 from __future__ import annotations
