@@ -30,6 +30,7 @@ from itertools import product
 from pathlib import Path
 
 from cplm_megatron.cli import exit_2_on
+from cplm_megatron.experiments.cluster_study import ClusterStudyError, recipe_of
 
 REPO = Path(__file__).resolve().parents[1]
 SIZES = ("135m", "360m", "1p7b", "7b", "13b")  # slurm/pretrain_<size>.sh
@@ -180,15 +181,11 @@ def recipe_layout(size: str) -> SweepLayout:
     """The parallel layout of the recipe slurm/pretrain_<size>.sh runs."""
     import yaml
 
-    script = REPO / "slurm" / f"pretrain_{size}.sh"
-    recipe = re.search(r"^recipe=(\S+)", script.read_text(), re.MULTILINE)
-    if not recipe:
-        raise StudyError(f"{script} has no 'recipe=' line")
-    par = (yaml.safe_load((REPO / recipe.group(1)).read_text()) or {}).get("parallel") or {}
+    par = (yaml.safe_load(recipe_of(REPO / "slurm" / f"pretrain_{size}.sh").read_text()) or {}).get("parallel") or {}
     return SweepLayout(int(par.get("tp", 1)), int(par.get("pp", 1)), par.get("vpp"), bool(par.get("sp", False)))
 
 
-@exit_2_on(StudyError)
+@exit_2_on(StudyError, ClusterStudyError)
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if any(n < 1 for n in args.nodes) or args.iters < 1:
