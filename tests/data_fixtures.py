@@ -44,14 +44,39 @@ def _streaming_segments() -> set[str]:
     return {p.name for p in SHM_DIR.iterdir() if _STREAMING_SHM.match(p.name)} if SHM_DIR.is_dir() else set()
 
 
+def _prefixes_opened_in(tmpdir: Path) -> set[str]:
+    """The shared-memory prefixes of the datasets whose processes had `tmpdir` as temp dir: streaming names its
+    filelocks there after the prefix (NNNNNN_barrier_filelock, NNNNNN_cache_filelock)."""
+    return {p.name[:6] for p in Path(tmpdir).glob("[0-9]" * 6 + "_*")} if Path(tmpdir).is_dir() else set()
+
+
+def _mapped_by_another_process(names: set[str]) -> set[str]:
+    """Those of `names` (in /dev/shm) that a live process other than this one has mapped: a live job's segments."""
+    mapped: set[str] = set()
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        if maps.parent.name == str(os.getpid()):
+            continue
+        try:
+            text = maps.read_text()
+        except OSError:  # the process ended, or is not ours to read
+            continue
+        mapped |= {name for name in names if f"/dev/shm/{name}" in text}
+    return mapped
+
+
 @contextmanager
-def streaming_segments_removed() -> Iterator[None]:
-    """Remove the /dev/shm segments streaming created inside the block (processes of a module fixture)."""
+def streaming_segments_removed(tmpdir: Path | str | None = None) -> Iterator[None]:
+    """Remove the /dev/shm segments this block's own datasets left: new ones whose prefix the block's processes
+    used (their TMPDIR, `tmpdir`, default the current temp dir) and that no other live process maps. Segments of
+    other jobs on the machine (a training run beside the suite) are never touched, even after a prefix is reused."""
+    tmpdir = Path(tmpdir or tempfile.gettempdir())
     before = _streaming_segments()
     try:
         yield
     finally:
-        for name in _streaming_segments() - before:
+        ours = _prefixes_opened_in(tmpdir)
+        new = {name for name in _streaming_segments() - before if name[:6] in ours}
+        for name in new - _mapped_by_another_process(new):
             (SHM_DIR / name).unlink(missing_ok=True)
 
 
@@ -61,7 +86,7 @@ def isolated_streaming(tmp_path_factory: pytest.TempPathFactory, monkeypatch: py
     tmp = tmp_path_factory.mktemp("streaming-tmp")
     monkeypatch.setenv("TMPDIR", str(tmp))
     monkeypatch.setattr(tempfile, "tempdir", str(tmp))
-    with streaming_segments_removed():
+    with streaming_segments_removed(tmp):
         yield tmp
 
 

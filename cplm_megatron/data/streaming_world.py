@@ -164,6 +164,31 @@ class DataParallelStreamingDataset(StreamingDataset):
         self.dp_rank = dp_rank
         self.dp_size = dp_size
 
+    def load_state_dict(self, obj: dict[str, Any]) -> None:
+        """Resume at `obj` (streaming's state dict). streaming keeps the position only in the shared-memory
+        segment /dev/shm/NNNNNN_resume until the first batch is drawn; anything that removes it in between
+        (`clean_stale_shared_memory()`, a cleaner script) would silently restart the epoch at sample 0. The
+        position is therefore also kept on this object (copied into DataLoader workers) and wins in `_resume`."""
+        super().load_state_dict(obj)
+        self._handed_resume = dict(obj)
+
+    def _resume(self, world: World, epoch: int) -> tuple[int, int]:
+        """streaming's `_resume`, with the position handed to `load_state_dict` instead of the one in
+        /dev/shm (which may be missing, or another job's after its prefix was reused)."""
+        found = super()._resume(world, epoch)
+        handed = getattr(self, "_handed_resume", None)
+        if handed is None:
+            return found
+        self.num_canonical_nodes = handed["num_canonical_nodes"]
+        self.shuffle_seed = handed["shuffle_seed"]
+        self.initial_physical_nodes = handed.get("initial_physical_nodes")
+        wanted = (epoch, 0) if handed["epoch"] < epoch else (handed["epoch"], handed["sample_in_epoch"])
+        if found != wanted and not world.worker_of_rank:
+            print(f"[data] streaming's shared-memory resume position ({self._shm_prefix_int:06}_resume in "
+                  f"/dev/shm) gave epoch {found[0]} sample {found[1]}: it was removed or overwritten by another "
+                  f"process; resuming at the checkpoint's epoch {wanted[0]} sample {wanted[1]}", flush=True)
+        return wanted
+
     def prepare_shard(self, shard_id: int, blocking: bool = True) -> None:
         """streaming's prepare_shard, except that a blocking wait gives up once the download thread has
         failed: streaming 0.13 waits forever on a shard whose download (or checksum) raised."""

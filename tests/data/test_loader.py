@@ -83,6 +83,25 @@ def test_resume_reproduces_the_remaining_sequence(datasets: dict[str, Path], num
         assert draw(resumed, 60 - stop) == uninterrupted[2 * stop :], f"resumed after {stop} micro-batches"
 
 
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_resume_survives_the_removal_of_streamings_shared_memory_position(
+        datasets: dict[str, Path], num_workers: int, capfd: pytest.CaptureFixture) -> None:
+    """streaming keeps a resume position only in /dev/shm/NNNNNN_resume until the first batch is drawn; a
+    process cleaning stale segments in between (streaming's FAQ: clean_stale_shared_memory()) once made the
+    loader restart the epoch at sample 0 without a word. The position handed to load_state_dict wins."""
+    cfg = cfg_for(datasets["main"], num_workers=num_workers)
+    uninterrupted = draw(build_train_loader(cfg, 0, 1), 30)
+    first = build_train_loader(cfg, 0, 1)
+    draw(first, 7)
+    resumed = build_train_loader(cfg, 0, 1)
+    resumed.load_state_dict(first.state_dict())
+    segment = Path("/dev/shm") / f"{resumed.dataset._shm_prefix_int:06}_resume"
+    assert segment.exists()
+    segment.unlink()  # what a cleaner does between the checkpoint's load and the first batch
+    assert draw(resumed, 23) == uninterrupted[14:]  # the rest of epoch 0, then epoch 1 as uninterrupted
+    assert "resuming at the checkpoint's epoch 0 sample 14" in capfd.readouterr().out
+
+
 def test_state_dict_is_plain_and_guards_misuse(datasets: dict[str, Path]) -> None:
     loader = build_train_loader(cfg_for(datasets["main"]), 0, 1)
     state = loader.state_dict()

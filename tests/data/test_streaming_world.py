@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -39,3 +41,30 @@ def test_env_is_set_inside_and_restored_after(monkeypatch: pytest.MonkeyPatch) -
     with streaming_world_env(NodeLayout(3, 8, 1, 4)):
         assert [os.environ[k] for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")] == ["3", "8", "1", "4"]
     assert os.environ["RANK"] == "5" and "LOCAL_RANK" not in os.environ
+
+
+def test_the_suites_cleanup_removes_only_its_own_segments(tmp_path) -> None:
+    """tests/data_fixtures.py removes the segments of its own block's datasets (their filelocks name the prefix in
+    the block's TMPDIR), never another job's on the machine, nor one a live process still maps."""
+    from tests.data_fixtures import SHM_DIR, streaming_segments_removed
+
+    (tmp_path / "999971_barrier_filelock").write_text("")
+    live = None
+    try:
+        with streaming_segments_removed(tmp_path):
+            for name in ("999971_locals", "999972_locals"):
+                (SHM_DIR / name).write_bytes(b"x")
+            live = subprocess.Popen([sys.executable, "-c", "import mmap, sys, time\n"
+                                     "f = open('/dev/shm/999971_barrier', 'w+b'); f.write(b'x' * 4096); f.flush()\n"
+                                     "m = mmap.mmap(f.fileno(), 4096); print('ready', flush=True); time.sleep(60)"],
+                                    stdout=subprocess.PIPE, text=True)
+            assert live.stdout.readline() == "ready\n"
+        assert not (SHM_DIR / "999971_locals").exists()  # ours, unmapped: removed
+        assert (SHM_DIR / "999972_locals").exists()  # another job's prefix: kept
+        assert (SHM_DIR / "999971_barrier").exists()  # mapped by a live process: kept
+    finally:
+        if live is not None:
+            live.kill()
+            live.wait()
+        for name in ("999971_locals", "999972_locals", "999971_barrier"):
+            (SHM_DIR / name).unlink(missing_ok=True)

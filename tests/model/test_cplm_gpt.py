@@ -112,7 +112,7 @@ def runs(short_documents, tmp_path_factory) -> dict:
            *[Call("sentinel_" + "".join(f"{k}{v}" for k, v in layout.items()), one_step,
                   (layout, str(root / "sentinel-init"), None, SENTINEL)) for layout in ({"tp": 2}, {"pp": 2})]]
     env = {"TMPDIR": str(tmp_path_factory.mktemp("streaming-tmp"))}  # the Trainer's streaming state
-    with streaming_segments_removed():
+    with streaming_segments_removed(env["TMPDIR"]):
         return {**run_cases(one, 1, env=env), **run_cases(two, 2, env=env)}
 
 
