@@ -205,7 +205,7 @@ class Trainer:
                     return RESUME_EXIT_CODE
             if self.saved_at != self.state.iteration:
                 self.save()
-            self._write_summary()
+            self._write_summary(trained=self.state.iteration > policy.launch_start)
             rank0_print(f"[train] done: {self.state.iteration} iterations, {self.state.consumed_tokens:,} tokens")
             return 0
         finally:
@@ -213,9 +213,10 @@ class Trainer:
             self.logger.close()
             stop.restore()
 
-    def _write_summary(self, stopped_early: bool = False) -> None:
+    def _write_summary(self, stopped_early: bool = False, trained: bool = True) -> None:
         """RUN_DIR/summary.json: one throughput record of this launch (scaling studies aggregate these); a launch
-        stopped early (exit 75) writes summary_stopped_early.json instead (its run is not finished)."""
+        stopped early (exit 75) writes summary_stopped_early.json instead (its run is not finished). A launch that
+        trained nothing (a relaunch of a finished run) keeps an existing record as it was."""
         import json
 
         import torch.distributed as dist
@@ -225,6 +226,10 @@ class Trainer:
             peak = peak.cuda()
         dist.all_reduce(peak, op=dist.ReduceOp.MAX)
         if not self.is_logger:
+            return
+        name = "summary_stopped_early.json" if stopped_early else "summary.json"
+        if not trained and (self.run_dir / name).exists():
+            print(f"[train] {self.run_dir / name} kept as it was: this launch trained no iteration", flush=True)
             return
         speed = self.speed.metrics(self.state.iteration)
         record = {
@@ -245,7 +250,6 @@ class Trainer:
             "flops_per_token": self.speed.flops_per_token,
             "config_hash": self.cfg.hash(),
         }
-        name = "summary_stopped_early.json" if stopped_early else "summary.json"
         (self.run_dir / name).write_text(json.dumps({**record, "stopped_early": stopped_early}, indent=2))
 
     def _log(self, result) -> None:
