@@ -62,11 +62,41 @@ class Trainer:
         self.cfg = cfg
         self.run_dir = Path(cfg.run.dir)
         self.stop = StopSignal()  # first: a signal during set-up is acted on at the first step boundary
+        self.run_lock = None
         try:
             self._build(cfg)
         except BaseException:
             self.stop.restore()
+            self._release_lock()
             raise
+
+    def _take_lock(self) -> None:
+        """Rank 0 takes RUN_DIR/run.lock (one run per run dir); every rank refuses if it is held by a live run."""
+        import torch.distributed as dist
+
+        from cplm_megatron.errors import ConfigError
+        from cplm_megatron.training.run_lock import RunLock
+
+        outcome = [None]
+        if self.layout.rank == 0:
+            self.run_lock = RunLock(self.run_dir)
+            try:
+                note = self.run_lock.acquire()
+                outcome = [("ok", note)]
+            except ConfigError as e:
+                self.run_lock = None
+                outcome = [("refused", str(e))]
+        dist.broadcast_object_list(outcome, src=0)
+        status, text = outcome[0]
+        if status == "refused":
+            raise ConfigError(text)
+        if text:
+            rank0_print(text)
+
+    def _release_lock(self) -> None:
+        if self.run_lock is not None:
+            self.run_lock.release()
+            self.run_lock = None
 
     def _build(self, cfg: RunConfig) -> None:
         """Every check first (config vs world, resume plan, machine, model, data, the checkpoint's data
@@ -86,6 +116,7 @@ class Trainer:
         reclaimed = _tree_bytes(self.run_dir / "checkpoints") if plan.delete_existing else 0.0
         preflight(cfg, dp, env.local_world_size, reclaimed)
         self.layout = init_distributed(cfg.parallel, cfg.model, cfg.run.seed, env)
+        self._take_lock()  # before anything is written to run.dir
         self.is_logger = self.layout.rank == 0
         self.total_iters = cfg.train.total_iters()
         chunks = build_model(cfg.model, cfg.copy_head, cfg.parallel, cfg.precision, cfg.recompute,
@@ -212,6 +243,7 @@ class Trainer:
             self.checkpointer.close()
             self.logger.close()
             stop.restore()
+            self._release_lock()
 
     def _write_summary(self, stopped_early: bool = False, trained: bool = True) -> None:
         """RUN_DIR/summary.json: one throughput record of this launch (scaling studies aggregate these); a launch

@@ -1,0 +1,133 @@
+"""One run per run dir: RUN_DIR/run.lock, created exclusively (O_CREAT|O_EXCL, which shared filesystems
+honour), holding the holder's host, pid, job id and start time; its mtime is the heartbeat (touched every
+HEARTBEAT_S). A lock is stale when its holder is gone (same host: the pid is dead or is another process now;
+another host: no heartbeat for STALE_AFTER_S) and is then taken over; a live one refuses the launch.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Optional
+
+from cplm_megatron.errors import ConfigError
+
+LOCK_NAME = "run.lock"
+HEARTBEAT_S = 10.0
+STALE_AFTER_S = 120.0
+
+
+def _process_start(pid: int) -> Optional[str]:
+    """The kernel's start time of `pid` (field 22 of /proc/PID/stat), or None if there is no such process."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat.rsplit(")", 1)[1].split()[19]
+
+
+def _holder_record() -> dict:
+    return {"host": socket.gethostname(), "pid": os.getpid(), "start": _process_start(os.getpid()),
+            "job_id": os.environ.get("SLURM_JOB_ID") or os.environ.get("TORCHELASTIC_RUN_ID"), "since": time.time()}
+
+
+def _stale_reason(record: dict, age_s: float) -> Optional[str]:
+    """Why the holder in `record` is gone (None: it may be alive)."""
+    if record.get("host") == socket.gethostname():
+        if record.get("pid") == os.getpid():
+            return "this process held it (an earlier in-process launch)"
+        if _process_start(int(record.get("pid", -1))) != record.get("start"):
+            return f"pid {record.get('pid')} is no longer running"
+        return None
+    if age_s > STALE_AFTER_S:
+        return f"no heartbeat for {age_s:.0f} s"
+    return None
+
+
+class RunLock:
+    """The run dir's lock, held by rank 0 of a launch from `acquire` to `release`."""
+
+    def __init__(self, run_dir: Path):
+        self.path = Path(run_dir) / LOCK_NAME
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self._record: Optional[dict] = None
+        self._created_dir = False
+
+    def acquire(self) -> Optional[str]:
+        """Take the lock; returns a note when a stale one was taken over; raises ConfigError if a live run holds it."""
+        self._created_dir = not self.path.parent.exists()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        note = None
+        for _ in range(3):
+            record = _holder_record()
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                note = self._take_over_if_stale()
+                continue
+            with os.fdopen(fd, "w") as f:
+                json.dump(record, f)
+            self._record = record
+            self._thread = threading.Thread(target=self._beat, name="run-lock-heartbeat", daemon=True)
+            self._thread.start()
+            return note
+        raise ConfigError(f"could not take {self.path}: other launches keep taking it; launch one run per run.dir")
+
+    def _take_over_if_stale(self) -> str:
+        try:
+            text, age = self.path.read_text(), time.time() - self.path.stat().st_mtime
+        except FileNotFoundError:
+            return ""
+        try:
+            record = json.loads(text)
+        except ValueError:
+            record = {}
+        reason = _stale_reason(record, age) if record else "it is unreadable"
+        if reason is None:
+            raise ConfigError(
+                f"run.dir {self.path.parent} is in use by a live run (host {record.get('host')}, pid "
+                f"{record.get('pid')}, job {record.get('job_id') or 'none'}, heartbeat {age:.0f} s ago); wait for it "
+                f"to finish or stop it, or choose another run.dir (a lock stays {STALE_AFTER_S:.0f} s after its "
+                f"holder on another host stops; delete {self.path} only if that run is surely gone)")
+        aside = self.path.with_name(f"{LOCK_NAME}.stale-{os.getpid()}")
+        try:
+            os.rename(self.path, aside)  # one of several racing launches wins the stale file
+        except FileNotFoundError:
+            return ""
+        if aside.read_text() != text:  # a racing launch's fresh lock, renamed after it replaced the stale one
+            try:
+                os.link(aside, self.path)
+            finally:
+                os.unlink(aside)
+            return ""
+        os.unlink(aside)
+        return (f"[run] took over {self.path} from host {record.get('host')} pid {record.get('pid')} job "
+                f"{record.get('job_id') or 'none'}: {reason}")
+
+    def _beat(self) -> None:
+        while not self._stop.wait(HEARTBEAT_S):
+            try:
+                os.utime(self.path)
+            except OSError:
+                return
+
+    def release(self) -> None:
+        """Stop the heartbeat and remove the lock if it is still this launch's."""
+        self._stop.set()
+        if self._record is None:
+            return
+        try:
+            if json.loads(self.path.read_text()) == self._record:
+                self.path.unlink()
+        except (OSError, ValueError):
+            pass
+        self._record = None
+        if self._created_dir:  # a launch refused after taking the lock leaves no new run dir behind
+            try:
+                self.path.parent.rmdir()
+            except OSError:  # not empty: the run wrote into it
+                pass

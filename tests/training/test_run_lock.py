@@ -1,0 +1,86 @@
+"""One run per run dir (cplm_megatron/training/run_lock.py): a live holder refuses a second launch with one line,
+a dead holder (kill -9) or a silent one on another host is taken over (issue 30 item 2)."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from cplm_megatron.errors import ConfigError
+from cplm_megatron.training import run_lock
+from cplm_megatron.training.run_lock import RunLock
+from tests.harness import REPO, process_env
+
+HOLD = ("import sys, time\nfrom cplm_megatron.training.run_lock import RunLock\n"
+        "RunLock(sys.argv[1]).acquire(); print('held', flush=True); time.sleep(120)")
+
+
+def _holder(run_dir):
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(run_dir)], cwd=REPO, stdout=subprocess.PIPE, text=True,
+                            env=process_env({"SLURM_JOB_ID": "4242"}))
+    assert proc.stdout.readline() == "held\n"
+    return proc
+
+
+def test_a_live_holder_refuses_and_a_killed_one_is_taken_over(tmp_path):
+    holder = _holder(tmp_path / "run")
+    try:
+        with pytest.raises(ConfigError, match=rf"in use by a live run \(host .*, pid {holder.pid}, job 4242"):
+            RunLock(tmp_path / "run").acquire()
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.wait()
+        lock = RunLock(tmp_path / "run")
+        note = lock.acquire()
+        assert "took over" in note and f"pid {holder.pid} is no longer running" in note
+        assert json.loads(lock.path.read_text())["pid"] == os.getpid()
+        lock.release()
+        assert not lock.path.exists()
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_another_hosts_lock_is_stale_only_without_heartbeat(tmp_path):
+    path = tmp_path / run_lock.LOCK_NAME
+    path.write_text(json.dumps({"host": "node-17", "pid": 1234, "start": "1", "job_id": "77", "since": 0}))
+    with pytest.raises(ConfigError, match=r"host node-17, pid 1234, job 77"):
+        RunLock(tmp_path).acquire()
+    old = time.time() - run_lock.STALE_AFTER_S - 5
+    os.utime(path, (old, old))
+    lock = RunLock(tmp_path)
+    assert "no heartbeat for" in lock.acquire()
+    lock.release()
+
+
+def test_a_refused_launch_leaves_no_new_run_dir(tmp_path):
+    lock = RunLock(tmp_path / "new")
+    lock.acquire()
+    lock.release()
+    assert not (tmp_path / "new").exists()
+
+
+@pytest.mark.mcore
+@pytest.mark.usefixtures("isolated_streaming")
+def test_a_second_launch_into_a_live_runs_dir_exits_2_in_seconds_and_the_holders_files_stay(stdlib_corpus,
+                                                                                            tmp_path):
+    from tests.training import pretrain_utils as pu
+
+    run_dir = tmp_path / "run"
+    holder = _holder(run_dir)
+    try:
+        (run_dir / "metrics.jsonl").write_text('{"iteration": 1}\n')
+        before = pu.files_of(run_dir)
+        started = time.monotonic()
+        second = pu.run(1, pu.tiny_overrides(stdlib_corpus, run_dir, 2))
+        assert time.monotonic() - started < 60
+        pu.assert_bad_input(second, "is in use by a live run", f"pid {holder.pid}", "job 4242")
+        assert pu.files_of(run_dir) == before
+    finally:
+        holder.kill()
+        holder.wait()
+    again = pu.run(1, pu.tiny_overrides(stdlib_corpus, run_dir, 2, **{"checkpoint.interval": 2}))
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert "took over" in again.stdout and not (run_dir / run_lock.LOCK_NAME).exists()
