@@ -176,6 +176,9 @@ class Checkpointer:
 
             self._queue = AsyncCallsQueue(persistent=False)
             _become_subreaper()
+            from cplm_megatron.training.orphan_watchdog import start_orphan_watchdog
+
+            self._watchdog = start_orphan_watchdog()  # the writers' Manager must not outlive a killed trainer
 
     # ---------------------------------------------------------------- save
     def _sharded_state(self, chunks, optimizer, load: bool, with_rng: bool) -> Dict[str, Any]:
