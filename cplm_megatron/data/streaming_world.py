@@ -112,6 +112,51 @@ def _open_lock_path() -> Path:
     return (shm if shm.is_dir() and os.access(shm, os.W_OK) else Path(tempfile.gettempdir())) / "cplm-streaming-open.lock"
 
 
+LOCK_LOG_AFTER_S = 5.0
+LOCK_GIVE_UP_AFTER_S = 900.0
+
+
+def _open_lock_file(path: Path) -> Any:
+    """The lock file, group/world-writable (every user's jobs on a shared node order on it); a foreign one this
+    user may not open is replaced by a per-user one beside it."""
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o666)
+    except PermissionError:
+        fd = os.open(path.with_name(f"{path.stem}-uid{os.getuid()}{path.suffix}"), os.O_CREAT | os.O_RDWR, 0o666)
+    try:
+        os.fchmod(fd, 0o666)  # the umask took write access away from the others
+    except PermissionError:  # another user's file, already open to us
+        pass
+    return os.fdopen(fd, "r+")
+
+
+def take_open_lock(path: Path, log_after_s: float = LOCK_LOG_AFTER_S,
+                   give_up_after_s: float = LOCK_GIVE_UP_AFTER_S) -> Any:
+    """Hold the machine's dataset lock at `path` (an open file); says so after `log_after_s` of waiting and raises
+    DatasetError after `give_up_after_s`."""
+    from cplm_megatron.data.manifest import DatasetError
+
+    lock = _open_lock_file(path)
+    started, logged = time.monotonic(), False
+    while True:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return lock
+        except BlockingIOError:
+            waited = time.monotonic() - started
+            if waited > give_up_after_s:
+                lock.close()
+                raise DatasetError(
+                    f"waited {waited:.0f} s for the dataset lock {path}, held by another job on this machine that "
+                    f"is building its datasets (or hung doing so); find it with `fuser {path}` and stop it, "
+                    f"then relaunch") from None
+            if waited > log_after_s and not logged:
+                print(f"[data] waiting for the dataset lock {path}: another job on this machine is opening its "
+                      f"datasets (giving up after {give_up_after_s:.0f} s)", flush=True)
+                logged = True
+            time.sleep(0.1)
+
+
 @contextmanager
 def one_open_at_a_time(layout: NodeLayout) -> Iterator[None]:
     """Build StreamingDatasets one job at a time on this machine.
@@ -127,8 +172,7 @@ def one_open_at_a_time(layout: NodeLayout) -> Iterator[None]:
     lock = None
     try:
         if layout.local_rank == 0:
-            lock = open(_open_lock_path(), "a")  # noqa: SIM115 - held across the yield
-            fcntl.flock(lock, fcntl.LOCK_EX)
+            lock = take_open_lock(_open_lock_path())
         if peers:
             dist.barrier()
         yield

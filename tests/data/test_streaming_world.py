@@ -68,3 +68,29 @@ def test_the_suites_cleanup_removes_only_its_own_segments(tmp_path) -> None:
             live.wait()
         for name in ("999971_locals", "999972_locals", "999971_barrier"):
             (SHM_DIR / name).unlink(missing_ok=True)
+
+
+def test_the_dataset_lock_is_shared_logs_a_wait_and_gives_up(tmp_path, capsys) -> None:
+    """The machine's dataset lock: created world-writable (a second user on a shared node may take it), a wait
+    says so after a few seconds and ends with one clear error after a bound (issue 30 item 4)."""
+    import fcntl
+
+    from cplm_megatron.data.manifest import DatasetError
+    from cplm_megatron.data.streaming_world import take_open_lock
+
+    path = tmp_path / "cplm-streaming-open.lock"
+    held = subprocess.Popen([sys.executable, "-c", "import fcntl, sys, time\nf = open(sys.argv[1], 'a')\n"
+                             "fcntl.flock(f, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)", str(path)],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert held.stdout.readline() == "held\n"
+        with pytest.raises(DatasetError, match=r"waited \d+ s for the dataset lock .*fuser"):
+            take_open_lock(path, log_after_s=0.3, give_up_after_s=1.0)
+        assert "waiting for the dataset lock" in capsys.readouterr().out
+    finally:
+        held.kill()
+        held.wait()
+    lock = take_open_lock(path)
+    assert path.stat().st_mode & 0o777 == 0o666
+    fcntl.flock(lock, fcntl.LOCK_UN)
+    lock.close()
