@@ -165,17 +165,28 @@ def print_plan(plan: Dict[str, object], limit: int = 8) -> None:
               f"{r['offload_fraction']:>7.1f}  {r['total_gib']:>7.2f}  {r['extra_flops_pct']:>5.1f}%")
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1 (sizes, counts and parallel degrees)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer (>= 1), got {value}")
+    return value
+
+
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", required=True, choices=available_presets())
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p.add_argument("--tp", type=int, default=1)
-    p.add_argument("--pp", type=int, default=1)
-    p.add_argument("--cp", type=int, default=1, help="context parallelism: the sequence split over --cp GPUs")
-    p.add_argument("--dp", type=int, default=1)
+    p.add_argument("--tp", type=positive_int, default=1)
+    p.add_argument("--pp", type=positive_int, default=1)
+    p.add_argument("--cp", type=positive_int, default=1, help="context parallelism: the sequence split over --cp GPUs")
+    p.add_argument("--dp", type=positive_int, default=1)
     p.add_argument("--sp", action="store_true", help="sequence parallelism (shards norm/dropout activations)")
-    p.add_argument("--seq-len", type=int, default=2048)
-    p.add_argument("--micro-batch", type=int, default=1)
+    p.add_argument("--seq-len", type=positive_int, default=2048)
+    p.add_argument("--micro-batch", type=positive_int, default=1)
     p.add_argument("--recompute", choices=["none", "selective", "full"], default="none")
     p.add_argument("--lm-head-loss", choices=["megatron", "chunked", "fused"], default="megatron",
                    help="model.lm_head_loss: Megatron's logits, or the loss over tiles (no logits tensor)")
@@ -189,11 +200,11 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--reserve", type=float, default=0.1,
                    help="fraction of --gpu-memory kept free for the CUDA context, NCCL and fragmentation")
     p.add_argument("--plan", action="store_true", help="with --gpu-memory: list the layouts of --gpus GPUs that fit")
-    p.add_argument("--gpus", type=int, default=8, help="GPUs for --plan (default: one 8-GPU node)")
+    p.add_argument("--gpus", type=positive_int, default=8, help="GPUs for --plan (default: one 8-GPU node)")
     p.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16")
     p.add_argument("--no-copy-head", action="store_true", help="report the plain backbone")
-    p.add_argument("--copy-heads", type=int, default=4)
-    p.add_argument("--copy-head-dim", type=int, default=64)
+    p.add_argument("--copy-heads", type=positive_int, default=4)
+    p.add_argument("--copy-head-dim", type=positive_int, default=64)
     p.add_argument("--copy-qk-norm", action="store_true")
     return p.parse_args(argv)
 

@@ -67,3 +67,11 @@ def test_context_parallel_layout_and_its_errors():
     assert out["layout"]["cp"] == 2 and "cp=2" in out["memory_per_gpu"]["assumptions"]
     proc = run("--preset", "tiny", "--cp", "2", "--seq-len", "250")
     assert proc.returncode == 2 and "--seq-len 250 is not divisible by 2 x --cp = 4" in proc.stderr
+
+
+@pytest.mark.parametrize("option", ["--seq-len", "--micro-batch", "--gpus", "--tp", "--dp"])
+def test_negative_or_zero_sizes_are_refused(option):
+    """Issue 30: negative sequence length, micro batch and GPU counts used to give a report."""
+    for value in ("-4", "0"):
+        proc = run("--preset", "tiny", option, value)
+        assert proc.returncode == 2 and f"argument {option}: must be a positive integer" in proc.stderr, proc.stderr
