@@ -12,6 +12,18 @@ rerun with the same inputs (paths, sizes, mtimes), tokenizer and settings checks
 index.json (sizes, hashes) and prints "up to date", or rebuilds a damaged dataset ("repaired"). Input
 files that are mostly not text (binary, UTF-16, Latin-1) are refused; see --max-invalid-utf8.
 Bad input: one `error:` line on stderr, exit code 2.
+
+Past one machine (slurm/prepare_data.sh runs this as a SLURM array):
+
+    python tools/prepare_data.py --part 2/8 --input 'corpus/**/*.jsonl.zst' @more.txt --tokenizer tok/ \
+        --output data/big --seq-len 2048        # part 2 of 8: a deterministic 1/8 of the files, by file
+    python tools/prepare_data.py --merge --output data/big    # one dataset from data/big/part-*-of-00008
+
+--input takes files, directories, glob patterns (quote them; ** spans directories) and @LIST files (one
+input per line); they are listed lazily, and a part keeps only its own files. A part writes
+OUTPUT/part-0000I-of-0000N/ with its own manifest; a rerun of a complete, intact part says "up to date".
+The merge (mosaicml-streaming's merge_index, manifests summed) holds exactly the documents of one run over
+the same inputs; only the packing at part edges differs.
 """
 from __future__ import annotations
 
@@ -21,8 +33,10 @@ import os
 import sys
 
 from cplm_megatron.cli import exit_2_on
-from cplm_megatron.data.documents import DEFAULT_MAX_INVALID_FRACTION, SPLIT_MODES
-from cplm_megatron.data.prepare import prepare_dataset
+from cplm_megatron.data.documents import DEFAULT_MAX_INVALID_FRACTION, SPLIT_MODES, InputError
+from cplm_megatron.data.inputs import parse_part
+from cplm_megatron.data.parts import merge_parts
+from cplm_megatron.data.prepare import DEFAULT_PROGRESS_INTERVAL, prepare_dataset
 from cplm_megatron.data.shards import DEFAULT_SHARD_SIZE_LIMIT
 from cplm_megatron.errors import UserError
 
@@ -30,10 +44,15 @@ from cplm_megatron.errors import UserError
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line arguments."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--input", nargs="+", required=True, help="files or directories of text")
-    parser.add_argument("--tokenizer", required=True, help="local Hugging Face tokenizer directory")
+    parser.add_argument("--input", nargs="+", help="files, directories, glob patterns or @LIST files of text")
+    parser.add_argument("--tokenizer", help="local Hugging Face tokenizer directory")
     parser.add_argument("--output", required=True, help="dataset directory to write")
-    parser.add_argument("--seq-len", type=int, required=True, help="training sequence length (samples hold +1)")
+    parser.add_argument("--seq-len", type=int, help="training sequence length (samples hold +1)")
+    parser.add_argument("--part", metavar="I/N", help="prepare only part I of N (1-based) into OUTPUT/part-I-of-N")
+    parser.add_argument("--merge", action="store_true", help="join OUTPUT/part-*-of-N into one dataset at OUTPUT")
+    parser.add_argument("--parts", type=int, metavar="N", help="with --merge: the number of parts expected")
+    parser.add_argument("--progress-every", type=float, default=DEFAULT_PROGRESS_INTERVAL, metavar="SEC",
+                        help="seconds between progress lines when stderr is not a terminal (job logs)")
     parser.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1), help="tokenizer processes")
     parser.add_argument("--split-by", choices=SPLIT_MODES, default="file",
                         help="documents of plain-text files: whole file, each line, or blank-line paragraphs")
@@ -50,10 +69,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Prepare (or confirm up to date) and print the manifest summary as JSON."""
     args = parse_args(argv)
+    if args.merge:
+        return merge(args)
+    missing = [flag for flag, value in (("--input", args.input), ("--tokenizer", args.tokenizer),
+                                        ("--seq-len", args.seq_len)) if value is None]
+    if missing:
+        raise InputError(f"{' and '.join(missing)} required (only --merge goes without)")
+    if args.parts is not None:
+        raise InputError("--parts goes with --merge; to prepare one part use --part I/N")
+    part = parse_part(args.part) if args.part is not None else None
     result = prepare_dataset(
         args.input, args.tokenizer, args.output, seq_len=args.seq_len, workers=args.workers,
         split_by=args.split_by, text_field=args.text_field, shard_size_limit=args.shard_size,
-        show_progress=not args.quiet, max_invalid_fraction=args.max_invalid_utf8,
+        show_progress=not args.quiet, max_invalid_fraction=args.max_invalid_utf8, part=part,
+        progress_interval=args.progress_every,
     )
     manifest = result.manifest
     if result.damage:
@@ -68,7 +97,26 @@ def main(argv: list[str] | None = None) -> int:
         "seq_len": manifest.seq_len,
         "tokenizer": manifest.tokenizer.name,
     }
+    if part is not None:
+        summary["part"] = f"{part[0]}/{part[1]}"
+        summary["files"] = len(manifest.source_files)
     print(json.dumps(summary, indent=2))
+    return 0
+
+
+def merge(args: argparse.Namespace) -> int:
+    """--merge: one dataset at --output from its parts."""
+    given = [flag for flag, value in (("--input", args.input), ("--part", args.part)) if value is not None]
+    if given:
+        raise InputError(f"--merge takes only --output (and --parts N); drop {' and '.join(given)}")
+    if args.parts is not None and args.parts < 1:
+        raise InputError(f"--parts must be >= 1, got {args.parts}")
+    result = merge_parts(args.output, expected_parts=args.parts)
+    manifest = result.manifest
+    print(json.dumps({"status": "merged" if result.rebuilt else "up to date", "output": str(result.output),
+                      "parts": result.parts, "documents": manifest.documents, "tokens": manifest.tokens,
+                      "samples": manifest.samples, "seq_len": manifest.seq_len,
+                      "tokenizer": manifest.tokenizer.name}, indent=2))
     return 0
 
 

@@ -4,11 +4,20 @@ The output directory appears only when complete (see `atomic_output`); a rerun w
 inputs (paths, sizes, modification times), tokenizer and settings is a no-op once its shards check
 out against index.json (sizes and hashes); damaged shards or anything else changed rebuilds. The
 output is identical for any number of workers.
+
+`part=(I, N)` builds part I of N instead (see `inputs`: a deterministic 1/N of the input files, by file)
+into ``OUTPUT/part-0000I-of-0000N/`` with its own manifest; `parts.merge_parts` joins the N parts into one
+dataset at OUTPUT. A part may be empty (no file of the inputs hashed to it). Progress goes to stderr: a
+tqdm bar on a terminal, else (a SLURM job log) one line every `progress_interval` seconds.
 """
 from __future__ import annotations
 
+import itertools
+import json
+import os
 import sys
-from collections.abc import Sequence
+import time
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +26,8 @@ from cplm_megatron.data.atomic_output import (
     file_signatures,
     fingerprint,
 )
-from cplm_megatron.data.documents import DEFAULT_MAX_INVALID_FRACTION, DocumentReader, expand_inputs
+from cplm_megatron.data.documents import DEFAULT_MAX_INVALID_FRACTION, DocumentReader
+from cplm_megatron.data.inputs import iter_input_files, part_dir_name, part_files
 from cplm_megatron.data.manifest import (
     FORMAT,
     MANIFEST_NAME,
@@ -25,9 +35,11 @@ from cplm_megatron.data.manifest import (
     read_manifest,
     write_manifest,
 )
+from cplm_megatron.data.packing import SamplePacker
 from cplm_megatron.data.parallel_tokenize import tokenize_documents
 from cplm_megatron.data.shards import (
     DEFAULT_SHARD_SIZE_LIMIT,
+    INDEX_NAME,
     make_manifest,
     verify_local_shards,
     write_packed_samples,
@@ -40,6 +52,41 @@ from cplm_megatron.data.tokenizer import (
 )
 
 PathLike = str | Path
+DEFAULT_PROGRESS_INTERVAL = 30.0  # seconds between progress lines when stderr is not a terminal
+
+
+class LineProgress:
+    """tqdm's `update`/`set_postfix` as one plain line every `interval` seconds (job logs have no terminal)."""
+
+    def __init__(self, label: str, interval: float):
+        self.label = label
+        self.interval = interval
+        self.documents = 0
+        self.tokens = 0
+        self.start = time.monotonic()
+        self._last = self.start
+
+    def line(self, what: str = "") -> None:
+        elapsed = time.monotonic() - self.start
+        rate = self.tokens / elapsed if elapsed > 0 else 0.0
+        print(f"[prepare_data] {self.label}: {what or 'progress'}: {self.documents:,} documents, "
+              f"{self.tokens:,} tokens, {elapsed:.0f} s ({rate:,.0f} tokens/s)", file=sys.stderr, flush=True)
+
+    def update(self, n: int = 1) -> None:
+        self.documents += n
+        now = time.monotonic()
+        if now - self._last >= self.interval:
+            self._last = now
+            self.line()
+
+    def set_postfix(self, **_: object) -> None:
+        pass
+
+    def __enter__(self) -> LineProgress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
 
 
 @dataclass
@@ -63,24 +110,34 @@ def prepare_dataset(
     shard_size_limit: str | int = DEFAULT_SHARD_SIZE_LIMIT,
     show_progress: bool = True,
     max_invalid_fraction: float = DEFAULT_MAX_INVALID_FRACTION,
+    part: tuple[int, int] | None = None,
+    progress_interval: float = DEFAULT_PROGRESS_INTERVAL,
 ) -> PrepareResult:
-    """Tokenize `inputs` with the tokenizer in `tokenizer_dir` into a packed dataset at `output`.
+    """Tokenize `inputs` with the tokenizer in `tokenizer_dir` into a packed dataset at `output`
+    (with `part=(I, N)`: part I of N of the inputs, into its sub-directory of `output`).
 
+    `inputs`: files, directories, glob patterns, @LIST files (see `inputs`).
     `max_invalid_fraction`: a file with a larger share of invalid-UTF-8/NUL bytes is refused (InputError)."""
     if seq_len < 1:
         raise ValueError(f"seq_len must be >= 1, got {seq_len}")
-    files = expand_inputs(inputs)
-    build_fingerprint = fingerprint(
-        {
-            "format": FORMAT,
-            "inputs": file_signatures(files),
-            "tokenizer_sha256": tokenizer_sha256(tokenizer_dir),
-            "seq_len": seq_len,
-            "split_by": split_by,
-            "text_field": text_field,
-            "shard_size_limit": shard_size_limit,
-        }
-    )
+    label = Path(output).name
+    if part is not None:
+        index, count = part
+        files = part_files(inputs, index, count)
+        output = Path(output) / part_dir_name(index, count)
+        label = f"part {index}/{count}"
+    else:
+        files = list(iter_input_files(inputs))
+    build_settings = {
+        "format": FORMAT,
+        "tokenizer_sha256": tokenizer_sha256(tokenizer_dir),
+        "seq_len": seq_len,
+        "split_by": split_by,
+        "text_field": text_field,
+        "shard_size_limit": shard_size_limit,
+    }
+    build_fingerprint = fingerprint({**build_settings, "inputs": file_signatures(files),
+                                     **({"part": list(part)} if part else {})})
 
     def build(tmp_dir: Path) -> None:
         from tqdm import tqdm
@@ -90,11 +147,27 @@ def prepare_dataset(
         tokenizer = load_tokenizer(tokenizer_dir)
         tokenizer_info = describe_tokenizer(tokenizer_dir, tokenizer)
         tokenizer_json = backend_json(tokenizer, tokenizer_dir)
-        with tqdm(desc=f"tokenize -> {Path(output).name}", unit="doc", disable=not show_progress,
-                  file=sys.stderr) as bar:
+        terminal = sys.stderr.isatty()
+        if show_progress and not terminal:
+            bar = LineProgress(label, progress_interval)
+            print(f"[prepare_data] {label}: {len(files):,} input files -> {output}", file=sys.stderr, flush=True)
+        else:
+            bar = tqdm(desc=f"tokenize -> {label}", unit="doc", disable=not show_progress, file=sys.stderr)
+        with bar:
             token_docs = tokenize_documents(reader, tokenizer_json, workers=workers, progress=bar)
-            packer = write_packed_samples(token_docs, tmp_dir, seq_len, tokenizer_info, shard_size_limit)
+            token_docs = _counting_tokens(token_docs, bar)
+            if part is not None:
+                first = next(token_docs, None)
+                if first is None:  # no file (or only empty ones) hashed to this part
+                    packer = _write_empty_part(tmp_dir, seq_len, tokenizer_info)
+                else:
+                    packer = write_packed_samples(itertools.chain([first], token_docs), tmp_dir, seq_len,
+                                                  tokenizer_info, shard_size_limit)
+            else:
+                packer = write_packed_samples(token_docs, tmp_dir, seq_len, tokenizer_info, shard_size_limit)
             bar.set_postfix(tokens=packer.tokens, samples=packer.samples)
+            if isinstance(bar, LineProgress):
+                bar.line(f"done, {packer.samples:,} samples")
         settings = {
             "split_by": split_by,
             "text_field": text_field,
@@ -102,6 +175,9 @@ def prepare_dataset(
             "empty_documents_skipped": reader.stats.empty_skipped,
             "documents_with_invalid_utf8": reader.stats.decode_errors,
         }
+        if part is not None:
+            settings["part"] = {"index": part[0], "count": part[1], "inputs": _input_spec(inputs),
+                                "build": fingerprint(build_settings)}
         manifest = make_manifest(packer, tokenizer_info, build_fingerprint, [str(f) for f in files], settings)
         write_manifest(tmp_dir, manifest)
 
@@ -111,3 +187,26 @@ def prepare_dataset(
                                check=lambda out: verify_local_shards(out, check_hashes=True), on_damage=damage.append)
     return PrepareResult(output=output, manifest=read_manifest(str(output)), rebuilt=rebuilt,
                          damage=damage[0] if damage else None)
+
+
+def _counting_tokens(token_docs: Iterable, bar: object) -> Iterator:
+    """Pass documents through, adding their token counts (plus EOD) to a LineProgress."""
+    for doc in token_docs:
+        if isinstance(bar, LineProgress):
+            bar.tokens += len(doc) + 1
+        yield doc
+
+
+def _input_spec(inputs: Sequence[PathLike]) -> list[str]:
+    """The inputs as given, made absolute: parts of one dataset must all have been given the same."""
+    spec = []
+    for raw in map(str, inputs):
+        prefix, rest = ("@", raw[1:]) if raw.startswith("@") else ("", raw)
+        spec.append(prefix + os.path.abspath(os.path.expanduser(rest)))
+    return spec
+
+
+def _write_empty_part(directory: Path, seq_len: int, tokenizer_info) -> SamplePacker:
+    """An index with no shards: a part that no document fell into."""
+    (Path(directory) / INDEX_NAME).write_text(json.dumps({"version": 2, "shards": []}) + "\n")
+    return SamplePacker(seq_len, tokenizer_info.eod_id, tokenizer_info.vocab_size)

@@ -118,3 +118,53 @@ def test_binary_input_is_refused_unless_allowed(tmp_path: Path, tiny_corpus: Tin
     code, summary, err = run_main(capsys, *args, "--max-invalid-utf8", "0.51")
     assert code == 0 and summary["documents"] == 2, err
     assert read_manifest(str(tmp_path / "ds")).settings["documents_with_invalid_utf8"] == 1
+
+
+def test_cli_parts_report_progress_and_merge(tmp_path: Path, tiny_corpus: TinyCorpus,
+                                             capsys: pytest.CaptureFixture) -> None:
+    files = tmp_path / "files.txt"
+    files.write_text("\n".join(map(str, tiny_corpus.source_files[:12])) + "\n")
+    out = tmp_path / "ds"
+    common = ("--input", f"@{files}", "--tokenizer", str(tiny_corpus.tokenizer_dir), "--output", str(out),
+              "--seq-len", "32", "--workers", "1", "--progress-every", "0")
+    documents = 0
+    for i in (1, 2):
+        code, summary, err = run_main(capsys, *common, "--part", f"{i}/2")
+        assert code == 0, err
+        assert summary["status"] == "written" and summary["part"] == f"{i}/2"
+        assert summary["output"] == str(out / f"part-0000{i}-of-00002")
+        # a job log (stderr is no terminal): a start line, progress lines and a last line, all naming the part
+        lines = err.splitlines()
+        assert lines[0] == f"[prepare_data] part {i}/2: {summary['files']} input files -> {summary['output']}"
+        assert lines[-1].startswith(f"[prepare_data] part {i}/2: done, {summary['samples']:,} samples: "
+                                    f"{summary['documents']:,} documents, {summary['tokens']:,} tokens")
+        assert all(line.startswith(f"[prepare_data] part {i}/2: ") for line in lines)
+        documents += summary["documents"]
+    code, summary, err = run_main(capsys, "--merge", "--output", str(out), "--parts", "2")
+    nonempty = sum(bool(f.read_text().strip()) for f in tiny_corpus.source_files[:12])
+    assert code == 0 and summary["status"] == "merged" and summary["documents"] == documents == nonempty, err
+    assert read_manifest(str(out)).documents == nonempty
+    code, summary, _ = run_main(capsys, *common, "--part", "2/2", "--quiet")
+    assert code == 0 and summary["status"] == "up to date"
+    code, summary, _ = run_main(capsys, "--merge", "--output", str(out))
+    assert code == 0 and summary["status"] == "up to date"
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--part", "0/3"), "error: --part 0/3: need 1 <= I <= N"),
+    (("--part", "2"), "error: --part '2' is not I/N"),
+    (("--merge",), "holds no part-IIIII-of-NNNNN directories"),
+    (("--merge", "--part", "1/2"), "error: --merge takes only --output (and --parts N); drop --input and --part"),
+    (("--parts", "2"), "error: --parts goes with --merge"),
+    (("--input", "corpus/*.zz"), "error: input pattern 'corpus/*.zz' matches no supported files"),
+])
+def test_cli_part_and_merge_errors_are_one_line(tmp_path: Path, tiny_corpus: TinyCorpus,
+                                                capsys: pytest.CaptureFixture, args: tuple, message: str) -> None:
+    base = ["--input", str(tiny_corpus.source_files[0]), "--tokenizer", str(tiny_corpus.tokenizer_dir),
+            "--output", str(tmp_path), "--seq-len", "8"]
+    if args[0] == "--merge" and len(args) == 1:
+        base = ["--output", str(tmp_path)]
+    if args[0] == "--input":
+        base = base[2:]
+    code, _, err = run_main(capsys, *base, *args)
+    assert code == 2 and err.count("\n") == 1 and err.startswith("error: ") and message in err, err
