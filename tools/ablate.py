@@ -7,10 +7,11 @@
   .venv/bin/python tools/ablate.py --study --smoke --output runs/study     # 3 arms x 2 seeds, a few steps (CI)
   .venv/bin/python tools/ablate.py --study-table runs/study/summary.json   # the README's table
 
---study trains every active arm (baseline, mixture, aux1, aux1+copy, sentinel, sentinel+aux1; the retired
-aux0.5 and decoupled run only when named in --arms) x seed x scale (tiny: hidden 64 x 4 layers, vocab 4096;
-4x: hidden 128 x 8 layers, vocab 8192; corpora with train/dev/val splits built under --data-root when
-missing), 2 single-threaded runs at a time, reusing finished runs; evaluates each on every validation
+--study trains every active arm (baseline, mixture, aux1, sentinel+aux1; the retired aux1+copy, sentinel,
+aux0.5 and decoupled run only when named in --arms) x seeds 1-5 at tiny (hidden 64 x 4 layers), and the
+baseline, aux1 and sentinel+aux1 x seeds 1-3 at small (hidden 128 x 8 layers, 3.6x tiny's FLOPs per token);
+both on one corpus (vocabulary 4096, train/dev/val built under --data-root when missing), 2 single-threaded
+runs at a time (--jobs), reusing finished runs; evaluates each on every validation
 sample (document intervals) and the baselines with the continuous-cache control (baseline+cache, tuned on
 dev); then applies the study's decision rule (a default changes only beyond the paired interval;
 provisional until the planned grid is complete), runs SpamLang at vocabulary 131072 (hidden 64 and 128)
@@ -34,7 +35,7 @@ import sys
 from pathlib import Path
 
 from cplm_megatron.experiments.ablation import JobResult, Settings
-from cplm_megatron.experiments.multiseed import ACTIVE_ARMS, ARMS, SCALES, StudySettings
+from cplm_megatron.experiments.multiseed import ACTIVE_ARMS, ARMS, SCALES, SECOND_SCALE_ARMS, StudySettings
 from cplm_megatron.experiments.multiseed_report import headline_table, readme_block
 from cplm_megatron.experiments.study import SpamLangSettings, run_ablation, run_recipe_study
 
@@ -70,9 +71,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     study = p.add_argument_group("recipe study (--study)")
     study.add_argument("--study", action="store_true", help="the multi-seed, two-scale recipe study")
     study.add_argument("--smoke", action="store_true", help="with --study: every arm, 2 seeds, tiny scale, a few steps")
-    study.add_argument("--arms", help=f"comma-separated arms (default: {','.join(ACTIVE_ARMS)}; also: "
+    study.add_argument("--arms", help=f"comma-separated arms at every scale (default: {','.join(ACTIVE_ARMS)} at "
+                       f"tiny, {','.join(SECOND_SCALE_ARMS)} at small; also: "
                                       f"{','.join(a for a in ARMS if a not in ACTIVE_ARMS)})")
-    study.add_argument("--seeds", type=_ints, help="seeds (default 1,2,3)")
+    study.add_argument("--seeds", type=_ints, help="seeds at every scale (default: 1-5 at tiny, 1-3 at small)")
     study.add_argument("--scales", help=f"comma-separated scales (default: {','.join(SCALES)})")
     study.add_argument("--data-root", default="data", help="where the study's corpora are (built when missing)")
     study.add_argument("--no-spamlang", action="store_true", help="skip the SpamLang runs at vocabulary >= 100k")
@@ -86,6 +88,10 @@ def study_settings_from_args(args: argparse.Namespace) -> StudySettings:
     changes = {"arms": args.arms and tuple(a.strip() for a in args.arms.split(",") if a.strip()),
                "seeds": args.seeds, "scales": args.scales and tuple(x.strip() for x in args.scales.split(",") if x.strip())}
     s = dataclasses.replace(s, **{k: v for k, v in changes.items() if v})
+    if args.seeds:  # the same seeds at every scale
+        s = dataclasses.replace(s, scale_seeds={})
+    if args.arms:  # the same arms at every scale
+        s = dataclasses.replace(s, scale_arms={})
     s.validate()
     return s
 

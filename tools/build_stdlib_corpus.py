@@ -4,8 +4,8 @@
     python tools/build_stdlib_corpus.py --output data/stdlib [--vocab-size 4096] [--seq-len 256]
 
 Writes DIR/tokenizer (byte-level BPE trained on the training modules), DIR/train, DIR/dev and
-DIR/val (packed MDS datasets with manifests; ~5% of modules each, chosen by a hash of the module
-name, are validation and dev; generated and near-duplicate modules stay in train) and DIR/split.json
+DIR/val (packed MDS datasets with manifests; validation: modules of 1-24 KiB in 30% of the range of a
+hash of the module name, dev: the next 5%; generated and near-duplicate modules stay in train) and DIR/split.json
 (what moved to train and why; the fraction of validation 32-token windows found verbatim in
 training). Idempotent: a rerun on the same interpreter does nothing.
 """
@@ -33,7 +33,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--max-bytes", type=int, default=DEFAULT_MAX_BYTES,
                         help="cap on source bytes (a deterministic subset is taken above it)")
-    parser.add_argument("--val-fraction", type=float, default=DEFAULT_VAL_FRACTION)
+    parser.add_argument("--val-fraction", type=float, default=DEFAULT_VAL_FRACTION,
+                        help="share of the module-name hash range drawn for validation (modules of 1-24 KiB)")
     parser.add_argument("--dev-fraction", type=float, default=DEFAULT_DEV_FRACTION,
                         help="share of modules in the dev split (tuning; 0: none)")
     parser.add_argument("--near-duplicate", type=float, default=NEAR_DUPLICATE_FRACTION,
@@ -66,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
             for split, path, m in parts
         },
         "moved_to_train": len(corpus.split["moved_to_train"]),
+        "held_out_sizes": corpus.split["sizes"],
         "verbatim_overlap": {k: v["fraction_in_train"] for k, v in corpus.split["verbatim_overlap"].items()},
     }
     print(json.dumps(summary, indent=2))

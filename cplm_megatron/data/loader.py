@@ -171,7 +171,8 @@ def _next_batch(batches: Iterator[dict[str, torch.Tensor]], what: str, index: in
 class _Loader:
     """What the train and validation loaders share: the dataset, its DataLoader, batch geometry."""
 
-    def __init__(self, dataset: DataParallelStreamingDataset, cfg: DataConfig, tokenizer: TokenizerInfo, what: str):
+    def __init__(self, dataset: DataParallelStreamingDataset, cfg: DataConfig, tokenizer: TokenizerInfo, what: str,
+                 keep_last: bool = False):
         self.dataset = dataset
         self.tokenizer = tokenizer
         self.micro_batch = cfg.micro_batch
@@ -184,7 +185,8 @@ class _Loader:
             eod_mask_loss=cfg.eod_mask_loss,
         )
         self._dataloader = torch.utils.data.DataLoader(
-            dataset, batch_size=cfg.micro_batch, num_workers=cfg.num_workers, collate_fn=collate, drop_last=True
+            dataset, batch_size=cfg.micro_batch, num_workers=cfg.num_workers, collate_fn=collate,
+            drop_last=not keep_last,
         )
         if _batches_per_pass(self.epoch_size, 0, self.dp_size, self.micro_batch) == 0:
             raise DatasetError(
@@ -316,12 +318,17 @@ class TrainBatchIterator(_Loader):
 
 
 class ValBatchLoader(_Loader):
-    """Validation micro-batches for one DP rank: each `iter()` is one pass, in the same order."""
+    """Validation micro-batches for one DP rank: each `iter()` is one pass, in the same order. `keep_last`
+    (one process only: evaluation) ends the pass with the last, partial micro-batch instead of dropping it."""
 
-    def __init__(self, dataset: DataParallelStreamingDataset, cfg: DataConfig, tokenizer: TokenizerInfo):
-        super().__init__(dataset, cfg, tokenizer, "the validation data")
+    def __init__(self, dataset: DataParallelStreamingDataset, cfg: DataConfig, tokenizer: TokenizerInfo,
+                 keep_last: bool = False):
+        super().__init__(dataset, cfg, tokenizer, "the validation data", keep_last)
+        self.keep_last = keep_last
 
     def __len__(self) -> int:
+        if self.keep_last:
+            return ceil(self.epoch_size / self.micro_batch)
         return _batches_per_pass(self.epoch_size, 0, self.dp_size, self.micro_batch)
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:
@@ -347,15 +354,18 @@ def build_train_loader(
 
 
 def build_val_loader(
-    cfg: DataConfig, dp_rank: int, dp_size: int, *, model_vocab_size: int | None = None
+    cfg: DataConfig, dp_rank: int, dp_size: int, *, model_vocab_size: int | None = None, keep_last: bool = False
 ) -> ValBatchLoader:
     """Validation micro-batches (unshuffled, one pass per iter) for `dp_rank` (collective: all ranks call).
 
-    The training streams, if configured, must share the validation streams' tokenizer."""
+    The training streams, if configured, must share the validation streams' tokenizer. `keep_last`: every
+    sample, the last micro-batch partial (a single process: DP ranks must see equal batch counts)."""
     cfg.validate()
+    if keep_last and dp_size != 1:
+        raise ValueError(f"keep_last needs one data-parallel rank (every sample in one process), got dp_size={dp_size}")
     if not cfg.val_streams:
         raise DatasetError("data.val_streams is empty: no validation data configured")
     layout = _node_layout(dp_size)
     streams, tokenizer = _open_streams(cfg.val_streams, cfg, model_vocab_size, "val", layout, also_check=cfg.streams)
     dataset = _make_dataset(streams, cfg, dp_rank, dp_size, layout, train=False)
-    return ValBatchLoader(dataset, cfg, tokenizer)
+    return ValBatchLoader(dataset, cfg, tokenizer, keep_last)

@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -25,7 +26,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 PRETRAIN = REPO_ROOT / "pretrain" / "pretrain_cplm.py"
 EVALUATE = REPO_ROOT / "tools" / "evaluate.py"
 RECIPE = REPO_ROOT / "configs" / "tiny.yaml"
-TIMING = "timing.json"  # a finished job's training and evaluation seconds
+TIMING = "timing.json"  # a job's training and evaluation seconds, every attempt counted
 
 
 @dataclass(frozen=True)
@@ -197,19 +198,87 @@ def _tail(log: Path, lines: int = 8) -> str:
     return "".join(f"\n    | {line}" for line in text)
 
 
+def portable_commands(commands: dict[str, list[str]], output: Path) -> dict[str, list[str]]:
+    """A job's commands with the output directory and the checkout written as `{output}` and `{repo}`, so a
+    finished run is reused after the study directory or the checkout moved (another machine, a copy)."""
+    def portable(arg: str) -> str:
+        return arg.replace(str(output), "{output}").replace(str(REPO_ROOT), "{repo}")
+
+    return {key: [portable(arg) for arg in args] for key, args in commands.items()}
+
+
+def read_job_record(record: Path) -> dict[str, Any]:
+    """A run dir's job.json; ValueError naming the file and the fix when it is not a job record."""
+    try:
+        data = json.loads(record.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"{record} is not a readable job record ({e}); remove {record.parent} to retrain that run, "
+                         f"or restore the file") from None
+    if not isinstance(data, dict) or not all(isinstance(data.get(k), list) for k in ("train", "eval")):
+        raise ValueError(f"{record} is not a job record (it needs 'train' and 'eval' command lists); remove "
+                         f"{record.parent} to retrain that run, or restore the file")
+    return data
+
+
+class _TrainClock:
+    """Writes the job's cumulative seconds to timing.json every `interval` s while a command runs, so a
+    job resumed after a kill still records the time of every attempt (not only the last one's)."""
+
+    def __init__(self, run_dir: Path, key: str, interval: float = 30.0):
+        self.path, self.key, self.interval = run_dir / TIMING, key, interval
+        record = json.loads(self.path.read_text()) if self.path.is_file() else {}
+        self.record = {"train_seconds": 0.0, "eval_seconds": 0.0, **record}
+        self.record["attempts"] = int(self.record.get("attempts", 0)) + (key == "train_seconds")
+        self.before = float(self.record[key])
+        self.start = time.perf_counter()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._tick, daemon=True)
+        self._thread.start()
+
+    def _tick(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.write(complete=False)
+
+    def seconds(self) -> float:
+        """This attempt's seconds so far."""
+        return time.perf_counter() - self.start
+
+    def write(self, complete: bool, seconds: float | None = None) -> None:
+        self.record[self.key] = self.before + (self.seconds() if seconds is None else seconds)
+        self.record["complete"] = complete
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.record) + "\n")
+        tmp.replace(self.path)
+
+    def stop(self, complete: bool = False) -> float:
+        """Stop ticking, write the record; returns this attempt's seconds."""
+        self._stop.set()
+        self._thread.join()
+        seconds = self.seconds()
+        self.write(complete, seconds)
+        return seconds
+
+
 def run_job(spec: RunSpec, output: Path, tp: int, threads: int, warm: bool = True) -> JobResult:
     """Train one run, then evaluate its checkpoints.
 
-    A run dir records its commands in job.json: a finished run with the same commands is reused, an
-    unfinished one resumes (the trainer continues from its latest checkpoint); a run dir made with
-    other settings is an error rather than a silent mix. `warm`: the commands run in warm processes.
+    A run dir records its commands in job.json (paths relative to the output and the checkout): a finished
+    run with the same commands is reused, an unfinished one resumes (the trainer continues from its latest
+    checkpoint); a run dir made with other settings is an error rather than a silent mix. `warm`: the
+    commands run in warm processes. timing.json holds the seconds of every attempt of the job.
     """
     run_dir = output / "runs" / spec.name
     result = JobResult(spec, run_dir)
-    commands = {"train": train_command(spec, run_dir, tp)[1:], "eval": eval_command(spec, run_dir)[1:]}
+    commands = portable_commands({"train": train_command(spec, run_dir, tp)[1:],
+                                  "eval": eval_command(spec, run_dir)[1:]}, output)
     record = run_dir / "job.json"
     if record.is_file():
-        if json.loads(record.read_text()) != commands:
+        try:
+            recorded = read_job_record(record)
+        except ValueError as e:
+            result.error = str(e)
+            return result
+        if recorded != commands:
             result.error = (f"{run_dir} holds a run made with other settings (see {record}); remove it or choose "
                             f"another --output")
             return result
@@ -222,25 +291,23 @@ def run_job(spec: RunSpec, output: Path, tp: int, threads: int, warm: bool = Tru
     run_dir.mkdir(parents=True, exist_ok=True)
     record.write_text(json.dumps(commands, indent=2) + "\n")
     env = subprocess_env(threads)
-    start = time.perf_counter()
+    clock = _TrainClock(run_dir, "train_seconds")
     code = _run_logged(train_command(spec, run_dir, tp), run_dir / "train.log", env, warm)
-    result.train_seconds = time.perf_counter() - start
+    result.train_seconds = clock.stop()
     if code != 0:
         result.error = f"training failed (exit {code}); see {run_dir / 'train.log'}{_tail(run_dir / 'train.log')}"
         return result
-    start = time.perf_counter()
+    clock = _TrainClock(run_dir, "eval_seconds")
     code = _run_logged(eval_command(spec, run_dir), run_dir / "eval.log", env, warm)
-    result.eval_seconds = time.perf_counter() - start
+    result.eval_seconds = clock.stop(complete=code == 0)
     if code != 0:
         result.error = f"evaluation failed (exit {code}); see {run_dir / 'eval.log'}{_tail(run_dir / 'eval.log')}"
         return result
-    (run_dir / TIMING).write_text(json.dumps({"train_seconds": result.train_seconds,
-                                              "eval_seconds": result.eval_seconds}) + "\n")
     return result
 
 
 def run_seconds(run_dir: Path) -> float | None:
-    """Training + evaluation seconds of a finished job (None when it did not record them)."""
+    """Training + evaluation seconds of a finished job, every attempt counted (None when it recorded none)."""
     path = Path(run_dir) / TIMING
     if not path.is_file():
         return None

@@ -6,6 +6,8 @@ from pathlib import Path
 
 from cplm_megatron.data.stdlib_corpus import (
     EXCLUDED_DIRS,
+    VAL_MAX_BYTES,
+    VAL_MIN_BYTES,
     StdlibCorpus,
     module_name,
     split_train_val,
@@ -30,7 +32,8 @@ def test_split_is_by_module_name_and_stable() -> None:
     files = stdlib_sources(root)
     train, val = split_train_val(files, root)
     assert not set(train) & set(val) and sorted(train + val) == files
-    assert 0.02 < len(val) / len(files) < 0.09
+    assert 0.1 < len(val) / len(files) < 0.3
+    assert all(VAL_MIN_BYTES <= f.stat().st_size <= VAL_MAX_BYTES for f in val)
     # a module's side depends only on its own name, not on which other files are present
     _, val_of_subset = split_train_val(files[::3], root)
     assert set(val_of_subset) == set(val) & set(files[::3])
@@ -89,3 +92,20 @@ def test_verbatim_overlap_counts_shared_windows(stdlib_corpus: StdlibCorpus, tmp
     assert 0.2 < part["fraction_in_train"] < 0.8
     both = verbatim_overlap(stdlib_corpus.tokenizer_dir, [same], {"val": [same], "dev": [half]})
     assert both == {"val": full, "dev": part}  # one record per split, training windows hashed once
+
+
+def test_validation_split_can_rank_arms(stdlib_corpus: StdlibCorpus) -> None:
+    """The recipe study's validation set: >= 100 documents, >= 150k tokens, no document above 5% of its tokens,
+    verbatim overlap with train below 2% (split.json reports each)."""
+    from cplm_megatron.data.stdlib_corpus import MAX_DOCUMENT_SHARE
+
+    record = stdlib_corpus.split
+    sizes = record["sizes"]["val"]
+    assert sizes["documents"] == stdlib_corpus.val.documents >= 100
+    assert sizes["tokens"] >= 150_000
+    assert sizes["largest_document_share"] <= MAX_DOCUMENT_SHARE
+    assert sizes["largest_document_tokens"] / sizes["tokens"] == sizes["largest_document_share"]
+    assert record["verbatim_overlap"]["val"]["fraction_in_train"] < 0.02
+    assert record["verbatim_overlap"]["dev"]["fraction_in_train"] < 0.02
+    assert record["sizes"]["dev"]["documents"] == stdlib_corpus.dev.documents > 0
+    assert "val_fraction" in record["drawn"]

@@ -31,6 +31,7 @@ def test_copy_scores_the_repeat_after_its_first_token():
     result = copy.run(InductionScorer(VOCAB, confidence=CONF), opts)
     assert result.metrics["copy_accuracy"] == 1.0
     assert result.metrics["copy_sequence_accuracy"] == 1.0
+    assert result.metrics["copy_accuracy_chance"] == 1 / (VOCAB - 1)  # span tokens uniform over 1..V-1
     # the scorer's fp32 log(CONF) averaged over 256 tokens: ~|log CONF| * 2^-24 per term, ~1e-7
     assert result.metrics["copy_loss"] == pytest.approx(-math.log(CONF), abs=1e-6)
     assert result.details["scored_tokens"] == 8 * (64 - 32)  # positions 32..63 predict the repeat's tokens 2..33
@@ -58,8 +59,25 @@ def test_passkey_grid_finds_every_key_token_but_the_first():
     result = passkey.run(InductionScorer(PASSKEY_VOCAB, confidence=CONF), opts)
     grid = result.details["grid"]
     assert [(c["length"], c["depth"]) for c in grid] == [(L, d) for L in (32, 64) for d in (0.0, 0.5, 1.0)]
-    assert all(c["accuracy"] == 0.0 and c["token_accuracy"] == 0.75 for c in grid)
-    assert result.metrics == {"passkey_accuracy": 0.0, "passkey_token_accuracy": 0.75}
+    assert all(c["accuracy"] == 0.0 and c["token_accuracy"] == 0.75 and c["first_token_accuracy"] == 0.0
+               for c in grid)
+    # key tokens 2..4 are copyable bigrams under teacher forcing; the first is the one that needs retrieval
+    assert result.metrics == {"passkey_accuracy": 0.0, "passkey_token_accuracy": 0.75,
+                              "passkey_first_token_accuracy": 0.0,
+                              "passkey_first_token_chance": 1 / (PASSKEY_VOCAB - 3)}
+
+
+class RetrievalScorer(InductionScorer):
+    """Induction that also reads the query marker (2) as the needle's marker (1): it retrieves k_1."""
+
+    def predictions(self, tokens: torch.Tensor) -> torch.Tensor:
+        return super().predictions(torch.where(tokens == 2, torch.ones_like(tokens), tokens))
+
+
+def test_passkey_first_token_accuracy_counts_retrieval():
+    opts = options(passkey_lengths=(32,), passkey_depths=(0.5,))
+    result = passkey.run(RetrievalScorer(PASSKEY_VOCAB, confidence=CONF), opts)
+    assert result.metrics["passkey_first_token_accuracy"] == 1.0 == result.metrics["passkey_accuracy"]
 
 
 def test_passkey_skips_lengths_beyond_the_model_and_says_so():
@@ -113,6 +131,21 @@ def test_val_equals_the_models_masked_loss(megatron, packed_val: Path, isolated_
     # relative -> 1e-5; exp() multiplies a relative error by |loss| <~ 8 -> 1e-4 for the perplexity
     assert result.metrics["val_loss"] == pytest.approx(total / count, rel=1e-5)
     assert result.metrics["val_ppl"] == pytest.approx(math.exp(total / count), rel=1e-4)
+
+
+def test_val_all_scores_every_sample_including_the_last_partial_batch(megatron, packed_val: Path,
+                                                                      isolated_streaming):
+    """--val-all: every packed sample and every document is scored, also when the batch size does not divide
+    the sample count (the last micro-batch used to be dropped)."""
+    from cplm_megatron.data.manifest import read_manifest
+
+    manifest = read_manifest(str(packed_val))
+    batch = next(b for b in range(3, manifest.samples) if manifest.samples % b)
+    opts = EvalOptions(batch_size=batch, limit=1, show_progress=False, data=str(packed_val), val_all=True)
+    result = val.run(megatron["baseline"], opts)
+    assert result.details["sequences"] == result.details["samples_available"] == manifest.samples
+    assert len(result.details["documents"]["ids"]) == manifest.documents
+    assert result.details["tokens"] == manifest.tokens - 1  # every token after the first is a label once
 
 
 def test_val_without_data_names_the_fix():

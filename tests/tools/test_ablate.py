@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -11,6 +13,7 @@ from cplm_megatron.experiments.ablation import (
     Settings,
     eval_command,
     plan,
+    portable_commands,
     run_job,
     train_command,
 )
@@ -51,14 +54,44 @@ def test_finished_runs_are_reused_and_other_settings_refused(tmp_path: Path):
     run_dir.mkdir(parents=True)
     for name in ("eval.json", "summary.json"):
         (run_dir / name).write_text("{}")
-    same = {"train": train_command(spec, run_dir, 1)[1:], "eval": eval_command(spec, run_dir)[1:]}
+    same = portable_commands({"train": train_command(spec, run_dir, 1)[1:], "eval": eval_command(spec, run_dir)[1:]},
+                             tmp_path)
+    assert not any(str(tmp_path) in arg for args in same.values() for arg in args)
+    assert "run.dir={output}/runs/" + spec.name in same["train"]
     (run_dir / "job.json").write_text(json.dumps(same))
     reused = run_job(spec, tmp_path, tp=1, threads=1)  # nothing launched: it would fail on the fake files
     assert reused.error is None and reused.reused and reused.train_seconds == 0
     assert reused.status_line() == f"{spec.name}: reused (finished earlier with the same commands)"
+    moved = tmp_path / "elsewhere"  # a study directory copied to another place (or machine) keeps its runs
+    shutil.copytree(tmp_path / "runs", moved / "runs")
+    assert run_job(spec, moved, tp=1, threads=1).reused
     (run_dir / "job.json").write_text(json.dumps({**same, "train": same["train"] + ["train.iters=1"]}))
     refused = run_job(spec, tmp_path, tp=1, threads=1)
     assert "made with other settings" in refused.error
+    (run_dir / "job.json").write_text('{"train": [')  # a job record cut short
+    corrupt = run_job(spec, tmp_path, tp=1, threads=1)
+    assert corrupt.error.startswith(f"{run_dir / 'job.json'} is not a readable job record")
+    assert f"remove {run_dir} to retrain that run" in corrupt.error
+    (run_dir / "job.json").write_text("[]")
+    assert "is not a job record" in run_job(spec, tmp_path, tp=1, threads=1).error
+
+
+def test_timing_counts_every_attempt_of_a_job(tmp_path: Path):
+    """A job killed mid-training and run again records both attempts' seconds (the clock ticks while it runs)."""
+    from cplm_megatron.experiments.ablation import _TrainClock, run_seconds
+
+    (tmp_path / "timing.json").write_text(json.dumps({"train_seconds": 100.0, "eval_seconds": 0.0, "attempts": 1,
+                                                      "complete": False}))  # the killed attempt's last tick
+    clock = _TrainClock(tmp_path, "train_seconds", interval=0.05)
+    time.sleep(0.2)
+    ticked = json.loads((tmp_path / "timing.json").read_text())
+    assert ticked["train_seconds"] > 100.0 and ticked["complete"] is False and ticked["attempts"] == 2
+    seconds = clock.stop()
+    clock = _TrainClock(tmp_path, "eval_seconds")
+    clock.stop(complete=True)
+    final = json.loads((tmp_path / "timing.json").read_text())
+    assert final["train_seconds"] == pytest.approx(100.0 + seconds) and final["complete"] is True
+    assert run_seconds(tmp_path) == pytest.approx(final["train_seconds"] + final["eval_seconds"])
 
 
 @pytest.mark.parametrize("warm", [True, False], ids=["warm", "subprocess"])
@@ -104,9 +137,14 @@ def test_study_settings_refuse_what_cannot_give_a_spread():
     def settings(*args: str):
         return ablate.study_settings_from_args(ablate.parse_args(["--output", "x", "--study", *args]))
 
-    assert settings().arms == ("baseline", "mixture", "aux1", "aux1+copy", "sentinel", "sentinel+aux1")
+    assert settings().arms == ("baseline", "mixture", "aux1", "sentinel+aux1")
     assert settings("--arms", "baseline,decoupled").arms == ("baseline", "decoupled")  # retired arms stay runnable
-    assert settings().seeds == (1, 2, 3) and settings().scales == ("tiny", "4x")
+    default = settings()
+    assert default.seeds == (1, 2, 3, 4, 5) and default.scales == ("tiny", "small")
+    assert default.arms_at("small") == ("baseline", "aux1", "sentinel+aux1") and default.seeds_at("small") == (1, 2, 3)
+    assert len(default.grid()) == 4 * 5 + 3 * 3 == len(default.planned())
+    assert settings("--seeds", "1,2").seeds_at("small") == (1, 2)  # --seeds: the same seeds at every scale
+    assert settings("--arms", "baseline,mixture").arms_at("small") == ("baseline", "mixture")  # every scale
     with pytest.raises(ValueError, match=">= 2 distinct seeds"):
         settings("--seeds", "1")
     with pytest.raises(ValueError, match="must hold baseline"):

@@ -7,6 +7,7 @@ which the model has not seen followed by anything yet, so it is not copyable.
 For a CPLM model also: `copy_head_accuracy` (the argmax of the copy head's own distribution p_copy,
 without the LM head) and `copy_mean_gate` (the mean mixture weight g on the scored positions): how
 much of the mixture's copy accuracy the copy head carries, and how far the gate opens on copyable text.
+`copy_accuracy_chance` is the accuracy of a guess that does not copy (span tokens are uniform over 1..V-1).
 """
 from __future__ import annotations
 
@@ -97,7 +98,9 @@ def run(scorer: Scorer, options: EvalOptions) -> TaskResult:
         tally.add(log_probs, batch["labels"], select)
         correct = argmax_correct(log_probs, batch["labels"]) | ~select
         sequences_right += int(correct.all(dim=1).sum())
-    metrics = {"copy_accuracy": tally.accuracy, "copy_loss": tally.loss, "copy_sequence_accuracy": sequences_right / n}
+    metrics = {"copy_accuracy": tally.accuracy, "copy_loss": tally.loss, "copy_sequence_accuracy": sequences_right / n,
+               # span tokens are uniform over [1, V): a guess without copying is right with probability 1/(V-1)
+               "copy_accuracy_chance": 1.0 / (scorer.vocab_size - 1)}
     if parts is not None:
         metrics.update(copy_head_accuracy=head_right / tally.count, copy_mean_gate=gate_sum / tally.count)
     return TaskResult("copy", metrics, {"sequences": n, "length": length, "scored_tokens": tally.count})

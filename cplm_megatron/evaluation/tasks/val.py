@@ -32,14 +32,16 @@ def val_paths(scorer: Scorer, options: EvalOptions) -> list[str]:
     return streams
 
 
-def open_val_loader(paths: list[str], batch_size: int, document_masking: bool, vocab_size: int):
-    """The validation loader (one pass, unshuffled) over `paths` in this single process."""
+def open_val_loader(paths: list[str], batch_size: int, document_masking: bool, vocab_size: int,
+                    keep_last: bool = True):
+    """The validation loader (one pass, unshuffled) over `paths` in this single process; `keep_last`: the
+    last, partial batch too (every sample)."""
     from cplm_megatron.data.loader import build_val_loader
 
     seq_len = read_manifest(paths[0]).seq_len
     cfg = DataConfig(val_streams=list(paths), seq_len=seq_len, micro_batch=batch_size, global_batch=batch_size,
                      document_masking=document_masking)
-    return build_val_loader(cfg, 0, 1, model_vocab_size=vocab_size)
+    return build_val_loader(cfg, 0, 1, model_vocab_size=vocab_size, keep_last=keep_last)
 
 
 def val_batches(loader, options: EvalOptions) -> list:
@@ -72,7 +74,7 @@ def run(scorer: Scorer, options: EvalOptions) -> TaskResult:
         "val",
         {"val_loss": tally.loss, "val_loss_ci_low": low, "val_loss_ci_high": high, "val_ppl": tally.perplexity,
          "val_accuracy": tally.accuracy, "val_lm_loss": lm_tally.loss},
-        {"data": paths, "sequences": sequences, "samples_available": len(loader) * options.batch_size,
+        {"data": paths, "sequences": sequences, "samples_available": loader.epoch_size,
          "tokens": tally.count, "documents": {"ids": docs, "nll": nll, "count": count},
          "interval": "95% percentile bootstrap over documents (2000 resamples)"},
     )
