@@ -6,8 +6,11 @@
 #   make test-mcore-latest  a second venv (.venv-mcore-latest) with the newest tested megatron-core, and
 #                           the megatron-core tests selected for it (pytest marker `mcore_latest`) on it
 #   make demo               setup + the end-to-end demo (corpus, TP=2 training, eval vs baseline, HF export)
-#   make gpu-dry-run OUT=DIR  the GPU check (benchmarks/gpu/run_gpu_checks.sh) at tiny sizes on CPU, every step,
-#                           on .venv-mcore-latest (the GPU machine's megatron-core), bf16, SDPA attention -> DIR
+#   make gpu-dry-run OUT=DIR [STEPS=a,b]  the GPU check (benchmarks/gpu/run_gpu_checks.sh) at tiny sizes on CPU,
+#                           as the GPU machine sees it: .venv-gpu-image (only the GPU image's packages, CPU torch)
+#                           + the carried wheels (megatron-core 0.19.2's cp311 wheel, the project's own wheel)
+#                           installed by the script's install step; nothing editable; bf16, SDPA -> DIR
+#   make gpu-image-env      that environment alone (built once, cached in .venv-gpu-image/)
 #   make data               the embedded corpus: tokenizer + MDS shards from the Python stdlib sources
 SHELL := /bin/bash
 PYTHON ?= python3
@@ -38,7 +41,7 @@ PIP = $(@D)/bin/python -m pip -q --disable-pip-version-check
 DATA_DIR ?= data/stdlib
 PYTEST_ARGS ?=
 
-.PHONY: setup setup-mcore-latest test test-mcore-latest demo data lint clean-data gpu-dry-run
+.PHONY: setup setup-mcore-latest test test-mcore-latest demo data lint clean-data gpu-dry-run gpu-image-env
 
 setup: $(STAMP)
 
@@ -71,9 +74,26 @@ test-mcore-latest: data $(LATEST_STAMP)
 demo: setup data
 	$(BIN)/python tools/demo.py --data $(DATA_DIR)
 
-gpu-dry-run: $(LATEST_STAMP)
-	@test -n "$(OUT)" || { echo "usage: make gpu-dry-run OUT=DIR" >&2; exit 2; }
-	OUT="$(OUT)" PYTHON=$(LATEST_VENV)/bin/python OMP_NUM_THREADS=1 bash benchmarks/gpu/run_gpu_checks.sh --cpu-dry-run
+# The GPU machine's image, emulated: only the packages the image has (CPU torch instead of CUDA torch), nothing
+# of the project, no megatron-core; built once (cached: .venv-gpu-image/, git-ignored). The dry run's wheels
+# (what prepare_wheels.sh carries to the GPU machine, but megatron-core's cp311 wheel) go to its wheels/.
+GPU_IMAGE_VENV ?= .venv-gpu-image
+GPU_IMAGE_STAMP := $(GPU_IMAGE_VENV)/.cplm-image-stamp
+GPU_IMAGE_PACKAGES := torch==2.13.0 triton transformers numpy pyyaml psutil packaging einops typing-extensions
+STEPS ?=
+gpu-image-env: $(GPU_IMAGE_STAMP)
+
+$(GPU_IMAGE_STAMP): requirements/constraints-cpu.txt
+	@test -x $(@D)/bin/python || $(PYTHON) -m venv $(@D)
+	$(PIP) install -c requirements/constraints-cpu.txt $(GPU_IMAGE_PACKAGES)
+	@touch $@
+	@echo "[gpu-image-env] $(@D): $(GPU_IMAGE_PACKAGES)"
+
+gpu-dry-run: $(GPU_IMAGE_STAMP)
+	@test -n "$(OUT)" || { echo "usage: make gpu-dry-run OUT=DIR [STEPS=a,b]" >&2; exit 2; }
+	WHEEL_DIR=$(GPU_IMAGE_VENV)/wheels WHEEL_PYTHON_VERSION=3.11 bash benchmarks/gpu/prepare_wheels.sh
+	OUT="$(OUT)" PYTHON=$(GPU_IMAGE_VENV)/bin/python WHEEL_DIR=$(GPU_IMAGE_VENV)/wheels OMP_NUM_THREADS=1 \
+	  bash benchmarks/gpu/run_gpu_checks.sh --cpu-dry-run $(if $(STEPS),--steps $(STEPS))
 
 lint: setup
 	$(BIN)/ruff check cplm_megatron kernels pretrain tools tests benchmarks

@@ -1,18 +1,23 @@
-"""Core attention with document masking, forward+backward: SDPA per document vs SDPA with a dense mask.
+"""Core attention with document masking, forward+backward: every available document backend vs SDPA with a
+dense mask (the reference).
 
 The variants are `cplm_megatron.model.attention.SDPAttention` given what the step would pass:
 
-* ``documents``: the document ids (`model/document_mask.py`): one causal attention per document (flash varlen
-  through nested tensors on CUDA), no ``[s, s]`` tensor;
 * ``dense``: megatron's boolean ``[b, 1, s, s]`` mask (built once per micro-batch, like the step did before):
-  SDPA's memory-efficient kernel with an additive bias;
-* ``causal``: no document mask at all (``is_causal``, flash): the floor, and a different attention.
+  SDPA's memory-efficient kernel with an additive bias -- the reference, run first;
+* ``causal``: no document mask at all (``is_causal``, flash): the floor, and a different attention;
+* ``documents:<backend>``: the document ids (`model/document_mask.py`), no ``[s, s]`` tensor, by each backend
+  that runs here (`available_document_backends`): ``varlen`` (torch's flash varlen kernel, CUDA),
+  ``njt`` (nested jagged tensors through SDPA, CUDA), ``per_document`` (one SDPA call per document). The model
+  picks the first available one at build (``selected`` in the JSON); these rows settle whether that is right.
+
+Each variant's row (time, extra memory, agreement with ``dense``) is written as soon as it finishes.
 
 Sizes: SmolLM2-1.7B's attention (32 heads, 32 k/v groups, head dim 64) at seq 8192 (micro 1) and 2048 (micro 4),
 bf16 on GPU; documents of random lengths (mean ~1k tokens). Memory is the peak beyond the inputs, the outputs
 and their gradients (the CUDA allocator; torch's MemTracker on CPU); time the median of interleaved
-repetitions after a warm-up. ``documents`` and ``dense`` compute the same function: their outputs and q/k/v
-gradients are compared (max relative error).
+repetitions after a warm-up call. The document backends and ``dense`` compute the same function: their
+outputs and q/k/v gradients are compared (max relative error).
 
     python benchmarks/attention.py --json OUT.json [--quick]    # --quick: tiny sizes on CPU (a smoke run)
 """
@@ -34,7 +39,13 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from partial_results import write_partial  # noqa: E402
 
 HAS_CUDA = torch.cuda.is_available()
-VARIANTS = ("documents", "dense", "causal")
+
+
+def variants() -> List[str]:
+    """dense (the reference) first, causal, then every document backend that runs on this machine."""
+    from cplm_megatron.model.document_mask import available_document_backends, varlen_attn_function
+
+    return ["dense", "causal", *(f"documents:{b}" for b in available_document_backends(HAS_CUDA, varlen_attn_function()))]
 
 
 def _init() -> None:
@@ -119,72 +130,70 @@ def rel_err(a: torch.Tensor, ref: torch.Tensor) -> float:
 
 def bench_size(heads: int, groups: int, head_dim: int, seq: int, batch: int, mean_len: int, dtype: torch.dtype,
                reps: int, on_row: Callable[[Dict[str, Any]], None]) -> None:
+    """Every variant at one size, one after the other; a row per variant as soon as it is measured."""
     from cplm_megatron.model.document_mask import dense_document_mask, document_ids_mask
 
     device = torch.device("cuda") if HAS_CUDA else torch.device("cpu")
     core = make_core(heads, groups, head_dim, dtype)
+    selected = core.document_backend
     g = torch.Generator(device=device).manual_seed(1)
     inputs = [torch.randn(seq, batch, n, head_dim, generator=g, device=device).to(dtype).requires_grad_()
               for n in (heads, groups, groups)]
     grad = torch.randn(seq, batch, heads * head_dim, generator=g, device=device).to(dtype)
     ids = document_ids(batch, seq, mean_len, device)
-    masks = {"documents": document_ids_mask(ids), "dense": dense_document_mask(document_ids_mask(ids)), "causal": None}
     size = dict(heads=heads, groups=groups, head_dim=head_dim, seq=seq, batch=batch, dtype=str(dtype).split(".")[-1],
-                documents=int(ids[:, -1].sum() + batch))
-    runs, outs, rows = {}, {}, {}
-    for name in VARIANTS:
-        row = dict(size, variant=name)
+                documents=int(ids[:, -1].sum() + batch), device=str(device))
+    reference = None
+    for name in variants():
+        backend = name.split(":", 1)[1] if name.startswith("documents:") else None
+        row: Dict[str, Any] = dict(size, variant=name, backend=backend, selected_at_build=backend == selected)
+        mask = {"dense": dense_document_mask(document_ids_mask(ids)), "causal": None}.get(name, document_ids_mask(ids))
+        core.document_backend = backend or selected
         try:
-            runs[name] = runner(core, inputs, grad, masks[name])
-            row["extra_bytes"], outs[name] = peak_bytes(runs[name], inputs)
+            run = runner(core, inputs, grad, mask)
+            row["extra_bytes"], out = peak_bytes(run, inputs)
+            times = []
+            for rep in range(reps + 1):  # the first call warms up
+                _sync()
+                start = time.perf_counter()
+                run()
+                _sync()
+                if rep:
+                    times.append(time.perf_counter() - start)
+            row["seconds"] = statistics.median(times)
             row["status"] = "ok"
+            if name == "dense":
+                reference = out
+            elif backend and reference is not None:
+                row["max_rel_err_vs_dense"] = max(rel_err(a, b) for a, b in zip(out, reference))
         except Exception as err:  # noqa: BLE001 - one variant's failure must not lose the others
             row["status"] = f"error: {type(err).__name__}: {err}"[:300]
             if HAS_CUDA and isinstance(err, torch.cuda.OutOfMemoryError):
                 torch.cuda.empty_cache()
-        rows[name] = row
-    times: Dict[str, List[float]] = {name: [] for name in runs}
-    for rep in range(reps + 1):  # interleaved; the first round warms up
-        for name, run in runs.items():
-            if rows[name]["status"] != "ok":
-                continue
-            _sync()
-            start = time.perf_counter()
-            try:
-                run()
-            except Exception as err:  # noqa: BLE001
-                rows[name]["status"] = f"error: {type(err).__name__}: {err}"[:300]
-                continue
-            _sync()
-            if rep:
-                times[name].append(time.perf_counter() - start)
-    for name, row in rows.items():
-        if row["status"] == "ok" and times[name]:
-            row["seconds"] = statistics.median(times[name])
-        if name == "documents" and "dense" in outs and "documents" in outs:
-            row["max_rel_err_vs_dense"] = max(rel_err(a, b) for a, b in zip(outs["documents"], outs["dense"]))
-        print(f"{name:9s} b={batch} seq={seq:6d} heads={heads}/{groups} d={head_dim} {row['dtype']:8s} "
+        print(f"{name:22s} b={batch} seq={seq:6d} heads={heads}/{groups} d={head_dim} {row['dtype']:8s} "
               f"{row.get('seconds', float('nan')):8.4f} s  extra {row.get('extra_bytes', 0) / 2**20:9.1f} MiB  "
               f"{row['status']}", flush=True)
         on_row(row)
+    core.document_backend = selected
 
 
 def ratios(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """Per size: documents vs dense time and memory (and vs causal, the floor)."""
+    """Per size and document backend: time and memory vs dense (and vs causal, the floor), agreement with dense."""
     out = []
-    keys = sorted({(r["seq"], r["batch"]) for r in rows})
-    for seq, batch in keys:
+    for seq, batch in sorted({(r["seq"], r["batch"]) for r in rows}):
         by = {r["variant"]: r for r in rows if (r["seq"], r["batch"]) == (seq, batch) and r["status"] == "ok"}
-        if "documents" not in by:
-            continue
-        doc = by["documents"]
-        entry: Dict[str, Any] = {"seq": seq, "batch": batch, "max_rel_err_vs_dense": doc.get("max_rel_err_vs_dense")}
-        for other in ("dense", "causal"):
-            if other in by and by[other].get("seconds") and doc.get("seconds"):
-                entry[f"time_vs_{other}"] = doc["seconds"] / by[other]["seconds"]
-            if other in by and by[other].get("extra_bytes"):
-                entry[f"memory_vs_{other}"] = doc["extra_bytes"] / by[other]["extra_bytes"]
-        out.append(entry)
+        for doc in by.values():
+            if not doc.get("backend"):
+                continue
+            entry: Dict[str, Any] = {"seq": seq, "batch": batch, "dtype": doc["dtype"], "backend": doc["backend"],
+                                     "selected_at_build": doc["selected_at_build"],
+                                     "max_rel_err_vs_dense": doc.get("max_rel_err_vs_dense")}
+            for other in ("dense", "causal"):
+                if other in by and by[other].get("seconds") and doc.get("seconds"):
+                    entry[f"time_vs_{other}"] = doc["seconds"] / by[other]["seconds"]
+                if other in by and by[other].get("extra_bytes"):
+                    entry[f"memory_vs_{other}"] = doc["extra_bytes"] / by[other]["extra_bytes"]
+            out.append(entry)
     return out
 
 
@@ -204,13 +213,18 @@ def main(argv: Optional[List[str]] = None) -> int:
     rows: List[Dict[str, Any]] = []
     device = torch.cuda.get_device_name() if HAS_CUDA else "cpu"
 
+    from cplm_megatron.model.document_mask import select_document_backend
+
+    head = {"device": device, "torch": torch.__version__, "selected_backend": select_document_backend(HAS_CUDA),
+            "variants": variants()}
+
     def on_row(row: Dict[str, Any]) -> None:
         rows.append(row)
-        write_partial(args.json, {"device": device, "rows": rows, "ratios": ratios(rows)})
+        write_partial(args.json, {**head, "rows": rows, "ratios": ratios(rows)})
 
     for heads, groups, head_dim, seq, batch, mean_len in plan:
         bench_size(heads, groups, head_dim, seq, batch, mean_len, dtype, reps, on_row)
-    write_partial(args.json, {"device": device, "rows": rows, "ratios": ratios(rows)}, complete=True)
+    write_partial(args.json, {**head, "rows": rows, "ratios": ratios(rows)}, complete=True)
     failed = [r for r in rows if r["status"] != "ok"]
     return 1 if failed else 0
 

@@ -1,14 +1,16 @@
-"""The Python steps of benchmarks/gpu/run_gpu_checks.sh: environment record, compat-layer scope check,
-and the summary that turns every step's raw output into the figures of the README's GPU table.
+"""The Python steps of benchmarks/gpu/run_gpu_checks.sh: the install check (every module a step imports, from
+the installed wheels), compat-layer scope check, and the summary that turns every step's raw output into the
+figures of the README's GPU table.
 
-    python benchmarks/gpu/gpu_steps.py env     WORK_DIR
+    python benchmarks/gpu/gpu_steps.py install-check WORK_DIR   # modules from WORK_DIR/site; -> env.json
     python benchmarks/gpu/gpu_steps.py compat  WORK_DIR
-    python benchmarks/gpu/gpu_steps.py summary WORK_DIR SUMMARY_JSON [--dry-run] [--budget-limit S]
+    python benchmarks/gpu/gpu_steps.py summary WORK_DIR SUMMARY_JSON [--dry-run] [--budget-limit S] [--warmup-steps N]
 
 WORK_DIR holds the steps' files: plan.tsv (the planned steps and budgets, in order), steps.tsv (name, budget,
 exit code or "interrupted", seconds; one row as each step ends), env.json, compat.json, kernel_check.json,
-copy_kernel.json, train_<slot>_<variant>.json + .yaml + .metrics.jsonl (the trainer's summary.json, or
-summary_stopped_early.json when its budget stopped it, resolved config and per-step metrics),
+copy_kernel.json, train_<slot>_<variant>_<loss>.json + .yaml + .metrics.jsonl (the trainer's summary.json, or
+summary_stopped_early.json when its budget stopped it, resolved config and per-step metrics: the figures come
+from the per-step times after the warm-up steps),
 lm_head_loss.json. The summary runs after every step and from the script's EXIT trap, so it imports no torch
 (the memory estimate of Megatron's LM-head path is torch-free) and reads partial files as they are.
 """
@@ -24,6 +26,21 @@ from typing import Any, Optional
 
 GPU_BUDGET_S = 360  # one pass + a machine start leave the 4 minutes a second start needs in a 15-minute lease
 TRAIN_SLOTS = ("small", "large")  # GPU: SmolLM2-135M and 1.7B; dry run: the tiny preset twice
+# (slot, variant, LM-head loss path) of the training steps, as run_gpu_checks.sh names them
+TRAIN_RUNS = (("small", "base", "megatron"), ("small", "base", "chunked"), ("small", "cplm", "chunked"),
+              ("large", "base", "chunked"), ("large", "cplm", "chunked"))
+# Every module a step imports from the project and megatron-core (the install check imports them all and each
+# must come from the private site dir, not from the checkout or an editable install)
+STEP_MODULES = ("megatron.core", "cplm_kernels", "cplm_kernels.configs", "cplm_kernels.linear_ce", "cplm_megatron",
+                "cplm_megatron.recipes", "cplm_megatron.model.config", "cplm_megatron.model.accounting",
+                "cplm_megatron.model.attention", "cplm_megatron.model.document_mask", "cplm_megatron.model.layout",
+                "cplm_megatron.model.lm_head_loss", "cplm_megatron.parallel.cpu_compat",
+                "cplm_megatron.parallel.distributed", "cplm_megatron.cli", "cplm_megatron.pretrain")
+FLOPS_CONVENTION = (
+    "matmul FLOPs only (2mnk), training = 3 x forward (+ recomputed forward); mfu_full_attention counts attention "
+    "scores and values (and the copy head's scores) at full T x T, the Megatron/PaLM convention the trainer logs; "
+    "mfu_causal_attention counts them for the causal part only ((T+1)/2 keys per query). Peak: the trainer's "
+    "per-device dense bf16 peak (H200: 989 TFLOP/s; CPU: a nominal 1)")
 
 
 def _version(dist: str) -> Optional[str]:
@@ -33,15 +50,44 @@ def _version(dist: str) -> Optional[str]:
         return None
 
 
-def record_env(work: Path) -> None:
-    """Versions and device of this run -> env.json."""
+def install_check(work: Path) -> int:
+    """Import every module a step imports (STEP_MODULES) and load the recipes the steps use: each must come from
+    WORK/site (the installed wheels). Versions, device and module origins -> env.json; exit 1 naming the first
+    module that fails or comes from elsewhere."""
+    import importlib
+
+    site = (work / "site").resolve()
+    origins: dict[str, str] = {}
+    for name in STEP_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except Exception as err:  # noqa: BLE001 - the one-line error names the module
+            print(f"error: import {name} failed: {type(err).__name__}: {err}")
+            return 1
+        origin = Path(module.__file__).resolve()
+        origins[name] = str(origin)
+        if site not in origin.parents:
+            print(f"error: {name} comes from {origin}, not from the installed wheels in {site}")
+            return 1
+    from cplm_megatron.model.config import PRESET_DIR, available_presets, load_preset
+
+    missing = sorted({"tiny", "smollm2-135m", "smollm2-1.7b"} - set(available_presets()))
+    if missing:
+        print(f"error: the installed wheel lacks the model presets {missing} (looked in {PRESET_DIR})")
+        return 1
+    for preset in ("tiny", "smollm2-135m", "smollm2-1.7b"):
+        load_preset(preset)
     import torch
 
     info = {"python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
             "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-            **{dist: _version(dist) for dist in ("triton", "megatron-core", "transformer-engine", "transformers")}}
+            **{dist: _version(dist) for dist in ("triton", "megatron-core", "cplm-megatron", "transformer-engine",
+                                                 "transformers")},
+            "module_origins": origins}
     (work / "env.json").write_text(json.dumps(info, indent=2))
-    print(json.dumps(info))
+    print(json.dumps({k: v for k, v in info.items() if k != "module_origins"}))
+    print(f"OK: {len(STEP_MODULES)} modules from {site}")
+    return 0
 
 
 def check_compat(work: Path) -> int:
@@ -105,7 +151,11 @@ def kernel_figures(report: Optional[dict]) -> dict[str, Any]:
         if naive_mem is None:  # the naive path ran out of memory: one fp32 [b, H, T, T] score tensor as the floor
             naive_mem = 4 * report["environment"]["batch"] * report["environment"]["heads"] * T * T
             naive_basis = "one fp32 [b,H,T,T] tensor (naive did not run)"
+        env = report["environment"]
         out[f"T={T},d={d}"] = {
+            "dtype": "bf16 (fp8_fwd_ms: e4m3 operands)", "seq_len": T, "head_dim": d, "micro_batch": env.get("batch"),
+            "heads": env.get("heads"), "attention_impl": "copy-head scores: fused Triton kernel vs torch SDPA flash "
+                                                          "vs chunked vs naive",
             "fused_fwd_bwd_ms": fused, "sdpa_flash_fwd_bwd_ms": sdpa, "chunked_fwd_bwd_ms": chunked,
             "fused_over_sdpa_flash": _ratio(fused, sdpa), "fused_over_chunked": _ratio(fused, chunked),
             "bf16_fwd_ms": bf16_fwd, "fp8_fwd_ms": fp8_fwd, "fp8_fwd_speedup": _ratio(bf16_fwd, fp8_fwd),
@@ -133,59 +183,104 @@ def memory_estimate_gib(config: dict) -> float:
     return est["total_gib"]
 
 
-def _from_metrics(path: Path) -> Optional[dict]:
-    """A throughput record from the trainer's per-step metrics (a run killed before it wrote one): the last
-    logged step's tokens/s, MFU and step time."""
-    if not path.exists():
-        return None
+def _metrics(path: Path) -> list[dict]:
+    """The trainer's per-step records (metrics.jsonl, log_interval=1) that carry a timestamp, by iteration."""
     records = []
-    for line in path.read_text().splitlines():
+    for line in path.read_text().splitlines() if path.exists() else []:
         try:
             record = json.loads(line)
         except ValueError:
             continue
-        if "tokens_per_sec" in record:
+        if "iteration" in record and "time" in record:
             records.append(record)
-    if not records:
-        return None
-    last = records[-1]
-    return {"iterations": last.get("iteration"), "tokens_per_sec": last.get("tokens_per_sec"), "mfu": last.get("mfu"),
-            "step_time": last.get("step_time"), "tflops_per_device": last.get("tflops_per_device"),
-            "peak_memory_gib": last.get("peak_memory_gib"), "source": "metrics.jsonl (no summary record)"}
+    return sorted(records, key=lambda r: r["iteration"])
 
 
-def training_figures(work: Path) -> dict[str, Any]:
-    """Per slot: tokens/s, MFU, step time and peak memory of baseline and CPLM, the CPLM step-time overhead,
-    and peak memory over model_info's estimate."""
+def measured_step_time(records: list[dict], warmup: int) -> tuple[Optional[float], int]:
+    """Mean step time over the steps after the first `warmup` ones (the wall time between the log line of step
+    `warmup` and the last one, per step), and how many steps that is; (None, 0) without two such lines."""
+    start = [r for r in records if r["iteration"] <= warmup]
+    if not start or records[-1]["iteration"] <= start[-1]["iteration"]:
+        return None, 0
+    first, last = start[-1], records[-1]
+    steps = last["iteration"] - first["iteration"]
+    return (last["time"] - first["time"]) / steps, steps
+
+
+def train_flops(config: dict) -> dict[str, float]:
+    """Training FLOPs per token of a run's config, with attention at full T x T (the trainer's convention) and
+    causal ((T+1)/2 keys per query: the attention terms times (T+1)/(2T)). Torch-free."""
+    from cplm_megatron.model.accounting import CopyHeadShape, forward_flops_per_token, train_flops_per_token
+    from cplm_megatron.model.config import ModelConfig
+
+    model = ModelConfig(**config["model"])
+    head = config["copy_head"]
+    copy = (CopyHeadShape(head["heads"], head["head_dim"], head["qk_norm"], head.get("mixing", "gate"))
+            if head["enabled"] else None)
+    seq, recompute = config["train"]["seq_len"], config["recompute"]["granularity"]
+    full = train_flops_per_token(model, seq, copy, recompute)
+    forward = forward_flops_per_token(model, seq, copy)
+    copy_scores = 2 * seq * copy.heads * copy.head_dim if copy else 0.0  # the copy head's T x T term
+    passes = 3 + (1 if recompute in ("full", "selective") else 0)  # fwd + bwd (2x) + a recomputed forward
+    attention = passes * forward["layers_attention"] + 3 * copy_scores
+    return {"full": full, "causal": full - attention * (1 - (seq + 1) / (2 * seq))}
+
+
+def run_figures(work: Path, name: str, warmup: int, device: Optional[str]) -> Optional[dict[str, Any]]:
+    """One training step's figures from its config and per-step metrics (warm-up steps excluded), each named with
+    its dtype, sequence length, micro batch, attention implementation and LM-head loss path."""
     import yaml
 
+    config_path = work / f"{name}.yaml"
+    records = _metrics(work / f"{name}.metrics.jsonl")
+    if not config_path.exists() or not records:
+        return None
+    config = yaml.safe_load(config_path.read_text())
+    record = _load(work / f"{name}.json") or {}
+    train = config["train"]
+    step_time, steps = measured_step_time(records, warmup)
+    tokens_per_sec = train["global_batch"] * train["seq_len"] / step_time if step_time else None
+    peaks = [r["tflops_per_device"] / r["mfu"] for r in records if r.get("mfu") and r.get("tflops_per_device")]
+    flops = train_flops(config)
+    mfu = {kind: (flops[kind] * tokens_per_sec / 1e12 / peaks[-1] if tokens_per_sec and peaks else None)
+           for kind in ("full", "causal")}
+    estimate = memory_estimate_gib(config)
+    return {
+        "preset": config["model"].get("preset"), "device": record.get("device") or device,
+        "dtype": config["precision"]["dtype"], "seq_len": train["seq_len"], "micro_batch": train["micro_batch"],
+        "global_batch": train["global_batch"], "attention_impl": config["model"].get("attention_impl"),
+        "lm_head_loss": config["model"].get("lm_head_loss"), "copy_head": bool(config["copy_head"]["enabled"]),
+        "iterations": records[-1]["iteration"], "warmup_steps_excluded": warmup, "measured_steps": steps,
+        "step_time": step_time, "tokens_per_sec": tokens_per_sec,
+        "train_flops_per_token_full": flops["full"], "train_flops_per_token_causal": flops["causal"],
+        "peak_tflops": peaks[-1] if peaks else None,
+        "mfu_full_attention": mfu["full"], "mfu_causal_attention": mfu["causal"],
+        "peak_memory_gib": record.get("peak_memory_gib"),
+        "record": "stopped early at its budget" if record.get("stopped_early") else (
+            "complete" if record else "metrics.jsonl only (no trainer record)"),
+        "memory_estimate_gib": round(estimate, 3),
+        "peak_over_estimate": _ratio(record.get("peak_memory_gib"), estimate),
+    }
+
+
+def training_figures(work: Path, warmup: int, device: Optional[str] = None) -> dict[str, Any]:
+    """Per slot: every run's figures keyed `<variant>_<loss>`, the CPLM step-time overhead against the baseline
+    with the same loss path, and (where both ran) the chunked over Megatron loss path's baseline step time."""
     out: dict[str, Any] = {}
     for slot in TRAIN_SLOTS:
         entry: dict[str, Any] = {}
-        for variant in ("base", "cplm"):
-            name = f"train_{slot}_{variant}"
-            record = _load(work / f"{name}.json") or _from_metrics(work / f"{name}.metrics.jsonl")
-            config_path = work / f"{name}.yaml"
-            if record is None or not config_path.exists():
-                continue
-            config = yaml.safe_load(config_path.read_text())
-            record.setdefault("preset", config["model"].get("preset"))
-            record.setdefault("seq_len", config["train"]["seq_len"])
-            record.setdefault("global_batch", config["train"]["global_batch"])
-            estimate = memory_estimate_gib(config)
-            entry[variant] = {key: record.get(key) for key in ("preset", "device", "seq_len", "global_batch",
-                                                                "iterations", "tokens_per_sec", "mfu", "step_time",
-                                                                "tflops_per_device", "peak_memory_gib")}
-            entry[variant]["micro_batch"] = config["train"]["micro_batch"]
-            entry[variant]["attention_impl"] = config["model"].get("attention_impl")
-            entry[variant]["dtype"] = config["precision"]["dtype"]
-            entry[variant]["record"] = record.get("source") or (
-                "stopped early at its budget" if record.get("stopped_early") else "complete")
-            entry[variant]["memory_estimate_gib"] = round(estimate, 3)
-            entry[variant]["peak_over_estimate"] = _ratio(record.get("peak_memory_gib"), estimate)
-        if "base" in entry and "cplm" in entry:
-            ratio = _ratio(entry["cplm"]["step_time"], entry["base"]["step_time"])
+        for s, variant, loss in TRAIN_RUNS:
+            figures = run_figures(work, f"train_{s}_{variant}_{loss}", warmup, device) if s == slot else None
+            if figures is not None:
+                entry[f"{variant}_{loss}"] = figures
+        base, cplm = entry.get("base_chunked", {}), entry.get("cplm_chunked", {})
+        if base and cplm:
+            ratio = _ratio(cplm["step_time"], base["step_time"])
             entry["cplm_step_time_overhead"] = None if ratio is None else round(ratio - 1, 4)
+            entry["cplm_step_time_overhead_basis"] = "cplm_chunked vs base_chunked (same LM-head loss path)"
+        if base and "base_megatron" in entry:
+            entry["base_chunked_over_megatron_loss_step_time"] = _ratio(base["step_time"],
+                                                                        entry["base_megatron"]["step_time"])
         out[slot] = entry
     return out
 
@@ -222,44 +317,61 @@ def read_steps(work: Path) -> list[dict[str, Any]]:
     return steps + list(ran.values())
 
 
-def missing_figures(summary: dict) -> list[str]:
-    """Dotted paths of the GPU table's figures that are absent or null."""
+def figure_step(path: str) -> tuple:
+    """The step(s) whose output a figure of missing_figures' dotted path comes from."""
+    head, _, rest = path.partition(".")
+    if head == "training":
+        slot, _, key = rest.partition(".")
+        key = key.split(".")[0]
+        if key == "cplm_step_time_overhead":
+            return (f"train_{slot}_base_chunked", f"train_{slot}_cplm_chunked")
+        return (f"train_{slot}_{key}",)
+    return ({"copy_kernel": "kernel_bench"}.get(head, head),)
+
+
+def missing_figures(summary: dict, planned: Optional[set] = None) -> list[str]:
+    """Dotted paths of the GPU table's figures that are absent or null, of the planned steps only (a rerun of
+    some steps misses nothing the others measure)."""
     missing = []
     if not summary["copy_kernel"]:
         missing.append("copy_kernel")
     for shape, figures in summary["copy_kernel"].items():
         missing += [f"copy_kernel.{shape}.{k}" for k, v in figures.items() if v is None]
+    for slot, variant, loss in TRAIN_RUNS:
+        key = f"{variant}_{loss}"
+        run = summary["training"].get(slot, {}).get(key)
+        if run is None:
+            missing.append(f"training.{slot}.{key}")
+            continue
+        missing += [f"training.{slot}.{key}.{k}" for k, v in run.items() if v is None]
     for slot in TRAIN_SLOTS:
-        entry = summary["training"].get(slot, {})
-        for variant in ("base", "cplm"):
-            if variant not in entry:
-                missing.append(f"training.{slot}.{variant}")
-                continue
-            missing += [f"training.{slot}.{variant}.{k}" for k, v in entry[variant].items() if v is None]
-        if entry.get("cplm_step_time_overhead") is None:
+        if summary["training"].get(slot, {}).get("cplm_step_time_overhead") is None:
             missing.append(f"training.{slot}.cplm_step_time_overhead")
     attention = summary["attention"] if isinstance(summary["attention"], dict) else {}
     if not attention.get("ratios"):
         missing.append("attention.ratios")
     for entry in attention.get("ratios", []):
-        missing += [f"attention.seq{entry['seq']}.{k}" for k in ("time_vs_dense", "memory_vs_dense", "max_rel_err_vs_dense")
-                    if entry.get(k) is None]
+        missing += [f"attention.seq{entry['seq']}.{entry.get('backend')}.{k}"
+                    for k in ("time_vs_dense", "memory_vs_dense", "max_rel_err_vs_dense") if entry.get(k) is None]
     if not (summary["kernel_check"] or {}).get("passed"):
         missing.append("kernel_check.passed")
     if not (summary["compat"] or {}).get("ok"):
         missing.append("compat.ok")
-    return missing
+    if planned is None:
+        return missing
+    return [m for m in missing if set(figure_step(m)) <= planned]
 
 
-def summarize(work: Path, dest: Path, dry_run: bool, budget_limit: int = GPU_BUDGET_S) -> int:
+def summarize(work: Path, dest: Path, dry_run: bool, budget_limit: int = GPU_BUDGET_S, warmup: int = 3) -> int:
     """Every figure the README's GPU table needs -> one summary.json (rewritten atomically: it is refreshed after
     every step); exit 1 if a step failed or a figure is missing."""
     steps = read_steps(work)
     lm_head = _load(work / "lm_head_loss.json")
+    env = _load(work / "env.json")
     summary: dict[str, Any] = {
         "dry_run": dry_run,
         "note": "CPU dry run at tiny sizes: checks the script, NOT a measurement" if dry_run else "",
-        "environment": _load(work / "env.json"),
+        "environment": env,
         "steps": steps,
         "budget_total_s": sum(s["budget_s"] for s in steps),
         "budget_limit_s": budget_limit,
@@ -268,10 +380,11 @@ def summarize(work: Path, dest: Path, dry_run: bool, budget_limit: int = GPU_BUD
         "kernel_check": _load(work / "kernel_check.json"),
         "copy_kernel": kernel_figures(_load(work / "copy_kernel.json")),
         "attention": _load(work / "attention.json") or "attention step failed: see its log",
-        "training": training_figures(work),
+        "flops_convention": FLOPS_CONVENTION,
+        "training": training_figures(work, warmup, (env or {}).get("device")),
         "lm_head_loss": lm_head if lm_head is not None else "lm_head_loss step failed: see its log",
     }
-    summary["missing"] = missing_figures(summary)
+    summary["missing"] = missing_figures(summary, {s["name"] for s in steps})
     summary["summary_imported_torch"] = "torch" in sys.modules  # it must not: it runs from the EXIT trap
     tmp = dest.with_name(f".{dest.name}.tmp")
     tmp.write_text(json.dumps(summary, indent=2))
@@ -284,20 +397,20 @@ def summarize(work: Path, dest: Path, dry_run: bool, budget_limit: int = GPU_BUD
 
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("what", choices=["env", "compat", "summary"])
+    p.add_argument("what", choices=["install-check", "compat", "summary"])
     p.add_argument("work", type=Path, help="the run's working directory")
     p.add_argument("dest", type=Path, nargs="?", help="summary: where to write summary.json")
     p.add_argument("--dry-run", action="store_true", help="summary: label it a CPU dry run")
     p.add_argument("--budget-limit", type=int, default=GPU_BUDGET_S, help="summary: the script's budget limit (s)")
+    p.add_argument("--warmup-steps", type=int, default=3, help="summary: training steps left out of the timing")
     args = p.parse_args(argv)
-    if args.what == "env":
-        record_env(args.work)
-        return 0
+    if args.what == "install-check":
+        return install_check(args.work)
     if args.what == "compat":
         return check_compat(args.work)
     if args.dest is None:
         p.error("summary needs DEST")
-    return summarize(args.work, args.dest, args.dry_run, args.budget_limit)
+    return summarize(args.work, args.dest, args.dry_run, args.budget_limit, args.warmup_steps)
 
 
 if __name__ == "__main__":

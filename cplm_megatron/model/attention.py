@@ -7,10 +7,12 @@ signature (a drop-in `core_attention` submodule) and calls SDPA instead:
 * causal, no document mask: `is_causal=True` -- flash attention on CUDA (and torch's fused CPU kernel), no
   `[s, s]` tensor at all;
 * `data.document_masking`: the step passes every token's document id (`document_mask.py`), never an `[s, s]`
-  mask; without context parallelism each document is its own causal attention -- one flash-varlen call on CUDA
-  (nested jagged tensors), one SDPA call per document elsewhere: exact block-diagonal causal attention with no
-  `[s, s]` tensor. A dense boolean mask (`[b, 1, s, s]`, True = masked) still works: one additive bias per
-  micro-batch, shared by every layer (kept on the mask object);
+  mask; without context parallelism each document is its own causal attention, by the backend chosen once at
+  model build and logged (`document_mask.select_document_backend`): on CUDA torch's flash varlen kernel
+  (`torch.nn.attention.varlen.varlen_attn`, either signature) where torch has it, else nested jagged tensors;
+  on CPU (and with attention dropout, which varlen lacks) one SDPA call per document: exact block-diagonal
+  causal attention with no `[s, s]` tensor. A dense boolean mask (`[b, 1, s, s]`, True = masked) still works:
+  one additive bias per micro-batch, shared by every layer (kept on the mask object);
 * GQA: key/value groups repeated to the local heads only where the kernel needs it (`enable_gqa` otherwise);
 * TP: local heads (heads/tp, groups/tp); SP and PP need nothing here (q/k/v arrive full-sequence);
 * CP (`parallel.cp`): q/k/v hold this rank's two chunks of the load-balanced split; k/v are all-gathered
@@ -34,7 +36,16 @@ from megatron.core.transformer.module import MegatronModule
 from megatron.core.utils import divide
 from torch.nn.attention.bias import causal_lower_right
 
-from cplm_megatron.model.document_mask import DocumentSpans, dense_document_mask, document_spans, is_document_ids
+from cplm_megatron.model.document_mask import (
+    DocumentSpans,
+    dense_document_mask,
+    document_spans,
+    is_document_ids,
+    log_document_backend,
+    select_document_backend,
+    varlen_attn_function,
+    varlen_call_kwargs,
+)
 from cplm_megatron.parallel.context import gather_sequence, this_rank_positions
 
 ATTENTION_IMPLS = ("auto", "sdpa", "megatron", "te")
@@ -77,6 +88,9 @@ class SDPAttention(MegatronModule):
         # the net scale is the plain one.
         self.softmax_scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(config.kv_channels)
         self.dropout_p = config.attention_dropout if attention_dropout is None else attention_dropout
+        # document masking's kernel, chosen once here (the benchmark may set another available one)
+        self.document_backend = select_document_backend(torch.cuda.is_available(), dropout=self.dropout_p > 0)
+        log_document_backend(self.document_backend)
 
     @staticmethod
     def _mask_bias(mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -142,7 +156,10 @@ class SDPAttention(MegatronModule):
         """Causal attention within each document (`[s, b, n, d]` -> `[s, b, n*d]`)."""
         s, b = query.shape[:2]
         rep = self.heads // self.groups
-        if query.is_cuda:  # flash attention's varlen kernel through nested tensors: tokens packed row after row
+        backend = self.document_backend if query.is_cuda else "per_document"
+        if backend == "varlen":
+            return self._documents_varlen(query, key, value, spans)
+        if backend == "njt":  # nested jagged tensors through SDPA
             q, k, v = (t.transpose(0, 1).reshape(b * s, t.shape[2], t.shape[3]) for t in (query, key, value))
             if rep > 1:  # it takes one k/v head per query head
                 k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
@@ -159,6 +176,22 @@ class SDPAttention(MegatronModule):
             rows[row].append(self._sdpa(*doc, is_causal=True, enable_gqa=rep > 1)[0].transpose(0, 1))
         out = torch.stack([torch.cat(pieces) for pieces in rows], dim=1)  # [s, b, heads, d]
         return out.reshape(s, b, self.hidden_size_per_partition)
+
+    def _documents_varlen(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, spans: DocumentSpans
+                          ) -> torch.Tensor:
+        """torch's flash varlen kernel: tokens packed row after row, documents by cumulative offsets (int32);
+        `is_causal` or `window_size` as this torch's signature takes it; grouped k/v as they are where it takes
+        `enable_gqa`, else repeated to one head per query head."""
+        s, b = query.shape[:2]
+        rep = self.heads // self.groups
+        q, k, v = (t.transpose(0, 1).reshape(b * s, t.shape[2], t.shape[3]) for t in (query, key, value))
+        fn = varlen_attn_function()
+        kwargs = varlen_call_kwargs(fn, self.softmax_scale, gqa=rep > 1)
+        if rep > 1 and "enable_gqa" not in kwargs:
+            k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        cu = spans.offsets.to(torch.int32)
+        out = fn(q, k, v, cu, cu, spans.max_len, spans.max_len, **kwargs)
+        return out.reshape(b, s, self.hidden_size_per_partition).transpose(0, 1).contiguous()
 
     def _cp_causal(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
         """Causal attention of this CP rank's two query chunks against the gathered keys: each chunk is the

@@ -5,16 +5,25 @@ The step passes `document_ids_mask(document_ids)`, an integer `[b, 1, 1, s]` ten
 Megatron hands the mask to every layer's core attention untouched (through recompute too: values survive
 `detach`, where Python attributes would not), so nothing builds an `[s, s]` tensor unless the attention needs one:
 
-* SDPA without context parallelism: `document_spans` -> one causal attention per document (flash varlen on CUDA);
+* SDPA without context parallelism: `document_spans` -> one causal attention per document, by the backend
+  `select_document_backend` picks once at model build: `varlen` (torch's flash varlen kernel, CUDA, torch >= 2.10;
+  `is_causal` or `window_size` signature), `njt` (nested jagged tensors through SDPA, CUDA), `per_document`
+  (one SDPA call per document: CPU, and attention dropout, which varlen lacks);
 * SDPA under context parallelism and megatron-core's unfused attention: `dense_document_mask`, built once per
   micro-batch (and once per layer under recompute).
 """
 from __future__ import annotations
 
+import inspect
+import logging
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Callable, Optional
 
 import torch
+
+DOCUMENT_BACKENDS = ("varlen", "njt", "per_document")  # the order of preference
+log = logging.getLogger(__name__)
+_logged: set = set()
 
 
 def document_ids_mask(document_ids: torch.Tensor) -> torch.Tensor:
@@ -72,3 +81,56 @@ def document_spans(mask: torch.Tensor) -> DocumentSpans:
     spans = DocumentSpans(offsets, bounds, max(hi - lo for lo, hi in zip(bounds, bounds[1:])))
     mask._cplm_spans = spans
     return spans
+
+
+def varlen_attn_function() -> Optional[Callable[..., torch.Tensor]]:
+    """torch's `torch.nn.attention.varlen.varlen_attn` (torch >= 2.10), or None where this torch lacks it."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    return varlen_attn
+
+
+def varlen_call_kwargs(fn: Callable[..., Any], scale: float, gqa: bool) -> dict:
+    """The keyword arguments of a causal `varlen_attn` call for this signature: `window_size=(-1, 0)` (torch >=
+    2.12) or `is_causal=True` (2.10/2.11); `enable_gqa` where it takes it and k/v have fewer heads."""
+    params = inspect.signature(fn).parameters
+    if "window_size" in params:
+        kwargs: dict = {"window_size": (-1, 0)}
+    elif "is_causal" in params:
+        kwargs = {"is_causal": True}
+    else:
+        raise TypeError(f"varlen_attn{inspect.signature(fn)} takes neither window_size nor is_causal")
+    if "scale" in params:
+        kwargs["scale"] = scale
+    if gqa and "enable_gqa" in params:
+        kwargs["enable_gqa"] = True
+    return kwargs
+
+
+def available_document_backends(cuda: bool, varlen: Optional[Callable[..., Any]] = None,
+                                dropout: bool = False) -> tuple:
+    """The backends that can run here, in order of preference (`varlen` needs CUDA, this torch's varlen_attn with
+    a causal argument, and no dropout; `njt` CUDA; `per_document` runs everywhere)."""
+    out = []
+    if cuda and not dropout and varlen is not None:
+        params = inspect.signature(varlen).parameters
+        if "window_size" in params or "is_causal" in params:
+            out.append("varlen")
+    if cuda:
+        out.append("njt")
+    out.append("per_document")
+    return tuple(out)
+
+
+def select_document_backend(cuda: bool, dropout: bool = False) -> str:
+    """The document-masking backend of a model built here: the first available one."""
+    return available_document_backends(cuda, varlen_attn_function(), dropout)[0]
+
+
+def log_document_backend(backend: str) -> None:
+    """Log the chosen backend once per process (every layer's attention makes the same choice)."""
+    if backend not in _logged:
+        _logged.add(backend)
+        log.info("document masking attention: %s (torch %s)", backend, torch.__version__)

@@ -1,10 +1,14 @@
-"""benchmarks/gpu/run_gpu_checks.sh cannot rot and cannot lose its results: `make gpu-dry-run` runs every step at
-tiny sizes on CPU (megatron-core of .venv-mcore-latest, bf16, SDPA attention) and writes a complete summary.json;
-a step killed mid-run and the script itself stopped by a signal still leave summary.json, steps.log and the
-tarball listing every step with its status; the budgets leave room for a rerun; both GPU scripts pass
-shellcheck."""
+"""benchmarks/gpu/run_gpu_checks.sh runs the tree the way the GPU machine sees it, cannot rot and cannot lose its
+results: its install step puts the carried wheels (megatron-core, the project's own wheel) into a private site
+dir and every module a step imports comes from there, never from the checkout; `make gpu-dry-run` runs every step
+at tiny sizes on CPU in an environment with only the GPU image's packages (.venv-gpu-image, cached) and writes a
+complete summary.json naming each run's loss path, attention implementation and both MFU conventions; a step
+killed mid-run and the script itself stopped by a signal still leave summary.json, steps.log and the tarball
+listing every step with its status; the budgets leave room for a rerun and match the README; both GPU scripts
+pass shellcheck."""
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -18,10 +22,33 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 GPU_DIR = REPO / "benchmarks" / "gpu"
 SCRIPT = GPU_DIR / "run_gpu_checks.sh"
-LATEST_PYTHON = REPO / ".venv-mcore-latest" / "bin" / "python"
-STEPS = ["install", "compat", "kernel_check", "kernel_bench", "attention", "train_small_base", "train_small_cplm",
-         "train_large_base", "train_large_cplm", "lm_head_loss", "summary"]
+IMAGE_VENV = REPO / ".venv-gpu-image"
+IMAGE_PYTHON = IMAGE_VENV / "bin" / "python"
+IMAGE_WHEELS = IMAGE_VENV / "wheels"
+TRAIN_RUNS = [("small", "base", "megatron"), ("small", "base", "chunked"), ("small", "cplm", "chunked"),
+              ("large", "base", "chunked"), ("large", "cplm", "chunked")]
+STEPS = ["install", "compat", "kernel_check", "kernel_bench", "attention",
+         *(f"train_{slot}_{variant}_{loss}" for slot, variant, loss in TRAIN_RUNS), "lm_head_loss", "summary"]
 OUTPUTS = ["details.tar.gz", "steps.log", "summary.json"]
+# The GPU image's packages (torch, triton, transformers and their needs) and what it lacks: the image-only env
+# must not have any of the latter, or the dry run could not see a step that imports one
+IMAGE_HAS = ["torch", "triton", "transformers", "numpy", "yaml", "psutil", "packaging", "einops", "typing_extensions"]
+IMAGE_LACKS = ["megatron", "cplm_megatron", "cplm_kernels", "streaming", "wandb", "deepspeed", "transformer_engine",
+               "apex", "lm_eval"]
+
+
+@pytest.fixture(scope="module")
+def image_env() -> dict:
+    """.venv-gpu-image (`make gpu-image-env`: built once, then cached) and the dry run's wheels (prepare_wheels.sh:
+    megatron-core's cp311 wheel, downloaded once, and the project's wheel, rebuilt from this tree)."""
+    make = subprocess.run(["make", "--no-print-directory", "gpu-image-env"], cwd=REPO, capture_output=True, text=True,
+                          timeout=1200)
+    assert make.returncode == 0, make.stdout[-3000:] + make.stderr[-3000:]
+    wheels = subprocess.run(["bash", str(GPU_DIR / "prepare_wheels.sh")], cwd=REPO, capture_output=True, text=True,
+                            env={**os.environ, "WHEEL_DIR": str(IMAGE_WHEELS), "WHEEL_PYTHON_VERSION": "3.11"},
+                            timeout=600)
+    assert wheels.returncode == 0, wheels.stdout[-3000:] + wheels.stderr[-3000:]
+    return {"PYTHON": str(IMAGE_PYTHON), "WHEEL_DIR": str(IMAGE_WHEELS)}
 
 
 def test_gpu_scripts_pass_shellcheck():
@@ -38,60 +65,136 @@ def test_bad_step_names_are_refused():
     assert proc.returncode == 2 and "unknown step 'trian_small_base'" in proc.stderr
 
 
-def _env(tmp_path: Path, python: str) -> dict:
-    return {**os.environ, "OUT": str(tmp_path / "out"), "PYTHON": python, "OMP_NUM_THREADS": "1",
-            "TMPDIR": str(tmp_path)}
+def _env(tmp_path: Path, image: dict) -> dict:
+    return {**os.environ, **image, "OUT": str(tmp_path / "out"), "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)}
+
+
+def test_the_image_env_has_only_the_image_packages(image_env):
+    probe = ("import importlib.util, json, sys; "
+             "print(json.dumps({m: importlib.util.find_spec(m) is not None for m in sys.argv[1:]}))")
+    proc = subprocess.run([image_env["PYTHON"], "-c", probe, *IMAGE_HAS, *IMAGE_LACKS], cwd="/", capture_output=True,
+                          text=True, timeout=120)
+    found = json.loads(proc.stdout)
+    assert [m for m in IMAGE_HAS if not found[m]] == [] and [m for m in IMAGE_LACKS if found[m]] == [], found
+    names = sorted(p.name.split("-")[0] for p in Path(image_env["WHEEL_DIR"]).glob("*.whl"))
+    assert names == ["cplm_megatron", "megatron_core"], names
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1800)  # ~3.5 min on a shared 2-core machine; every step is a fresh Python process
-def test_gpu_dry_run_runs_every_step_on_the_newest_megatron_core_in_bf16(tmp_path: Path):
-    """`make gpu-dry-run OUT=DIR` where .venv-mcore-latest exists (the Makefile target, nothing rebuilt), else the
-    same script on this interpreter's megatron-core."""
+def test_install_runs_the_project_from_its_wheel_not_the_checkout(tmp_path: Path, image_env):
+    """The GPU machine's view: `--steps compat` (install is always added) in the image-only env. The install step
+    installs both wheels and imports every module the steps import (the model config and its recipes too: an
+    uninstalled checkout has no `cplm_megatron.recipes`), each from the private site dir; compat runs on them."""
     out = tmp_path / "out"
-    if LATEST_PYTHON.exists():
-        cmd = ["make", "--no-print-directory", "gpu-dry-run", f"OUT={out}"]
-    else:
-        cmd = ["bash", str(SCRIPT), "--cpu-dry-run"]
-    proc = subprocess.run(cmd, cwd=REPO, env=_env(tmp_path, sys.executable), capture_output=True, text=True,
-                          timeout=1700)
+    proc = subprocess.run(["bash", str(SCRIPT), "--cpu-dry-run", "--steps", "compat"], cwd=REPO,
+                          env=_env(tmp_path, image_env), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert [(s["name"], s["status"]) for s in summary["steps"]] == [("install", "ok"), ("compat", "ok"),
+                                                                    ("summary", "ok")]
+    assert summary["missing"] == [] and summary["compat"]["ok"]
+    env = summary["environment"]
+    assert env["megatron-core"] == "0.19.2" and env["cplm-megatron"] == "0.1.0"
+    origins = env["module_origins"]
+    assert {"cplm_megatron.model.config", "cplm_megatron.recipes", "cplm_megatron.pretrain", "megatron.core"} <= set(origins)
+    for name, origin in origins.items():
+        assert origin.startswith(str(tmp_path)) and "/site/" in origin and str(REPO) not in origin, (name, origin)
+
+
+def test_install_check_refuses_modules_from_elsewhere(tmp_path: Path, capsys):
+    """Run here (editable project, .venv's megatron-core), the install check names the first module that does not
+    come from WORK/site and fails."""
+    sys.path.insert(0, str(GPU_DIR))
+    try:
+        import gpu_steps
+    finally:
+        sys.path.remove(str(GPU_DIR))
+    (tmp_path / "site").mkdir()
+    assert gpu_steps.install_check(tmp_path) == 1
+    assert "error: megatron.core comes from" in capsys.readouterr().out
+    assert not (tmp_path / "env.json").exists()
+
+
+def _script_budgets() -> dict:
+    text = SCRIPT.read_text()
+    block = re.search(r"declare -A BUDGET=\((.*?)\)\n", text, re.S).group(1)
+    budgets = {k: int(v) for k, v in re.findall(r"\[(\w+)\]=(\d+)", block)}
+    budgets["nvidia-smi"] = int(re.search(r"^NVIDIA_SMI_BUDGET=(\d+)$", text, re.M).group(1))
+    return budgets
+
+
+def test_budgets_fit_and_the_header_and_readme_give_the_scripts_numbers():
+    budgets = _script_budgets()
+    assert sum(budgets.values()) <= 360
+    assert budgets["kernel_check"] >= 60 and budgets["attention"] >= 25 and 0 < budgets["summary"]
+    header = dict(re.findall(r"^#   \(?([\w*-]+)\s+(\d+)  ", SCRIPT.read_text(), re.M))
+    train = sum(v for k, v in budgets.items() if k.startswith("train_"))
+    expected = {k: v for k, v in budgets.items() if not k.startswith("train_")}
+    assert {k: int(v) for k, v in header.items()} == {**expected, "train_*": train}
+    section = (REPO / "README.md").read_text().split("## GPU checks", 1)[1].split("\n## ", 1)[0]
+    table = dict(re.findall(r"^\| `([\w-]+)` \| (\d+) \|", section, re.M))
+    assert {k: int(v) for k, v in table.items()} == budgets, table
+    assert f"| total | {sum(budgets.values())} |" in section
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)  # ~4 min on a shared 2-core machine; every step is a fresh Python process
+def test_gpu_dry_run_runs_every_step_as_the_gpu_machine_sees_it(tmp_path: Path, image_env):
+    """`make gpu-dry-run OUT=DIR`: the image-only env (cached by the fixture), the wheels installed by the script's
+    own install step, nothing editable; a step importing a package the image lacks fails there."""
+    out = tmp_path / "out"
+    proc = subprocess.run(["make", "--no-print-directory", "gpu-dry-run", f"OUT={out}"], cwd=REPO,
+                          env=_env(tmp_path, {}), capture_output=True, text=True, timeout=1700)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
     assert sorted(p.name for p in out.iterdir()) == OUTPUTS
     summary = json.loads((out / "summary.json").read_text())
     assert summary["dry_run"] and "NOT a measurement" in summary["note"]
     assert [s["name"] for s in summary["steps"]] == STEPS
     assert all(s["rc"] == 0 and s["status"] == "ok" for s in summary["steps"]), summary["steps"]
-    assert summary["budget_total_s"] <= summary["budget_limit_s"] == 360
+    assert summary["budget_total_s"] + 4 <= summary["budget_limit_s"] == 360  # + nvidia-smi's 4 s
     assert summary["missing"] == [] and summary["summary_imported_torch"] is False
-    if LATEST_PYTHON.exists():
-        from importlib.metadata import version
-
-        latest = subprocess.run([str(LATEST_PYTHON), "-c", "from importlib.metadata import version; "
-                                 "print(version('megatron-core'))"], capture_output=True, text=True).stdout.strip()
-        assert summary["environment"]["megatron-core"] == latest != version("megatron-core")
+    env = summary["environment"]
+    assert env["megatron-core"] == "0.19.2" and env["python"].startswith("3.11")
+    assert all("/site/" in origin for origin in env["module_origins"].values())
     assert summary["compat"]["ok"] and "rng_tracker" in summary["compat"]["applied"]
     assert summary["kernel_check"]["passed"] and summary["kernel_check"]["complete"]
     assert len(summary["kernel_check"]["cases"]) == 7
     kernel = summary["copy_kernel"]["T=64,d=32"]  # the largest dry-run shape: every GPU-table figure present
+    assert kernel["seq_len"] == 64 and kernel["dtype"].startswith("bf16") and kernel["micro_batch"] > 0
     assert kernel["fused_over_sdpa_flash"] > 0 and kernel["fused_over_chunked"] > 0 and kernel["fp8_fwd_speedup"] > 0
     assert 0 < kernel["fused_extra_mem_bytes"] < kernel["naive_extra_mem_bytes"] and kernel["naive_basis"] == "measured"
+    assert "full T x T" in summary["flops_convention"] and "causal" in summary["flops_convention"]
+    for slot, variant, loss in TRAIN_RUNS:
+        run = summary["training"][slot][f"{variant}_{loss}"]
+        assert run["preset"] == "tiny" and run["dtype"] == "bf16" and run["attention_impl"] == "sdpa"
+        assert run["lm_head_loss"] == loss and run["copy_head"] == (variant == "cplm")
+        assert run["seq_len"] == (64 if slot == "small" else 128) and run["micro_batch"] == 2
+        # warm-up left out: 4 steps, the first excluded
+        assert run["iterations"] == 4 and run["warmup_steps_excluded"] == 1 and run["measured_steps"] == 3
+        assert run["tokens_per_sec"] == pytest.approx(2 * run["seq_len"] / run["step_time"])
+        assert run["train_flops_per_token_causal"] < run["train_flops_per_token_full"]
+        assert 0 < run["mfu_causal_attention"] < run["mfu_full_attention"]
+        assert run["mfu_full_attention"] / run["mfu_causal_attention"] == pytest.approx(
+            run["train_flops_per_token_full"] / run["train_flops_per_token_causal"])
+        assert run["record"] == "complete" and run["peak_memory_gib"] > 0
     for slot in ("small", "large"):
         entry = summary["training"][slot]
-        for variant in ("base", "cplm"):
-            run = entry[variant]
-            assert run["preset"] == "tiny" and run["dtype"] == "bf16" and run["attention_impl"] == "sdpa"
-            assert run["tokens_per_sec"] > 0 and run["mfu"] > 0 and run["record"] == "complete"
-        assert entry["cplm"]["memory_estimate_gib"] > entry["base"]["memory_estimate_gib"] > 0
+        assert entry["cplm_chunked"]["memory_estimate_gib"] > entry["base_chunked"]["memory_estimate_gib"] > 0
         assert entry["cplm_step_time_overhead"] == pytest.approx(
-            entry["cplm"]["step_time"] / entry["base"]["step_time"] - 1, abs=1e-3)  # rounded to 4 decimals
+            entry["cplm_chunked"]["step_time"] / entry["base_chunked"]["step_time"] - 1, abs=1e-3)  # 4 decimals
+    assert summary["training"]["small"]["base_chunked_over_megatron_loss_step_time"] > 0
     assert summary["lm_head_loss"]["complete"] and summary["lm_head_loss"]["rows"]
-    [attention] = summary["attention"]["ratios"]  # per document vs dense mask: the same function
-    assert attention["max_rel_err_vs_dense"] < 1e-5 and attention["memory_vs_dense"] > 0
+    attention = summary["attention"]
+    assert attention["selected_backend"] == "per_document"  # CPU: the exact path
+    assert attention["variants"] == ["dense", "causal", "documents:per_document"]
+    [ratio] = attention["ratios"]  # per document vs dense mask: the same function (fp32 on CPU)
+    assert ratio["backend"] == "per_document" and ratio["selected_at_build"] and ratio["dtype"] == "float32"
+    assert ratio["max_rel_err_vs_dense"] < 1e-5 and ratio["memory_vs_dense"] > 0
     log = (out / "steps.log").read_text()
     assert "CPU DRY RUN" in log and "[summary]" in proc.stdout
     with tarfile.open(out / "details.tar.gz") as tar:
         names = set(tar.getnames())
-    assert {f"./logs/{s}.log" for s in STEPS} <= names and "./train_large_cplm.json" in names
+    assert {f"./logs/{s}.log" for s in STEPS} <= names and "./train_large_cplm_chunked.json" in names
 
 
 def _wait_for(path: Path, text: str, proc: subprocess.Popen, timeout: float = 300) -> str:
@@ -106,6 +209,13 @@ def _wait_for(path: Path, text: str, proc: subprocess.Popen, timeout: float = 30
     raise TimeoutError(text)
 
 
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 def _descendants(pid: int) -> list[int]:
     children = Path(f"/proc/{pid}/task/{pid}/children")
     direct = [int(c) for c in children.read_text().split()] if children.exists() else []
@@ -114,21 +224,27 @@ def _descendants(pid: int) -> list[int]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_a_killed_step_and_a_stopped_script_still_leave_every_result(tmp_path: Path):
-    """--steps install,compat,kernel_check,lm_head_loss: install's process is killed (SIGKILL) mid-run, compat runs
-    to its end, the script gets SIGTERM during kernel_check. summary.json, steps.log and the tarball are there and
-    list all five planned steps: killed, ok, interrupted, not run, not run (summary)."""
+def test_a_killed_step_and_a_stopped_script_still_leave_every_result(tmp_path: Path, image_env):
+    """--steps compat,kernel_check,lm_head_loss (+ install): install's import check is killed (SIGKILL) mid-run
+    (the wheels are in), compat runs to its end, the script gets SIGTERM during kernel_check. summary.json,
+    steps.log and the tarball are there and list all five planned steps: killed, ok, interrupted, not run, not run
+    (summary)."""
     out = tmp_path / "out"
-    proc = subprocess.Popen(["bash", str(SCRIPT), "--cpu-dry-run", "--steps", "install,compat,kernel_check,lm_head_loss"],
-                            cwd=REPO, env=_env(tmp_path, sys.executable), stdout=subprocess.DEVNULL,
+    proc = subprocess.Popen(["bash", str(SCRIPT), "--cpu-dry-run", "--steps", "compat,kernel_check,lm_head_loss"],
+                            cwd=REPO, env=_env(tmp_path, image_env), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
     try:
         line = _wait_for(out / "steps.log", "start install", proc)
         timeout_pid = int(line.rsplit("pid ", 1)[1].rstrip(")"))
-        deadline = time.time() + 60
-        while not _descendants(timeout_pid) and time.time() < deadline:  # timeout -> bash -c -> python
+        deadline = time.time() + 120
+
+        def checking() -> list[int]:  # timeout -> bash -c -> python gpu_steps.py install-check
+            return [p for p in _descendants(timeout_pid) if b"install-check" in _cmdline(p)]
+
+        while not checking():
+            assert time.time() < deadline and proc.poll() is None, "no install-check process"
             time.sleep(0.05)
-        time.sleep(1.0)  # mid-run: the import check is under way
+        time.sleep(1.0)  # mid-run: the imports are under way
         for pid in reversed(_descendants(timeout_pid)):
             os.kill(pid, signal.SIGKILL)
         _wait_for(out / "steps.log", "end compat", proc)
