@@ -12,6 +12,7 @@ the same inputs, tokenizer and settings. A rerun whose parts are unchanged does 
 """
 from __future__ import annotations
 
+import importlib
 import json
 import logging
 import os
@@ -67,9 +68,8 @@ def _read_part(output: Path, index: int, count: int) -> DatasetManifest:
 
 def merge_parts(output: str | Path, expected_parts: int | None = None) -> MergeResult:
     """Merge OUTPUT/part-*-of-N into a dataset at OUTPUT (see the module doc)."""
-    from streaming.base.util import merge_index
-
-    import cplm_megatron.data._streaming_import  # noqa: F401  (stubs streaming.vision before streaming loads)
+    importlib.import_module("cplm_megatron.data._streaming_import")  # stubs streaming.vision before streaming loads
+    merge_index = importlib.import_module("streaming.base.util").merge_index
 
     output = Path(output).resolve()
     if not output.is_dir():

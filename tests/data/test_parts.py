@@ -10,49 +10,18 @@ from pathlib import Path
 import pytest
 
 from cplm_megatron.data import inputs as inputs_module
-from cplm_megatron.data.config import DataConfig
 from cplm_megatron.data.documents import InputError, expand_inputs
 from cplm_megatron.data.inputs import iter_input_files, parse_part, part_files, part_of, sample_files
-from cplm_megatron.data.loader import build_val_loader
 from cplm_megatron.data.manifest import DatasetError, read_manifest
 from cplm_megatron.data.parts import merge_parts, merged_index_shards
 from cplm_megatron.data.prepare import prepare_dataset
 from cplm_megatron.data.stdlib_corpus import stdlib_root
 from cplm_megatron.data.tokenizer import load_tokenizer
+from tests.data.packed_docs import documents_of, loader_samples
 from tests.data_fixtures import TinyCorpus
 
 pytestmark = pytest.mark.usefixtures("isolated_streaming")
 PARTS = 3
-
-
-def loader_samples(dataset_dir: Path, seq_len: int) -> list[list[int]]:
-    """Every sample's real tokens (tokens[:num_tokens]) in dataset order, as the project's loader delivers them."""
-    cfg = DataConfig(val_streams=[{"path": str(dataset_dir)}], seq_len=seq_len, micro_batch=1, global_batch=1)
-    samples = []
-    for batch in build_val_loader(cfg, 0, 1, keep_last=True):
-        samples.append([int(batch["tokens"][0, 0])] + batch["labels"][0][batch["loss_mask"][0] == 1].tolist())
-    return samples
-
-
-def documents_of(samples: list[list[int]], part_samples: list[int], eod: int) -> list[tuple[int, ...]]:
-    """The documents (EOD included) of a packed dataset whose parts hold `part_samples` samples each: within a
-    part consecutive samples share one token; each part's stream is cut after every EOD."""
-    docs: list[tuple[int, ...]] = []
-    start = 0
-    for count in part_samples:
-        stream: list[int] = []
-        for k, sample in enumerate(samples[start:start + count]):
-            stream += sample if k == 0 else sample[1:]
-        start += count
-        doc: list[int] = []
-        for token in stream:
-            doc.append(token)
-            if token == eod:
-                docs.append(tuple(doc))
-                doc = []
-        assert not doc, "a part's stream must end with an EOD"
-    assert start == len(samples)
-    return docs
 
 
 def build_parts(inputs: list, tiny: TinyCorpus, output: Path, parts: int = PARTS, **kwargs) -> list:

@@ -140,7 +140,10 @@ def test_cli_parts_report_progress_and_merge(tmp_path: Path, tiny_corpus: TinyCo
                                     f"{summary['documents']:,} documents, {summary['tokens']:,} tokens")
         assert all(line.startswith(f"[prepare_data] part {i}/2: ") for line in lines)
         documents += summary["documents"]
-    code, summary, err = run_main(capsys, "--merge", "--output", str(out), "--parts", "2")
+    # the merge in a fresh interpreter, as the SLURM job runs it (streaming must load without torchvision)
+    merged = subprocess.run([sys.executable, "tools/prepare_data.py", "--merge", "--output", str(out), "--parts", "2"],
+                            cwd=REPO, env=subprocess_env(), capture_output=True, text=True, timeout=300, check=False)
+    code, summary, err = merged.returncode, json.loads(merged.stdout or "null"), merged.stderr
     nonempty = sum(bool(f.read_text().strip()) for f in tiny_corpus.source_files[:12])
     assert code == 0 and summary["status"] == "merged" and summary["documents"] == documents == nonempty, err
     assert read_manifest(str(out)).documents == nonempty
