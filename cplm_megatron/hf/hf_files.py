@@ -12,6 +12,7 @@ import shutil
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 from transformers import AutoConfig, PretrainedConfig
 
@@ -44,18 +45,27 @@ def read_hf_config(hf_dir: str | Path) -> PretrainedConfig:
                               f"transformers ({err})") from err
 
 
+def _load_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of one .safetensors file; a truncated or damaged one is a ConversionError naming it."""
+    try:
+        return load_file(str(path))
+    except SafetensorError as err:
+        raise ConversionError(f"{path} is not a complete safetensors file ({err}): it is truncated or damaged (an "
+                              f"interrupted download or copy?); download or copy it again") from None
+
+
 def read_hf_state_dict(hf_dir: str | Path) -> dict[str, torch.Tensor]:
     """Every tensor of a local HF checkpoint's weight files, by name."""
     hf_dir = Path(hf_dir)
     if (hf_dir / SAFETENSORS).is_file():
-        return load_file(str(hf_dir / SAFETENSORS))
+        return _load_safetensors(hf_dir / SAFETENSORS)
     if (hf_dir / SAFETENSORS_INDEX).is_file():
         index = json.loads((hf_dir / SAFETENSORS_INDEX).read_text())
         state: dict[str, torch.Tensor] = {}
         for shard in sorted(set(index["weight_map"].values())):
             if not (hf_dir / shard).is_file():
                 raise ConversionError(f"{hf_dir / shard} (listed in {SAFETENSORS_INDEX}) is missing")
-            state.update(load_file(str(hf_dir / shard)))
+            state.update(_load_safetensors(hf_dir / shard))
         return state
     if (hf_dir / TORCH_BIN).is_file():
         return torch.load(hf_dir / TORCH_BIN, map_location="cpu", weights_only=True)
