@@ -5,6 +5,7 @@
   .venv/bin/python tools/ablate.py --output runs/ablation                  # full: longer runs, more variants
   .venv/bin/python tools/ablate.py --study --output runs/study             # arms x seeds x scales (hours)
   .venv/bin/python tools/ablate.py --study --smoke --output runs/study     # 3 arms x 2 seeds, a few steps (CI)
+  .venv/bin/python tools/ablate.py --study --summarize-only --output runs/study   # summary of what finished
   .venv/bin/python tools/ablate.py --study-table runs/study/summary.json   # the README's table
 
 --study trains every active arm (baseline, mixture, aux1, sentinel+aux1; the retired aux1+copy, sentinel,
@@ -37,7 +38,7 @@ from pathlib import Path
 from cplm_megatron.experiments.ablation import JobResult, Settings
 from cplm_megatron.experiments.multiseed import ACTIVE_ARMS, ARMS, SCALES, SECOND_SCALE_ARMS, StudySettings
 from cplm_megatron.experiments.multiseed_report import headline_table, readme_block
-from cplm_megatron.experiments.study import SpamLangSettings, run_ablation, run_recipe_study
+from cplm_megatron.experiments.study import SpamLangSettings, run_ablation, run_recipe_study, summarize_study
 
 
 def _ints(text: str):
@@ -78,6 +79,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     study.add_argument("--scales", help=f"comma-separated scales (default: {','.join(SCALES)})")
     study.add_argument("--data-root", default="data", help="where the study's corpora are (built when missing)")
     study.add_argument("--no-spamlang", action="store_true", help="skip the SpamLang runs at vocabulary >= 100k")
+    study.add_argument("--summarize-only", action="store_true",
+                       help="with --study: summary.json, report and plots of the runs finished so far; trains nothing")
     p.add_argument("--study-table", metavar="SUMMARY_JSON", help="print the README's table of a study and exit")
     return p.parse_args(argv)
 
@@ -109,9 +112,14 @@ def main_study(args: argparse.Namespace, argv: list[str]) -> int:
         print(f"[study] {result.status_line()}", flush=True)
 
     try:
-        outcome = run_recipe_study(Path(args.output), settings, Path(args.data_root), spamlang, jobs=args.jobs or 2,
-                                   threads=args.threads, command="tools/ablate.py " + shlex.join(argv),
-                                   on_done=progress, log=lambda m: print(m, flush=True))
+        if args.summarize_only:
+            outcome = summarize_study(Path(args.output), settings, Path(args.data_root),
+                                      command="tools/ablate.py " + shlex.join(argv), log=lambda m: print(m, flush=True))
+        else:
+            outcome = run_recipe_study(Path(args.output), settings, Path(args.data_root), spamlang,
+                                       jobs=args.jobs or 2, threads=args.threads,
+                                       command="tools/ablate.py " + shlex.join(argv), on_done=progress,
+                                       log=lambda m: print(m, flush=True))
     except (ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -306,6 +306,16 @@ def run_job(spec: RunSpec, output: Path, tp: int, threads: int, warm: bool = Tru
     return result
 
 
+def is_finished(spec: RunSpec, output: Path, tp: int = 1) -> bool:
+    """Whether `spec`'s run under `output` finished (evaluated) with the commands the spec gives now."""
+    run_dir = output / "runs" / spec.name
+    if not ((run_dir / "eval.json").is_file() and (run_dir / "summary.json").is_file()):
+        return False
+    commands = portable_commands({"train": train_command(spec, run_dir, tp)[1:],
+                                  "eval": eval_command(spec, run_dir)[1:]}, output)
+    return read_job_record(run_dir / "job.json") == commands
+
+
 def run_seconds(run_dir: Path) -> float | None:
     """Training + evaluation seconds of a finished job, every attempt counted (None when it recorded none)."""
     path = Path(run_dir) / TIMING
@@ -350,6 +360,12 @@ class RunResults:
         """(iterations, values) of a metrics.jsonl key."""
         recs = [r for r in self.metrics if key in r]
         return [r["iteration"] for r in recs], [r[key] for r in recs]
+
+    def nll_curve(self) -> tuple[list[int], list[float]]:
+        """Training NLL of the model's output distribution: the mixture's for CPLM (`mix_loss`; its `loss` is the
+        whole objective, auxiliary LM term included), the LM's for the baseline: what compares across arms."""
+        its, vals = self.train_curve("mix_loss")
+        return (its, vals) if its else self.train_curve("loss")
 
     def eval_curve(self, task: str, metric: str) -> tuple[list[int], list[float]]:
         """(iterations, values) of one evaluation metric over the checkpoints."""

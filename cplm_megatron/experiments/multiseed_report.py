@@ -2,7 +2,8 @@
 
 Input: the body of summary.json (`cplm_megatron.experiments.multiseed_summary.summarize`) plus the command
 and wall time. Plots: val_loss_curves.png (full distribution and LM head, mean ± std over seeds vs tokens),
-final_metrics.png (bars with ± std), passkey_by_length.png.
+train_nll_curves.png (the training NLL of the output distribution for every arm, the objective's auxiliary
+term apart), final_metrics.png (bars with ± std), passkey_by_length.png (first key token).
 """
 from __future__ import annotations
 
@@ -44,22 +45,45 @@ def _efficiency(stats: dict[str, Any], seeds: int) -> str:
     return text if stats["n"] == seeds else f"{text} (reached in {stats['n']}/{seeds})"
 
 
+def _chance(summary: dict[str, Any], key: str) -> str:
+    """A chance value recorded by the runs (the same vocabulary at every scale), for a column header."""
+    values = {data["mean_std"].get(key, {}).get("mean") for scale in summary["scales"].values()
+              for data in scale["arms"].values()} - {None}
+    return "chance " + " / ".join(f"{v:.1e}" for v in sorted(values)) if values else "chance –"
+
+
 def headline_table(summary: dict[str, Any]) -> str:
-    """The README's table: per scale and arm, mean ± std over seeds (paired Δ vs the baseline, wins/seeds)."""
-    lines = ["| scale | arm | val loss | Δ val loss vs baseline (better in) | LM-head val loss | copy acc. | "
-             "passkey key-token acc. | tokens to baseline's final loss |",
-             "|---|---|---:|---:|---:|---:|---:|---:|"]
+    """The README's table: per scale and arm, mean ± std over seeds and the paired differences against the baseline
+    and the baseline + cache control (95% t-interval over seeds, better in k of n seeds); chance values in headers."""
+    lines = ["| scale | arm | val loss | Δ vs baseline [95% t over seeds] (better in) | Δ vs baseline+cache [95% t] "
+             f"(better in) | LM-head val loss | copy acc. ({_chance(summary, 'copy_accuracy_chance')}) | passkey "
+             f"first-key-token acc. ({_chance(summary, 'passkey_first_token_chance')}) | tokens to baseline's final "
+             "loss |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for name, scale in summary["scales"].items():
         m = scale["model"]
         scale_label = f"{name} (hidden {m['hidden']}, {m['layers']} layers, V {m['vocab']})"
+        cache = scale.get("cache_control")
+        if cache:
+            lines.append(f"| {scale_label} | baseline+cache (control) | {_pm(cache['mean_std']['val_loss'])} | "
+                         f"{_wins(cache['paired_vs_baseline']['val_loss'])} | – | – | – | – | – |")
         for arm, data in scale["arms"].items():
-            ms, paired = data["mean_std"], data["paired_vs_baseline"]
+            ms = data["mean_std"]
             marker = " **(default)**" if arm == summary["decision"]["default"] else ""
-            delta = "–" if arm == "baseline" else _paired(paired["val_loss"])
-            lines.append(f"| {scale_label} | {arm}{marker} | {_pm(ms['val_loss'])} | {delta} | {_pm(ms['lm_val_loss'])} | "
-                         f"{_pm(ms['copy_accuracy'])} | {_pm(ms['passkey_token_accuracy'])} | "
+            base = "–" if arm == "baseline" else _wins(scale.get("vs_baseline", {}).get(arm))
+            vs_cache = "–" if arm == "baseline" else _wins(scale.get("vs_cache", {}).get(arm))
+            lines.append(f"| {scale_label} | {arm}{marker} | {_pm(ms['val_loss'])} | {base} | {vs_cache} | "
+                         f"{_pm(ms['lm_val_loss'])} | {_pm(ms['copy_accuracy'])} | "
+                         f"{_pm(ms.get('passkey_first_token_accuracy', {}))} | "
                          f"{_efficiency(ms['efficiency'], len(scale['seeds']))} |")
     return "\n".join(lines)
+
+
+def _wins(stats: dict[str, Any] | None) -> str:
+    """'+m [lo, hi] (k/n)': a paired difference over seeds, its t-interval and in how many seeds it is below 0."""
+    if not stats or stats.get("mean") is None:
+        return "–"
+    per_seed = list(stats.get("per_seed", {}).values())
+    return f"{_interval(stats)} ({sum(d < 0 for d in per_seed)}/{len(per_seed)})"
 
 
 def readme_block(summary: dict[str, Any]) -> str:
@@ -69,16 +93,19 @@ def readme_block(summary: dict[str, Any]) -> str:
 
 def _per_seed_table(scale: dict[str, Any]) -> list[str]:
     seeds = scale["seeds"]
-    lines = ["| arm | " + " | ".join(f"seed {s}: val / LM-head val / copy / passkey tok. / efficiency" for s in seeds)
+    lines = ["| arm | " + " | ".join(f"seed {s}: val / LM-head val / copy / passkey first key token / efficiency"
+                                    for s in seeds)
              + " |", "|---|" + "---:|" * len(seeds)]
 
     def cell(fig: dict[str, Any]) -> str:
         eff = "–" if fig["efficiency"] is None else f"{fig['efficiency']:.2f}"
+        first = fig.get("passkey_first_token_accuracy")
         return (f"{fig['val_loss']:.3f} / {fig['lm_val_loss']:.3f} / {fig['copy_accuracy']:.3f} / "
-                f"{fig['passkey_token_accuracy']:.3f} / {eff}")
+                f"{'–' if first is None else f'{first:.3f}'} / {eff}")
 
     for arm, data in scale["arms"].items():
-        lines.append(f"| {arm} | " + " | ".join(cell(data["per_seed"][str(s)]) for s in seeds) + " |")
+        lines.append(f"| {arm} | " + " | ".join(cell(data["per_seed"][str(s)]) if str(s) in data["per_seed"] else "–"
+                                                for s in seeds) + " |")
     return lines
 
 
@@ -124,21 +151,38 @@ def _controls_table(scale: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _comparisons_table(scale: dict[str, Any]) -> list[str]:
+    """Every paired comparison of a scale: per-seed differences (each with its document-bootstrap interval) and the
+    t-interval over seeds, the primary figure."""
+    lines = ["| comparison (val loss, nats) | per seed: difference [document bootstrap 95%] | mean [95% t over "
+             "seeds] |", "|---|---|---:|"]
+    rows = [(f"{a} - baseline", v) for a, v in scale.get("vs_baseline", {}).items()]
+    rows += [(f"{a} - (baseline+cache)", v) for a, v in scale.get("vs_cache", {}).items()]
+    rows += list(scale.get("between_arms", {}).items())
+    for name, stats in rows:
+        docs = stats.get("document_interval_per_seed", {})
+        seeds = "; ".join(f"s{seed}: {d:+.3f}" + (f" [{docs[seed][1]:+.3f}, {docs[seed][2]:+.3f}]" if docs.get(seed)
+                                                  else "") for seed, d in stats["per_seed"].items())
+        lines.append(f"| {name} | {seeds or '–'} | {_interval(stats)} |")
+    return lines
+
+
 def _passkey_table(scale: dict[str, Any]) -> list[str]:
     lengths = sorted({int(n) for data in scale["arms"].values() for n in data["passkey_by_length"]})
     lines = ["| arm | " + " | ".join(f"length {n}" for n in lengths) + " |", "|---|" + "---:|" * len(lengths)]
     for arm, data in scale["arms"].items():
         by_length = data["passkey_by_length"]
         lines.append(f"| {arm} | " + " | ".join(
-            f"{_pm(by_length[str(n)]['accuracy'], 2)} ({_pm(by_length[str(n)]['token_accuracy'], 2)})" for n in lengths)
-            + " |")
+            f"{_pm(by_length[str(n)].get('first_token_accuracy', {}), 2)} "
+            f"({_pm(by_length[str(n)]['token_accuracy'], 2)})" for n in lengths) + " |")
     return lines
 
 
 def write_study_report(output: Path, summary: dict[str, Any], spamlang: list[dict[str, Any]] | None = None) -> Path:
     """report.md and the plots under `output`; returns the report's path."""
     output = Path(output)
-    plots = [_plot_curves(output, summary), _plot_final(output, summary), _plot_passkey(output, summary)]
+    plots = [_plot_curves(output, summary), _plot_train_nll(output, summary), _plot_final(output, summary),
+             _plot_passkey(output, summary)]
     decision = summary["decision"]
     where = summary.get("where", "CPU")
     ran = (f"wall time {summary.get('wall_seconds', 0) / 60:.0f} min on 2 CPU cores (2 single-threaded runs at a "
@@ -155,8 +199,11 @@ def write_study_report(output: Path, summary: dict[str, Any], spamlang: list[dic
         "gradient: `tools/evaluate.py` on the last checkpoint. Efficiency: fraction of the baseline's training "
         "tokens (and training FLOPs, the copy head's counted) at which the run first reaches the baseline's final "
         "val loss on the trainer's periodic validation curve (< 1: faster). Mean ± sample std over seeds; Δ: paired "
-        "difference vs the baseline of the same seed, (k/n) = better in k of n seeds; intervals: 95% Student t "
-        "over seeds of the paired differences.", "",
+        "difference vs the baseline (or the baseline + cache) of the same seed, (k/n) = better in k of n seeds; "
+        "intervals: 95% Student t over seeds of the per-seed paired differences (the primary figure: it includes "
+        "the seed-to-seed spread), with each seed's document-bootstrap interval beside it (validation-set noise "
+        "only). Passkey: accuracy on the first key token, the one that needs retrieval (the others are copyable "
+        "bigrams under teacher forcing), beside its chance value; copy accuracy beside its chance value.", "",
         "## Arms", "",
     ]
     first = next(iter(summary["scales"].values()))
@@ -167,7 +214,7 @@ def write_study_report(output: Path, summary: dict[str, Any], spamlang: list[dic
 
     retired = [a for a in ARMS.values() if a.retired and a.name not in first["arms"]]
     if retired:
-        lines += ["", "Arms no longer run (the previous study dominated them):", ""]
+        lines += ["", "Arms no longer run by default (with the reason):", ""]
         lines += [f"- **{a.name}**: {a.retired}" for a in retired]
     planned_scales = summary.get("planned_scales", list(SCALES))
     not_run = [s for s in planned_scales if s not in summary["scales"]]
@@ -176,12 +223,22 @@ def write_study_report(output: Path, summary: dict[str, Any], spamlang: list[dic
             f"{s} (hidden {SCALES[s].hidden}, {SCALES[s].layers} layers, vocabulary {SCALES[s].vocab}, "
             f"{SCALES[s].iters} steps)" if s in SCALES else s for s in not_run)
             + ". The decision below rests on the scales that ran only."]
+    overrides = ", ".join(f"`{o}`" for o in decision["overrides"]) or "`copy_head.enabled=false`"
     lines += ["", "## Decision", "", f"Rule: {summary['rule']}", "",
-              f"**Default: {decision['default']}** ({', '.join(f'`{o}`' for o in decision['overrides'])}). "
-              f"{decision['reason']}.", ""]
+              f"**Default: {decision['default']}** ({overrides}). {decision['reason']}.", ""]
+    lines += [f"- {arm}: not credited: {why}" for arm, why in decision.get("not_credited", {}).items()]
+    lines += [f"- {step}" for step in decision.get("steps", [])]
+    check = summary.get("second_scale_check")
+    if check:
+        lines += ["", f"The later scales' arms {check['later_scales']} " +
+                  ("are" if check["match"] else "are NOT") + f" the two best arms of {check['first_scale']} so far "
+                  f"({', '.join(check['two_best'])}, by the mean paired difference against the cache control)."]
     if decision.get("provisional"):
-        lines += [f"**Provisional**: {decision['planned_runs_missing']} of the {decision['planned_runs']} runs of the "
-                  f"planned grid are not in this summary.", ""]
+        lines += ["", f"**Provisional**: {decision['planned_runs_missing']} of the {decision['planned_runs']} runs of "
+                  f"the planned grid are not in this summary"
+                  + (f" (scales not started: {', '.join(decision['scales_not_started'])})"
+                     if decision.get("scales_not_started") else "") + "."]
+    lines += [""]
     lines += ["## Results", "", headline_table(summary), ""]
     for name, scale in summary["scales"].items():
         m, flat = scale["model"], scale["baseline_flattening"]
@@ -193,9 +250,12 @@ def write_study_report(output: Path, summary: dict[str, Any], spamlang: list[dic
                   f"decay covers the last 20%). Baseline copy accuracy: {_pm(scale.get('baseline_copy_accuracy', {}))}"
                   f" (0 means the comparison is a copy mechanism against none learned yet).", "",
                   "Controls, intervals and costs:", "", *_controls_table(scale), "",
+                  "Paired comparisons:", "", *_comparisons_table(scale), "",
                   "Per seed:", "", *_per_seed_table(scale), "",
-                  "Passkey retrieval by context length (whole key, key tokens in parentheses; mean ± std over seeds, "
-                  "averaged over needle depths; trained at 256 tokens):", "", *_passkey_table(scale), "",
+                  "Passkey retrieval by context length (first key token, all key tokens in parentheses; mean ± std "
+                  "over seeds, averaged over needle depths; trained at 256 tokens; chance for the first key token: "
+                  f"{_chance({'scales': {name: scale}}, 'passkey_first_token_chance')}):", "",
+                  *_passkey_table(scale), "",
                   "Gradient figures (a validation batch, last checkpoint):", "", *_gradient_table(scale), ""]
     if spamlang:
         lines += ["## SpamLang at vocabulary >= 100k (Godey & Artzi's regime)", "",
@@ -238,7 +298,7 @@ def _plot_curves(output: Path, summary: dict[str, Any]) -> Path:
         for row, key in enumerate(("val_loss", "lm_val_loss")):
             ax = axes[row][col]
             for arm, data in scale["arms"].items():
-                curves = [data["per_seed"][str(s)]["val_curve"] for s in scale["seeds"]]
+                curves = [fig["val_curve"] for fig in data["per_seed"].values()]
                 xs = [p["tokens"] / 1e6 for p in curves[0]]
                 _band(ax, xs, [[p[key] for p in c] for c in curves], ARM_COLORS.get(arm, "black"), arm)
             ax.set_title(f"{name}: {'val loss (full distribution)' if key == 'val_loss' else 'LM-head val loss'}")
@@ -250,21 +310,45 @@ def _plot_curves(output: Path, summary: dict[str, Any]) -> Path:
     return _save(fig, output / "val_loss_curves.png")
 
 
+def _plot_train_nll(output: Path, summary: dict[str, Any]) -> Path:
+    """Training NLL of the output distribution (the mixture for CPLM, comparable across arms) and, apart, the
+    CPLM objective's terms (mixture NLL, the LM head's auxiliary cross entropy), mean over seeds."""
+    fig, axes, names = _per_scale_figure(summary, 2, 4.0)
+    for col, name in enumerate(names):
+        scale = summary["scales"][name]
+        for arm, data in scale["arms"].items():
+            curves = [data["per_seed"][s]["train_curve"] for s in data["per_seed"]]
+            if not curves or not curves[0]:
+                continue
+            xs = [p["tokens"] / 1e6 for p in curves[0]]
+            color = ARM_COLORS.get(arm, "black")
+            _band(axes[0][col], xs, [[p["nll"] for p in c] for c in curves], color, arm)
+            if arm != "baseline":
+                _band(axes[1][col], xs, [[p["lm_loss"] for p in c] for c in curves], color, f"{arm}: LM head CE")
+        axes[0][col].set_title(f"{name}: training NLL of the output distribution (mixture for CPLM)")
+        axes[1][col].set_title(f"{name}: CPLM objective's auxiliary term (the LM head's own CE)")
+        for ax in axes[:, col]:
+            ax.set_xlabel("training tokens (M)")
+            ax.set_ylabel("nats/token")
+            ax.legend(fontsize=8)
+    return _save(fig, output / "train_nll_curves.png")
+
+
 def _plot_final(output: Path, summary: dict[str, Any]) -> Path:
     keys = (("val_loss", "val loss"), ("lm_val_loss", "LM-head val loss"), ("copy_accuracy", "copy accuracy"),
-            ("passkey_token_accuracy", "passkey key-token acc."))
+            ("passkey_first_token_accuracy", "passkey first-key-token acc."))
     fig, axes, names = _per_scale_figure(summary, len(keys), 2.6)
     for col, name in enumerate(names):
         arms = summary["scales"][name]["arms"]
         for row, (key, title) in enumerate(keys):
             ax = axes[row][col]
-            stats = [arms[a]["mean_std"][key] for a in arms]
+            stats = [arms[a]["mean_std"].get(key, {"mean": None, "std": None}) for a in arms]
             ax.bar(list(arms), [s["mean"] or 0 for s in stats], yerr=[s["std"] or 0 for s in stats], capsize=4,
                    color=[ARM_COLORS.get(a, "black") for a in arms])
             ax.set_title(f"{name}: {title} (mean ± std)")
-            if key.endswith("loss"):
-                low = min(s["mean"] for s in stats)
-                ax.set_ylim(low - 0.5, max(s["mean"] for s in stats) + 0.3)
+            present = [s["mean"] for s in stats if s["mean"] is not None]
+            if key.endswith("loss") and present:
+                ax.set_ylim(min(present) - 0.5, max(present) + 0.3)
     return _save(fig, output / "final_metrics.png")
 
 
@@ -274,12 +358,14 @@ def _plot_passkey(output: Path, summary: dict[str, Any]) -> Path:
         ax = axes[0][col]
         for arm, data in summary["scales"][name]["arms"].items():
             lengths = sorted(data["passkey_by_length"], key=int)
-            means = [data["passkey_by_length"][n]["token_accuracy"]["mean"] for n in lengths]
-            stds = [data["passkey_by_length"][n]["token_accuracy"]["std"] or 0 for n in lengths]
+            stats = [data["passkey_by_length"][n].get("first_token_accuracy") or {} for n in lengths]
+            means = [st.get("mean") or 0 for st in stats]
+            stds = [st.get("std") or 0 for st in stats]
             ax.errorbar([int(n) for n in lengths], means, yerr=stds, capsize=3, marker="o", label=arm,
                         color=ARM_COLORS.get(arm, "black"))
         ax.set_xscale("log", base=2)
-        ax.set_title(f"{name}: passkey key-token accuracy vs context length")
+        chance = _chance({"scales": {name: summary["scales"][name]}}, "passkey_first_token_chance")
+        ax.set_title(f"{name}: passkey first-key-token accuracy ({chance})")
         ax.set_xlabel("context length (trained at 256)")
         ax.legend(fontsize=8)
     return _save(fig, output / "passkey_by_length.png")

@@ -23,12 +23,14 @@ from cplm_megatron.experiments.ablation import RunResults
 from cplm_megatron.experiments.multiseed import ARMS, GLOBAL_BATCH, SEQ_LEN
 
 DECISION_RULE = (
-    "Fixed before the grid ran: rank the CPLM training arms by mean validation loss (full distribution, every "
-    "validation sample) at the largest scale. The best arm becomes the default only if it beats the next arm by more "
-    "than the paired interval (the 95% t-interval over seeds of their per-seed difference lies below 0); otherwise "
-    "the default is the simplest arm (the earliest in the study's arm order) among those the interval does not "
-    "separate from the best. The decision is provisional until every run of the planned grid (every active arm x "
-    "3 seeds x 2 scales) is in the summary."
+    "Fixed before the v3 grid ran. An arm is credited only if its validation loss (the full distribution, every "
+    "validation sample) is below the baseline's and below the baseline + continuous-cache control's in every seed at "
+    "every scale it ran (paired: the same seed shares initialization and data order). Only arms run at every scale "
+    "of the grid can become the default. Among those credited, the simplest (the earliest in the study's arm order) "
+    "is kept unless a more complex credited arm beats it at every scale with a 95% t-interval over seeds of the "
+    "per-seed paired difference below 0; that arm is then kept, and a later one must beat it in the same way. No arm "
+    "credited: the copy head is not credited and the default is the baseline. Every decision is provisional until "
+    "every run of the planned grid is in the summary."
 )
 PREVIOUS_DEFAULT = "aux1"  # configs/tiny.yaml's copy-head objective when this rule was fixed
 # Two-sided 95% Student t quantiles by degrees of freedom (seeds - 1).
@@ -40,8 +42,11 @@ FIGURES: dict[str, bool] = {
     "copy_accuracy": False,
     "copy_head_accuracy": False,
     "copy_mean_gate": False,
+    "copy_accuracy_chance": False,
     "passkey_accuracy": False,
     "passkey_token_accuracy": False,
+    "passkey_first_token_accuracy": False,
+    "passkey_first_token_chance": False,
     "efficiency": True,
     "efficiency_flops": True,
     "logit_grad_outside_span": True,
@@ -52,7 +57,8 @@ FIGURES: dict[str, bool] = {
     "copy_lm_grad_cosine": False,
     "cache_val_loss": True,
 }
-PAIRED = ("val_loss", "lm_val_loss", "copy_accuracy", "passkey_accuracy", "passkey_token_accuracy")
+PAIRED = ("val_loss", "lm_val_loss", "copy_accuracy", "passkey_accuracy", "passkey_token_accuracy",
+          "passkey_first_token_accuracy")
 
 
 def val_curve(run: RunResults) -> list[tuple[int, float, float]]:
@@ -62,6 +68,14 @@ def val_curve(run: RunResults) -> list[tuple[int, float, float]]:
         if "val_loss" in record:
             by_iteration[int(record["iteration"])] = (record["val_loss"], record.get("val_lm_loss", record["val_loss"]))
     return [(it, *by_iteration[it]) for it in sorted(by_iteration)]
+
+
+def train_curve(run: RunResults, per_step: int) -> list[dict[str, float]]:
+    """The trainer's logged training losses: `nll` of the output distribution (the mixture for CPLM: comparable
+    across arms), `lm_loss` (the LM head's own CE, CPLM's auxiliary term) and `objective` (what was minimized)."""
+    return [{"iteration": r["iteration"], "tokens": r["iteration"] * per_step, "objective": r["loss"],
+             "nll": r.get("mix_loss", r["loss"]), "lm_loss": r.get("lm_loss", r["loss"])}
+            for r in run.metrics if "loss" in r]
 
 
 def tokens_per_step(run: RunResults) -> int:
@@ -119,7 +133,9 @@ def passkey_by_length(run: RunResults) -> dict[int, dict[str, float]]:
     for length in details["lengths"]:
         cells = [c for c in details["grid"] if c["length"] == length]
         out[length] = {"accuracy": statistics.fmean(c["accuracy"] for c in cells),
-                       "token_accuracy": statistics.fmean(c["token_accuracy"] for c in cells)}
+                       "token_accuracy": statistics.fmean(c["token_accuracy"] for c in cells),
+                       "first_token_accuracy": (statistics.fmean(c["first_token_accuracy"] for c in cells)
+                                                if all("first_token_accuracy" in c for c in cells) else None)}
     return out
 
 
@@ -153,10 +169,13 @@ def run_figures(run: RunResults, baseline: RunResults) -> dict[str, Any]:
         "cache_theta": _task_metric(run, "cache", "cache_theta"),
         "cache_documents": run.final["tasks"].get("cache", {}).get("details", {}).get("documents"),
         "copy_accuracy": _task_metric(run, "copy", "copy_accuracy"),
+        "copy_accuracy_chance": _task_metric(run, "copy", "copy_accuracy_chance"),
         "copy_head_accuracy": _task_metric(run, "copy", "copy_head_accuracy"),
         "copy_mean_gate": _task_metric(run, "copy", "copy_mean_gate"),
         "passkey_accuracy": _task_metric(run, "passkey", "passkey_accuracy"),
         "passkey_token_accuracy": _task_metric(run, "passkey", "passkey_token_accuracy"),
+        "passkey_first_token_accuracy": _task_metric(run, "passkey", "passkey_first_token_accuracy"),
+        "passkey_first_token_chance": _task_metric(run, "passkey", "passkey_first_token_chance"),
         "passkey_by_length": passkey_by_length(run),
         "efficiency": None if reached is None else reached / base_tokens,
         "train_flops_per_token": flops,
@@ -170,6 +189,7 @@ def run_figures(run: RunResults, baseline: RunResults) -> dict[str, Any]:
         "copy_lm_grad_cosine": _task_metric(run, "gradient", "copy_lm_grad_cosine"),
         "val_curve": [{"iteration": it, "tokens": it * per_step, "val_loss": v, "lm_val_loss": lm}
                       for it, v, lm in curve],
+        "train_curve": train_curve(run, per_step),
     }
 
 
@@ -188,7 +208,7 @@ def aggregate_arm(per_seed: dict[int, dict[str, Any]], baseline: dict[int, dict[
     lengths = sorted({int(length) for s in seeds for length in per_seed[s]["passkey_by_length"]})
     out["passkey_by_length"] = {
         str(length): {key: mean_std([per_seed[s]["passkey_by_length"].get(length, {}).get(key) for s in seeds])
-                      for key in ("accuracy", "token_accuracy")}
+                      for key in ("accuracy", "token_accuracy", "first_token_accuracy")}
         for length in lengths}
     paired = {}
     for figure in PAIRED:
@@ -262,68 +282,110 @@ def flattening(curves: Sequence[list[dict[str, Any]]]) -> dict[str, Any]:
 
 @dataclass
 class Decision:
+    """What the rule decided: the default arm ('baseline': no copy head credited), and why."""
+
     default: str
-    qualified: list[str]  # arms the interval does not separate from the best (the best first)
+    credited: list[str]  # arms that beat the baseline and the cache control in every seed at every scale they ran
+    not_credited: dict[str, str]  # arm -> why not
+    steps: list[str]  # the comparisons that moved (or kept) the default, in order
     reason: str
-    established: bool = False  # the best beat the next arm by more than the paired interval
-    ranking: list[str] | None = None
 
 
-def decide(scales: dict[str, dict[str, Any]], largest: str, figures: dict[str, dict[int, dict[str, Any]]]
-           ) -> Decision:
-    """Apply DECISION_RULE at the largest scale (figures: that scale's per-arm, per-seed figures)."""
-    arms = [a for a in scales[largest]["arms"] if a != "baseline" and a in ARMS]
-    mean = {a: scales[largest]["arms"][a]["mean_std"]["val_loss"]["mean"] for a in arms}
-    ranking = sorted(arms, key=lambda a: mean[a])
-    best = ranking[0]
-    if len(ranking) == 1:
-        return Decision(best, [best], f"{best} is the only CPLM arm at scale {largest}", False, ranking)
-    vs_next = paired_between(figures, best, ranking[1])
-    if vs_next["ci_high"] is not None and vs_next["ci_high"] < 0:
-        return Decision(best, [best], (
-            f"{best} has the lowest mean validation loss at scale {largest} ({mean[best]:.3f}) and beats the next arm "
-            f"{ranking[1]} by {vs_next['mean']:+.3f}, 95% paired interval [{vs_next['ci_low']:+.3f}, "
-            f"{vs_next['ci_high']:+.3f}] over {vs_next['n']} seeds (below 0)"), True, ranking)
-    tied = [best] + [a for a in ranking[1:] if not _separated(paired_between(figures, a, best))]
-    simplest = min(tied, key=list(ARMS).index)
-    interval = ("no interval (fewer than 2 seeds)" if vs_next["ci_low"] is None else
-                f"95% paired interval [{vs_next['ci_low']:+.3f}, {vs_next['ci_high']:+.3f}]")
-    return Decision(simplest, tied, (
-        f"{best} has the lowest mean validation loss at scale {largest} ({mean[best]:.3f}) but does not beat the next "
-        f"arm {ranking[1]} by more than the paired interval ({vs_next['mean']:+.3f}, {interval}); the simplest arm "
-        f"the interval does not separate from {best} is {simplest} (among {tied})"), False, ranking)
+def _credit(arm: str, scales: dict[str, dict[str, Any]], figures: dict[str, dict[str, dict[int, dict[str, Any]]]],
+            grid_scales: Sequence[str]) -> str | None:
+    """None when `arm` is credited, else why not."""
+    ran = [sc for sc in grid_scales if arm in figures.get(sc, {})]
+    if not ran:
+        return "no finished run"
+    for sc in ran:
+        for control, key in (("baseline", "val_loss"), ("baseline + cache", "cache_val_loss")):
+            diffs = paired_between(figures[sc], arm, "baseline", key)["per_seed"]
+            if not diffs:
+                return f"no {control} figure to compare with at scale {sc}"
+            worse = {seed: d for seed, d in diffs.items() if not d < 0}
+            if worse:
+                seed, d = next(iter(worse.items()))
+                return f"not below the {control} in seed {seed} at scale {sc} ({d:+.3f} nats)"
+    missing = [sc for sc in grid_scales if sc not in ran]
+    if missing:
+        return (f"below the baseline and the cache control in every seed at {', '.join(ran)}, but not run at "
+                f"{', '.join(missing)}: it cannot become the default")
+    return None
 
 
-def _separated(paired: dict[str, Any]) -> bool:
-    """Whether a paired difference (arm - best) is above 0 beyond its interval."""
-    return paired["ci_low"] is not None and paired["ci_low"] > 0
+def decide(scales: dict[str, dict[str, Any]], figures: dict[str, dict[str, dict[int, dict[str, Any]]]],
+           grid_scales: Sequence[str]) -> Decision:
+    """Apply DECISION_RULE (figures: per scale, per arm, per seed; grid_scales: every scale of the planned grid)."""
+    arms = [a for a in ARMS if a != "baseline" and any(a in figures.get(sc, {}) for sc in grid_scales)]
+    not_credited = {a: why for a in arms if (why := _credit(a, scales, figures, grid_scales)) is not None}
+    credited = [a for a in arms if a not in not_credited]
+    if not credited:
+        return Decision("baseline", [], not_credited, [], "no CPLM arm beats both the baseline and the baseline + "
+                        "cache control in every seed at every scale: the copy head is not credited")
+    kept, steps = credited[0], []
+    for challenger in credited[1:]:
+        intervals = {sc: paired_between(figures[sc], challenger, kept) for sc in grid_scales}
+        wins = all(i["ci_high"] is not None and i["ci_high"] < 0 for i in intervals.values())
+        shown = "; ".join(f"{sc}: {i['mean']:+.3f} " + (f"[{i['ci_low']:+.3f}, {i['ci_high']:+.3f}]"
+                                                       if i["ci_low"] is not None else "(no interval: < 2 seeds)")
+                          for sc, i in intervals.items() if i["mean"] is not None)
+        steps.append(f"{challenger} - {kept}: {shown} -> {'kept ' + challenger if wins else 'kept ' + kept}")
+        if wins:
+            kept = challenger
+    simplest = credited[0]
+    reason = (f"credited: {', '.join(credited)}; the simplest, {simplest}, " +
+              ("is kept: no more complex credited arm beats it with an interval below 0 at every scale"
+               if kept == simplest else f"is replaced by {kept}, which beats it with an interval below 0 at every scale"))
+    return Decision(kept, credited, not_credited, steps, reason)
+
+
+def _complete_seeds(by_key: dict[tuple[str, str, int], RunResults], scale: str) -> list[int]:
+    """Seeds of `scale` that have a baseline run (a CPLM run is compared with the baseline of its seed)."""
+    return sorted({k[2] for k in by_key if k[0] == scale and k[1] == "baseline"})
+
+
+def second_scale_check(scales: dict[str, dict[str, Any]], first: str) -> dict[str, Any]:
+    """Whether the arms of the later scales are the two best of the first scale (by mean paired difference against
+    the cache control, else against the baseline)."""
+    vs = scales[first]["vs_cache"] or {a: v["paired_vs_baseline"]["val_loss"]
+                                       for a, v in scales[first]["arms"].items() if a != "baseline"}
+    ranked = sorted((a for a in vs if vs[a]["mean"] is not None), key=lambda a: vs[a]["mean"])
+    return {"first_scale": first, "two_best": ranked[:2],
+            "later_scales": {sc: [a for a in v["arms"] if a != "baseline"] for sc, v in scales.items() if sc != first},
+            "match": all(set(ranked[:2]) == {a for a in v["arms"] if a != "baseline"}
+                         for sc, v in scales.items() if sc != first)}
 
 
 def summarize(runs: Sequence[RunResults], planned: Sequence[tuple[str, str, int]] | None = None) -> dict[str, Any]:
-    """The study's summary.json body (without command/wall time): per scale, per arm, and the decision;
-    provisional while a `planned` (scale, arm, seed) is missing (default: the CPU study's grid)."""
+    """The study's summary.json body (without command/wall time): per scale, per arm, comparisons, the decision.
+    Works on a partial grid (a run without its seed's baseline is listed, not compared); provisional while a
+    `planned` (scale, arm, seed) is missing (default: the CPU study's grid)."""
+    from cplm_megatron.experiments.multiseed import StudySettings
+
+    planned = list(planned) if planned is not None else StudySettings().planned()
     by_key = {(r.spec.label["scale"], r.spec.label["arm"], r.spec.label["seed"]): r for r in runs}
+    order = list(dict.fromkeys([sc for sc, _, _ in planned] + [r.spec.label["scale"] for r in runs]))
     scales: dict[str, dict[str, Any]] = {}
     all_figures: dict[str, dict[str, dict[int, dict[str, Any]]]] = {}
-    order = list(dict.fromkeys(r.spec.label["scale"] for r in runs))
+    unpaired: list[str] = []
     for scale in order:
-        keys = [k for k in by_key if k[0] == scale]
-        seeds = sorted({k[2] for k in keys})
-        arms = [a for a in ARMS if any(k[1] == a for k in keys)]
-        if "baseline" not in arms:
-            raise ValueError(f"scale {scale} has no baseline runs")
-        missing = [f"{scale}-{a}-s{s}" for a in arms for s in seeds if (scale, a, s) not in by_key]
-        if missing:
-            raise ValueError(f"the study is incomplete: runs {missing} are missing")
-        figures = {a: {s: run_figures(by_key[(scale, a, s)], by_key[(scale, "baseline", s)]) for s in seeds}
-                   for a in arms}
+        seeds = _complete_seeds(by_key, scale)
+        unpaired += [f"{sc}-{a}-s{s}" for sc, a, s in by_key if sc == scale and s not in seeds]
+        if not seeds:
+            continue
+        arms = [a for a in ARMS if any((scale, a, s) in by_key for s in seeds)]
+        figures = {a: {s: run_figures(by_key[(scale, a, s)], by_key[(scale, "baseline", s)]) for s in seeds
+                       if (scale, a, s) in by_key} for a in arms}
         sample = by_key[(scale, "baseline", seeds[0])].spec.label
         all_figures[scale] = figures
         cache = cache_arm(figures["baseline"])
+        cplm = [a for a in arms if a != "baseline"]
         scales[scale] = {
             "cache_control": cache,
-            "vs_cache": ({a: paired_between(figures, a, "baseline", "cache_val_loss") for a in arms if a != "baseline"}
-                         if cache else {}),
+            "vs_baseline": {a: paired_between(figures, a, "baseline") for a in cplm},
+            "vs_cache": ({a: paired_between(figures, a, "baseline", "cache_val_loss") for a in cplm} if cache else {}),
+            "between_arms": {f"{b} - {a}": paired_between(figures, b, a)
+                             for i, a in enumerate(cplm) for b in cplm[i + 1:]},
             "baseline_copy_accuracy": mean_std([figures["baseline"][s]["copy_accuracy"] for s in seeds]),
             "model": {k: sample[k] for k in ("hidden", "layers", "vocab", "iters")},
             "tokens": sample["iters"] * int(sample.get("tokens_per_step", GLOBAL_BATCH * SEQ_LEN)),
@@ -332,18 +394,24 @@ def summarize(runs: Sequence[RunResults], planned: Sequence[tuple[str, str, int]
             "arms": {a: {"description": ARMS[a].description, "overrides": list(ARMS[a].overrides),
                          **aggregate_arm(figures[a], figures["baseline"])} for a in arms},
         }
-    largest = max(order, key=lambda s: scales[s]["model"]["hidden"] * scales[s]["model"]["layers"])
-    decision = decide(scales, largest, all_figures[largest])
-    from cplm_megatron.experiments.multiseed import StudySettings
-
+    if not scales:
+        raise ValueError("no scale has a finished baseline run yet: nothing to compare")
+    grid_scales = list(dict.fromkeys(sc for sc, _, _ in planned))
+    judged = [sc for sc in grid_scales if sc in scales] or list(scales)  # scales with a finished baseline
+    decision = decide(scales, all_figures, judged)
+    not_started = [sc for sc in grid_scales if sc not in scales]
     present = set(by_key)
-    planned = list(planned) if planned is not None else StudySettings().planned()
     missing = [f"{sc}-{a}-s{s}" for sc, a, s in planned if (sc, a, s) not in present]
-    return {"rule": DECISION_RULE, "scales": scales, "largest_scale": largest,
-            "decision": {"default": decision.default, "overrides": list(ARMS[decision.default].overrides),
-                         "qualified": decision.qualified, "reason": decision.reason,
-                         "established": decision.established, "ranking": decision.ranking,
+    default_overrides = list(ARMS[decision.default].overrides)
+    return {"rule": DECISION_RULE, "scales": scales, "largest_scale": max(
+                scales, key=lambda s: scales[s]["model"]["hidden"] * scales[s]["model"]["layers"]),
+            "second_scale_check": second_scale_check(scales, next(iter(scales))) if len(scales) > 1 else None,
+            "decision": {"default": decision.default, "overrides": default_overrides,
+                         "credited": decision.credited, "not_credited": decision.not_credited,
+                         "steps": decision.steps, "reason": decision.reason,
                          "previous_default": PREVIOUS_DEFAULT,
                          "provisional": bool(missing), "planned_runs_missing": len(missing),
+                         "missing_runs": missing, "unpaired_runs": unpaired, "judged_at_scales": judged,
+                         "scales_not_started": not_started,
                          "planned_runs": len(planned)},
-            "planned_scales": list(dict.fromkeys(sc for sc, _, _ in planned))}
+            "planned_scales": grid_scales}

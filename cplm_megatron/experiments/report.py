@@ -145,14 +145,15 @@ def corpus_section(pairs: Sequence[PairSummary]) -> list[str]:
     if not pairs:
         return []
     lines = ["## Embedded corpus (Python stdlib sources)", "",
-             ("Last checkpoint. Train loss: the trainer's last logged loss (the mixture NLL for CPLM). Val: the "
+             ("Last checkpoint. Train NLL: the trainer's last logged NLL of the output distribution (the mixture for "
+              "CPLM, not its whole objective, which adds the LM head's auxiliary cross entropy). Val: the "
              "validation split. Copy: random spans repeated once (accuracy on the repeat). Passkey: mean retrieval "
              "accuracy over the operating points below. Gradient: on a validation batch."), "",
-             ("| model | train loss | val loss | val ppl | copy acc. | passkey retrieval (token acc.) "
+             ("| model | train NLL | val loss | val ppl | copy acc. | passkey retrieval (token acc.) "
              "| logit grad outside LM-head span | copy-head share of dL/dh |"), "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for pair in pairs:
         for run in (pair.baseline, pair.cplm):
-            _, losses = run.train_curve("loss")
+            _, losses = run.nll_curve()
             lines.append(
                 f"| {NAMES[run.spec.copy_head]} | {_fmt(losses[-1] if losses else None, 3)} "
                 f"| {_fmt(_metric(run, 'val', 'val_loss'), 3)} | {_fmt(_metric(run, 'val', 'val_ppl'), 1)} "
@@ -200,18 +201,23 @@ def _grid(n: int):
 
 
 def plot_losses(pairs: Sequence[PairSummary], path: Path) -> Path | None:
-    """Training loss (and validation loss where logged) vs step, one panel per pair."""
+    """Training NLL of the output distribution (the mixture for CPLM) and validation loss vs step, one panel per
+    pair; CPLM's LM-head cross entropy (its objective's auxiliary term) apart, dotted."""
     if not pairs:
         return None
     fig, axes = _grid(len(pairs))
     for ax, pair in zip(axes, pairs):
         for run in (pair.baseline, pair.cplm):
-            its, vals = run.train_curve("loss")
-            ax.plot(its, vals, color=COLORS[run.spec.copy_head], label=f"{NAMES[run.spec.copy_head]} train")
+            name, color = NAMES[run.spec.copy_head], COLORS[run.spec.copy_head]
+            its, vals = run.nll_curve()
+            ax.plot(its, vals, color=color, label=f"{name} train NLL")
             its, vals = run.train_curve("val_loss")
             if its:
-                ax.plot(its, vals, "o--", color=COLORS[run.spec.copy_head], label=f"{NAMES[run.spec.copy_head]} val")
-        ax.set(title=pair.group, xlabel="step", ylabel="loss (nats/token)")
+                ax.plot(its, vals, "o--", color=color, label=f"{name} val")
+            if run.spec.copy_head:
+                its, vals = run.train_curve("lm_loss")
+                ax.plot(its, vals, ":", color=color, label=f"{name} LM head alone (aux. term)")
+        ax.set(title=pair.group, xlabel="step", ylabel="nats/token")
         ax.legend(fontsize=7)
     return _save(fig, path)
 

@@ -20,7 +20,9 @@ from typing import Any
 from cplm_megatron.experiments.ablation import (
     JobResult,
     RunResults,
+    RunSpec,
     Settings,
+    is_finished,
     load_run,
     pair_up,
     plan,
@@ -105,12 +107,42 @@ def run_recipe_study(output: Path, settings: StudySettings, data_root: Path, spa
     corpora = ensure_corpora(settings, data_root, log=log)
     specs = plan_study(settings, corpora)
     log(f"[study] {len(specs)} runs: arms {', '.join(settings.arms)} x seeds {list(settings.seeds)} x scales "
-        f"{', '.join(settings.scales)}; {jobs} at a time")
+        f"{', '.join(settings.scales)} (per scale: " + "; ".join(
+            f"{sc}: {len(settings.arms_at(sc))} arms x {len(settings.seeds_at(sc))} seeds" for sc in settings.scales)
+        + f"); {jobs} at a time")
     run_all(specs, output, jobs=jobs, threads=threads, on_done=on_done)
-    summary = summarize([load_run(spec, output) for spec in specs])
+    return write_study_summary(output, settings, specs, spamlang, jobs, threads, command, on_done, log, start)
+
+
+def spamlang_arm(summary: dict[str, Any]) -> str:
+    """The CPLM arm SpamLang runs: the decided default, or (no arm credited) the lowest mean val loss at the
+    largest scale."""
+    if summary["decision"]["default"] != "baseline":
+        return summary["decision"]["default"]
+    arms = summary["scales"][summary["largest_scale"]]["arms"]
+    return min((a for a in arms if a != "baseline"), key=lambda a: arms[a]["mean_std"]["val_loss"]["mean"])
+
+
+def summarize_study(output: Path, settings: StudySettings, data_root: Path, command: str = "",
+                    log: Callable[[str], None] = print) -> StudyOutcome:
+    """summary.json, report.md and the plots of the runs of the study that finished so far (nothing is trained;
+    a partial grid gives a provisional decision)."""
+    output = Path(output).resolve()
+    specs = plan_study(settings, ensure_corpora(settings, data_root, log=log))
+    return write_study_summary(output, settings, specs, None, 1, 1, command, None, log, time.perf_counter())
+
+
+def write_study_summary(output: Path, settings: StudySettings, specs: list[RunSpec],
+                        spamlang: SpamLangSettings | None, jobs: int, threads: int, command: str,
+                        on_done: Callable[[JobResult], None] | None, log: Callable[[str], None], start: float
+                        ) -> StudyOutcome:
+    """Summarize the finished runs of `specs`, run SpamLang with the decided default when asked, write the outputs."""
+    finished = [spec for spec in specs if is_finished(spec, output)]
+    log(f"[study] {len(finished)} of {len(specs)} runs finished")
+    summary = summarize([load_run(spec, output) for spec in finished], planned=StudySettings().planned())
     claims: list[dict[str, Any]] = []
     if spamlang is not None:
-        arm = ARMS[summary["decision"]["default"]]
+        arm = ARMS[spamlang_arm(summary)]
         for hidden in spamlang.hiddens:
             spam = Settings(hidden_size=hidden, experiments=("spamlang",), spamlang_vocabs=(spamlang.vocab,),
                             spamlang_ties=(False,), spamlang_iters=spamlang.iters, spamlang_interval=spamlang.interval,
@@ -119,7 +151,7 @@ def run_recipe_study(output: Path, settings: StudySettings, data_root: Path, spa
             log(f"[study] SpamLang V={spamlang.vocab}, hidden {hidden}: baseline vs {arm.name}")
             claims += run_ablation(output / f"spamlang_h{hidden}", spam, None, jobs=jobs, threads=threads,
                                    on_done=on_done).spamlang
-    recorded = [run_seconds(output / "runs" / spec.name) for spec in specs]
+    recorded = [run_seconds(output / "runs" / spec.name) for spec in finished]
     summary.update(command=command, seconds_this_invocation=time.perf_counter() - start,
                    run_seconds_total=sum(t for t in recorded if t is not None),
                    runs_with_timing=sum(t is not None for t in recorded), jobs=jobs,

@@ -1,4 +1,6 @@
 """The recipe study's aggregation: efficiency, mean/std, paired differences, the decision rule, the tables."""
+import statistics
+
 import pytest
 
 from cplm_megatron.experiments.ablation import RunResults, RunSpec
@@ -42,12 +44,12 @@ def test_tokens_to_reach_interpolates_between_evaluations():
     assert tokens_to_reach(curve, 3.9) is None
 
 
-def _study(arm_offsets: dict[str, list[float]], scales=("tiny", "4x")) -> list[RunResults]:
-    """Baselines 6 -> 5 -> 4 (last: 4.0); arm curves shifted per seed by the given offsets."""
+def _study(arm_offsets: dict[str, list[float]], scales=("tiny", "small"), seeds=(1, 2, 3)) -> list[RunResults]:
+    """Baselines 6 -> 5 -> 4 (last: 4.0; the cache control 3.9); arm curves shifted per seed by the given offsets."""
     runs = []
     for scale in scales:
         layers = 4 if scale == "tiny" else 8
-        for seed_index, seed in enumerate((1, 2, 3)):
+        for seed_index, seed in enumerate(seeds):
             runs.append(_run(scale, "baseline", seed, [6.0, 5.0, 4.0], layers=layers))
             for arm, offsets in arm_offsets.items():
                 d = offsets[seed_index]
@@ -76,33 +78,66 @@ def test_summary_paired_differences_efficiency_and_spread():
     assert base["mean"] == pytest.approx(1.0)
     flat = summary["scales"]["tiny"]["baseline_flattening"]
     assert flat["relative_improvement_last_quarter"] == pytest.approx((5.0 - 4.0) / 4.0)
+    # the primary figure for "A beats B": per-seed paired differences with a t-interval over seeds
+    between = summary["scales"]["tiny"]["between_arms"]["aux1 - mixture"]
+    assert between["per_seed"] == pytest.approx({"1": -0.7, "2": -0.2, "3": -0.2})
+    half = 4.303 * statistics.stdev([-0.7, -0.2, -0.2]) / 3 ** 0.5  # t(0.975, 2 df)
+    assert between["ci_low"] == pytest.approx(between["mean"] - half, rel=1e-4)
+    vs_cache = summary["scales"]["tiny"]["vs_cache"]["aux1"]  # the cache control is 3.9 in every seed
+    assert vs_cache["per_seed"] == pytest.approx({"1": -0.4, "2": -0.2, "3": 0.0}, abs=1e-12)
 
 
-def test_decision_takes_the_best_arm_only_beyond_the_paired_interval():
-    # aux1 beats the next arm (mixture) by 0.4 in every seed: outside any interval
-    summary = summarize(_study({"mixture": [-0.1, -0.12, -0.08], "aux1": [-0.5, -0.52, -0.48]}))
+def test_rule_credits_no_arm_that_loses_to_the_cache_control_in_one_seed():
+    # aux1 beats the baseline in every seed but not the baseline + cache (3.9) in seed 3 (-0.05 -> 3.95)
+    summary = summarize(_study({"aux1": [-0.5, -0.3, -0.05]}))
     decision = summary["decision"]
-    assert summary["largest_scale"] == "4x"
-    assert decision["default"] == "aux1" and decision["established"] and decision["ranking"] == ["aux1", "mixture"]
+    assert decision["default"] == "baseline" and decision["credited"] == [] and decision["overrides"] == []
+    assert decision["not_credited"]["aux1"] == "not below the baseline + cache in seed 3 at scale tiny (+0.050 nats)"
+    assert "the copy head is not credited" in decision["reason"]
+
+
+def test_rule_keeps_the_simplest_credited_arm_unless_a_complex_one_wins_beyond_the_interval():
+    # both credited; sentinel+aux1 is lower on average but its per-seed differences to aux1 (-0.6, +0.1, +0.1)
+    # spread too wide: t-interval -0.133 +- 4.303 * 0.404 / sqrt(3) contains 0 -> the simpler aux1 stays
+    summary = summarize(_study({"aux1": [-0.3, -0.3, -0.3], "sentinel+aux1": [-0.9, -0.2, -0.2]}))
+    decision = summary["decision"]
+    assert decision["credited"] == ["aux1", "sentinel+aux1"] and decision["default"] == "aux1"
+    assert decision["steps"][0].startswith("sentinel+aux1 - aux1: tiny: -0.133 [") and "kept aux1" in decision["steps"][0]
     assert decision["overrides"] == ["copy_head.lm_loss_weight=1", "copy_head.copy_loss_weight=0",
                                      "copy_head.mixing=gate", "copy_head.decouple_lm=false"]
-    # 2 of the 6 active arms at 3 seeds x 2 scales + the baselines: the planned grid is not complete
-    assert decision["provisional"] and decision["planned_runs_missing"] == decision["planned_runs"] - 18
 
 
-def test_decision_falls_back_to_the_simplest_arm_the_interval_does_not_separate():
-    # sentinel has the lowest mean (-0.4 vs -0.3) but its per-seed differences to aux1 (-0.6, +0.2, +0.1) spread
-    # far wider than the mean: t-interval -0.1 +- 4.303 * 0.436 / sqrt(3) contains 0 -> the simpler aux1
-    summary = summarize(_study({"aux1": [-0.3, -0.3, -0.3], "sentinel": [-0.9, -0.1, -0.2]}))
+def test_rule_takes_a_complex_arm_that_wins_at_every_scale():
+    summary = summarize(_study({"aux1": [-0.3, -0.31, -0.29], "sentinel+aux1": [-0.5, -0.52, -0.49]}))
     decision = summary["decision"]
-    assert decision["ranking"] == ["sentinel", "aux1"] and not decision["established"]
-    assert decision["default"] == "aux1" and decision["qualified"] == ["sentinel", "aux1"]
-    assert "does not beat the next arm aux1 by more than the paired interval" in decision["reason"]
-    paired = summary["scales"]["4x"]["arms"]["sentinel"]["paired_vs_baseline"]["val_loss"]
-    # mean -0.4, sample std of (-0.9, -0.1, -0.2) = 0.43589; t(0.975, 2) = 4.303
-    half = 4.303 * 0.43589 / 3 ** 0.5
-    assert paired["ci_low"] == pytest.approx(-0.4 - half, rel=1e-4)
-    assert paired["ci_high"] == pytest.approx(-0.4 + half, rel=1e-4)
+    assert decision["default"] == "sentinel+aux1" and "is replaced by sentinel+aux1" in decision["reason"]
+    # winning at one scale only is not enough
+    runs = _study({"aux1": [-0.3, -0.31, -0.29], "sentinel+aux1": [-0.5, -0.52, -0.49]}, scales=("tiny",))
+    runs += _study({"aux1": [-0.3, -0.31, -0.29], "sentinel+aux1": [-0.3, -0.6, -0.2]}, scales=("small",))
+    assert summarize(runs)["decision"]["default"] == "aux1"
+
+
+def test_rule_does_not_default_to_an_arm_missing_at_a_scale_and_marks_partial_grids():
+    runs = _study({"mixture": [-0.5, -0.5, -0.5], "aux1": [-0.2, -0.2, -0.2]}, scales=("tiny",))
+    runs += _study({"aux1": [-0.2, -0.2, -0.2]}, scales=("small",))
+    decision = summarize(runs)["decision"]
+    assert "not run at small: it cannot become the default" in decision["not_credited"]["mixture"]
+    assert decision["default"] == "aux1" and decision["provisional"]
+    assert "tiny-mixture-s4" in decision["missing_runs"] and "small-sentinel+aux1-s1" in decision["missing_runs"]
+
+
+def test_partial_grid_is_summarized_provisional_with_unpaired_runs_listed():
+    runs = [r for r in _study({"aux1": [-0.2, -0.2, -0.2]}, scales=("tiny",)) if r.spec.name != "tiny-baseline-s3"]
+    summary = summarize(runs)
+    decision = summary["decision"]
+    assert summary["scales"]["tiny"]["seeds"] == [1, 2] and decision["unpaired_runs"] == ["tiny-aux1-s3"]
+    assert decision["provisional"] and decision["scales_not_started"] == ["small"]
+    assert decision["judged_at_scales"] == ["tiny"] and decision["default"] == "aux1"
+    single = summarize(_study({"aux1": [-0.2], "sentinel+aux1": [-0.9]}, scales=("tiny",), seeds=(1,)))
+    assert single["decision"]["default"] == "aux1"  # one seed: no interval, so the simplest credited arm stays
+    assert "no interval" in single["decision"]["steps"][0]
+    with pytest.raises(ValueError, match="no scale has a finished baseline"):
+        summarize([r for r in runs if r.spec.label["arm"] != "baseline"])
 
 
 def test_cache_control_flops_efficiency_and_baseline_copy_accuracy():
@@ -121,17 +156,14 @@ def test_cache_control_flops_efficiency_and_baseline_copy_accuracy():
     assert fig["efficiency_flops"] == pytest.approx(fig["efficiency"] * ratio)
 
 
-def test_incomplete_study_is_an_error_naming_the_missing_runs():
-    runs = [r for r in _study({"aux1": [-0.1, -0.1, -0.1]}, scales=("tiny",)) if r.spec.name != "tiny-aux1-s2"]
-    with pytest.raises(ValueError, match="tiny-aux1-s2"):
-        summarize(runs)
-
-
 def test_headline_table_marks_the_default_and_shows_spreads():
-    summary = summarize(_study({"aux1": [-0.5, -0.3, -0.1]}))
+    summary = summarize(_study({"aux1": [-0.5, -0.3, -0.15]}))
     table = headline_table(summary)
-    assert "| aux1 **(default)** | 3.700 ± 0.200 | -0.300 ± 0.200 (3/3) |" in table
-    assert table.count("\n") == 1 + 2 * 2  # header, rule, 2 arms x 2 scales
+    half = 4.303 * statistics.stdev([-0.5, -0.3, -0.15]) / 3 ** 0.5
+    mean = (-0.5 - 0.3 - 0.15) / 3
+    assert f"| aux1 **(default)** | 3.683 ± 0.176 | {mean:+.3f} [{mean - half:+.3f}, {mean + half:+.3f}] (3/3) |" in table
+    assert "| baseline+cache (control) | 3.900 ± 0.000 |" in table
+    assert table.count("\n") == 1 + 3 * 2  # header, rule, (cache control + 2 arms) x 2 scales
     assert readme_block(summary).splitlines()[1:-1] == table.splitlines()
     assert "nan" not in table
 

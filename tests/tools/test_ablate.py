@@ -171,25 +171,36 @@ def test_study_smoke_runs_arms_seeds_spamlang_and_reports(tmp_path: Path, stdlib
         assert all(s["val_loss"] > 0 and s["lm_val_loss"] > 0 and 0 <= s["copy_accuracy"] <= 1 for s in per_seed.values())
         assert tiny["arms"][arm]["mean_std"]["val_loss"]["n"] == 2
         assert tiny["arms"][arm]["paired_vs_baseline"]["val_loss"]["seeds"] == 2
-    assert summary["decision"]["default"] in ("mixture", "sentinel")
-    assert summary["decision"]["provisional"] is True  # a smoke study is never the planned grid
+    decision = summary["decision"]
+    assert decision["default"] in ("baseline", "mixture", "sentinel")
+    assert set(decision["credited"]) | set(decision["not_credited"]) == {"mixture", "sentinel"}
+    assert decision["provisional"] is True and decision["scales_not_started"] == ["small"]  # never the planned grid
+    assert set(tiny["between_arms"]) == {"sentinel - mixture"} and set(tiny["vs_baseline"]) == {"mixture", "sentinel"}
     cache = tiny["cache_control"]  # the evaluation-only arm, from the baselines' checkpoints
     assert set(cache["per_seed"]) == {"1", "2"} and cache["mean_std"]["val_loss"]["n"] == 2
     assert set(tiny["vs_cache"]) == {"mixture", "sentinel"}
     sentinel = tiny["arms"]["sentinel"]["per_seed"]["1"]
     assert sentinel["val_loss_source"] == "val task (every sample)" and sentinel["val_loss_ci"][0] <= sentinel["val_loss"]
     assert 0.9 < sentinel["logit_grad_outside_span_chance"] < 1 and sentinel["train_flops_per_token"] > 0
+    assert sentinel["passkey_first_token_chance"] == 1 / (4096 - 3) and sentinel["copy_accuracy_chance"] == 1 / 4095
+    assert 0 <= sentinel["passkey_first_token_accuracy"] <= 1
+    assert sentinel["train_curve"][-1]["objective"] >= sentinel["train_curve"][-1]["nll"] > 0  # sentinel: no aux term
     [claim] = summary["spamlang"]
     assert claim["vocab"] == 4096 and claim["hidden"] == 64
     report = (out / "report.md").read_text()
     assert "## Decision" in report and summary["rule"] in report and "## SpamLang at vocabulary" in report
     assert "**Provisional**" in report and "baseline+cache (evaluation only)" in report
-    assert "- **decoupled**: dominated by aux1" in report
-    for name in ("val_loss_curves.png", "final_metrics.png", "passkey_by_length.png"):
+    assert "- **decoupled**: dominated by aux1" in report and "Paired comparisons:" in report
+    for name in ("val_loss_curves.png", "train_nll_curves.png", "final_metrics.png", "passkey_by_length.png"):
         assert (out / name).read_bytes()[:8] == PNG
     before = {p: p.stat().st_mtime for p in (out / "runs").glob("*/eval.json")}
     assert load_tool("ablate").main(args) == 0
     assert {p: p.stat().st_mtime for p in (out / "runs").glob("*/eval.json")} == before  # nothing re-run
+    shutil.rmtree(out / "runs" / "tiny-mixture-s2")  # a partial grid: summarized without training anything
+    assert load_tool("ablate").main([*args, "--summarize-only"]) == 0
+    partial = json.loads((out / "summary.json").read_text())
+    assert "tiny-mixture-s2" in partial["decision"]["missing_runs"] and not (out / "runs" / "tiny-mixture-s2").exists()
+    assert partial["scales"]["tiny"]["arms"]["mixture"]["mean_std"]["val_loss"]["n"] == 1
 
 
 def test_a_job_after_a_code_change_starts_in_a_fresh_interpreter(tmp_path: Path, monkeypatch):
