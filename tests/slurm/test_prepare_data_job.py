@@ -40,11 +40,12 @@ def corpus_files(corpus, part_bytes: dict[int, int]) -> list[Path]:
 class Submission:
     """`slurm/prepare_data.sh --parts 3 --wait ARGS` in the background."""
 
-    def __init__(self, args: list[str]):
-        self.proc = subprocess.Popen(["bash", str(SCRIPT), "--parts", str(PARTS), "--wait", *args], cwd=REPO,
+    def __init__(self, args: list[str], only: str | None = None):
+        self.proc = subprocess.Popen(["bash", str(SCRIPT), "--parts", str(PARTS), "--wait",
+                                      *(["--only", only] if only else []), *args], cwd=REPO,
                                      env=job_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         first = self.proc.stdout.readline()
-        match = re.search(r"parts: job (\d+) \(array 1-3 of 3\), logs in (\S+)", first)
+        match = re.search(rf"parts: job (\d+) \(array {only or '1-3'} of 3\), logs in (\S+)", first)
         if not match:
             self.proc.wait(60)
             pytest.fail(f"prepare_data.sh did not submit: {first}{self.proc.stdout.read()}{self.proc.stderr.read()}")
@@ -117,6 +118,12 @@ def test_array_of_parts_and_merge_redo_a_killed_part_and_train(local_slurm, stdl
     log2 = second.part_log(2)
     assert '"status": "written"' in log2 and re.search(r"part 2/3: done, [\d,]+ samples: ", log2), log2
     assert '"status": "merged"' in second.merge_log(), second.merge_log()
+
+    # a rerun of one part alone (--only): verified and skipped, and the merge finds nothing to do
+    third = Submission(args, only="3")
+    rc, output = third.wait()
+    assert rc == 0 and '"status": "up to date"' in third.part_log(3), output + third.part_log(3)
+    assert "no log" in third.part_log(1) and '"status": "up to date"' in third.merge_log(), third.merge_log()
 
     # 3. exactly the documents of one single-machine run over the same inputs
     single = prepare_dataset(files, stdlib_corpus.tokenizer_dir, tmp_path / "single", seq_len=seq_len, workers=1,
