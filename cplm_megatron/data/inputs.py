@@ -183,10 +183,28 @@ def iter_input_files(inputs: Sequence[PathLike], dedupe: bool = True) -> Iterato
             yield file
 
 
+def _path_key(name: str) -> int:
+    return int.from_bytes(hashlib.sha256(name.encode("utf-8", "surrogateescape")).digest()[:8], "big")
+
+
+def list_part(inputs: Sequence[PathLike], index: int, count: int) -> tuple[list[Path], str]:
+    """The files of part `index` of `count` (sorted by path; only this part's share is ever held), and a digest
+    of the whole listing (file count and a sum of path hashes: independent of the order). Every part of one
+    dataset must see the same listing: the merge compares the digests, which catches inputs that changed between
+    the parts' runs and nodes that see the files under other paths."""
+    mine: set[Path] = set()
+    total, listed = 0, 0
+    for file in iter_input_files(inputs, dedupe=False):
+        total = (total + _path_key(str(file))) % (1 << 64)
+        listed += 1
+        if part_of(file, count) == index:
+            mine.add(file)
+    return sorted(mine), f"{listed}:{total:016x}"
+
+
 def part_files(inputs: Sequence[PathLike], index: int, count: int) -> list[Path]:
-    """The files of part `index` of `count` (sorted by path; only this part's share is ever held)."""
-    mine = {file for file in iter_input_files(inputs, dedupe=False) if part_of(file, count) == index}
-    return sorted(mine)
+    """The files of part `index` of `count` (see `list_part`)."""
+    return list_part(inputs, index, count)[0]
 
 
 def sample_files(inputs: Sequence[PathLike], max_files: int) -> tuple[list[Path], str]:

@@ -86,6 +86,11 @@ def merge_parts(output: str | Path, expected_parts: int | None = None) -> MergeR
             if info.get("inputs") != key.get("inputs"):
                 raise DatasetError(f"part {i}/{count} was prepared from other inputs ({info.get('inputs')}) than "
                                    f"part 1 ({key.get('inputs')}); rerun it with the same --input")
+            if info.get("listing") != key.get("listing"):
+                seen = [str(x.get("listing", "?")).split(":")[0] for x in (info, key)]
+                raise DatasetError(f"part {i}/{count} listed {seen[0]} input files, part 1 listed {seen[1]} (or other "
+                                   f"paths): the inputs changed between the parts' runs, or the nodes see the files "
+                                   f"under other paths; rerun every part over the same files")
             if info.get("build") != key.get("build") or m.tokenizer != first.tokenizer:
                 raise DatasetError(f"part {i}/{count} was prepared with another tokenizer or other settings "
                                    f"(--seq-len, --split-by, --text-field, --shard-size) than part 1; rerun it "

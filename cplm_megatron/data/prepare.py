@@ -27,7 +27,7 @@ from cplm_megatron.data.atomic_output import (
     fingerprint,
 )
 from cplm_megatron.data.documents import DEFAULT_MAX_INVALID_FRACTION, DocumentReader
-from cplm_megatron.data.inputs import iter_input_files, part_dir_name, part_files
+from cplm_megatron.data.inputs import iter_input_files, list_part, part_dir_name
 from cplm_megatron.data.manifest import (
     FORMAT,
     MANIFEST_NAME,
@@ -123,7 +123,7 @@ def prepare_dataset(
     label = Path(output).name
     if part is not None:
         index, count = part
-        files = part_files(inputs, index, count)
+        files, listing = list_part(inputs, index, count)
         output = Path(output) / part_dir_name(index, count)
         label = f"part {index}/{count}"
     else:
@@ -177,7 +177,7 @@ def prepare_dataset(
         }
         if part is not None:
             settings["part"] = {"index": part[0], "count": part[1], "inputs": _input_spec(inputs),
-                                "build": fingerprint(build_settings)}
+                                "listing": listing, "build": fingerprint(build_settings)}
         manifest = make_manifest(packer, tokenizer_info, build_fingerprint, [str(f) for f in files], settings)
         write_manifest(tmp_dir, manifest)
 
@@ -185,8 +185,15 @@ def prepare_dataset(
     damage: list[str] = []
     rebuilt = build_atomically(output, MANIFEST_NAME, build_fingerprint, build,
                                check=lambda out: verify_local_shards(out, check_hashes=True), on_damage=damage.append)
-    return PrepareResult(output=output, manifest=read_manifest(str(output)), rebuilt=rebuilt,
-                         damage=damage[0] if damage else None)
+    manifest = read_manifest(str(output))
+    if part is not None and manifest.settings.get("part", {}).get("listing") != listing:
+        # An intact part whose own files did not change, in a listing that did (files added to other parts):
+        # its shards stand, its record of the listing is brought up to date for the merge's check.
+        manifest.settings["part"]["listing"] = listing
+        tmp = output / f".{MANIFEST_NAME}.tmp-{os.getpid()}"
+        tmp.write_text(json.dumps(manifest.to_dict(), indent=2, sort_keys=True) + "\n")
+        os.replace(tmp, output / MANIFEST_NAME)
+    return PrepareResult(output=output, manifest=manifest, rebuilt=rebuilt, damage=damage[0] if damage else None)
 
 
 def _counting_tokens(token_docs: Iterable, bar: object) -> Iterator:

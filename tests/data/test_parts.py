@@ -152,6 +152,27 @@ def test_merge_refuses_missing_mixed_or_foreign_parts(tiny_corpus: TinyCorpus, t
     assert not (output / "manifest.json").exists() and not (output / "index.json").exists()
 
 
+def test_merge_refuses_parts_that_saw_another_listing(tiny_corpus: TinyCorpus, tmp_path: Path) -> None:
+    """Files added between the parts' runs (or nodes seeing other paths): the parts' listings differ, so a merge
+    would lose or double documents. Rerunning the other part (its own files unchanged: not rebuilt) fixes it."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for file in tiny_corpus.source_files[:6]:
+        shutil.copy(file, corpus / file.name)
+    output = tmp_path / "ds"
+    kwargs = dict(seq_len=tiny_corpus.seq_len, show_progress=False)
+    first = prepare_dataset([corpus], tiny_corpus.tokenizer_dir, output, part=(1, 2), **kwargs)
+    added = next(corpus / f"new{k}.py" for k in range(100) if part_of(corpus / f"new{k}.py", 2) == 2)
+    added.write_text("x = 1\n")
+    prepare_dataset([corpus], tiny_corpus.tokenizer_dir, output, part=(2, 2), **kwargs)
+    with pytest.raises(DatasetError, match=r"part 2/2 listed 7 input files, part 1 listed 6 .* inputs changed"):
+        merge_parts(output)
+    again = prepare_dataset([corpus], tiny_corpus.tokenizer_dir, output, part=(1, 2), **kwargs)
+    assert not again.rebuilt and again.manifest.fingerprint == first.manifest.fingerprint
+    assert merge_parts(output).manifest.documents == first.manifest.documents + 1 + sum(
+        1 for f in corpus.iterdir() if f != added and part_of(f, 2) == 2 and f.read_text().strip())
+
+
 def test_listing_is_lazy_and_matches_expand_inputs(monkeypatch: pytest.MonkeyPatch) -> None:
     root = stdlib_root()
     targets = [root / "json", root / "email", root / "string.py"]
