@@ -88,6 +88,9 @@ def script_main(argv: Optional[List[str]] = None) -> int:
     orphaned workers). The entry point of the script, `python -m` and the console script."""
     exit_code = main(argv)
     if exit_code not in (0, BAD_INPUT_EXIT_CODE, RESUME_EXIT_CODE):
+        from cplm_megatron.training.metrics_log import stop_wandb_service
+
+        stop_wandb_service()  # wandb's service is a descendant too: stopped, not killed
         kill_descendants()
     return exit_code
 

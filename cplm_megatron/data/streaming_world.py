@@ -21,8 +21,10 @@ same order and iterate them in step (Megatron does: every rank pulls the same mi
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
+import shutil
 import socket
 import tempfile
 import time
@@ -157,6 +159,46 @@ def take_open_lock(path: Path, log_after_s: float = LOCK_LOG_AFTER_S,
             time.sleep(0.1)
 
 
+SHM_DIR = Path("/dev/shm")
+SHM_FLOOR_BYTES = 1 << 20  # streaming's small segments (locals, barriers, shard states, resume) with headroom
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**20:.1f} MiB" if n < 2**30 else f"{n / 2**30:.1f} GiB"
+
+
+def check_shared_memory(need_bytes: int, shm_dir: Path = SHM_DIR) -> None:
+    """Raise DatasetError unless `shm_dir` is writable and has room for `need_bytes` more: streaming writes to
+    segments it mapped there, and a full tmpfs kills the process with SIGBUS (a bare `Bus error`)."""
+    from cplm_megatron.data.manifest import DatasetError
+
+    probe = shm_dir / f"cplm-shm-probe-{socket.gethostname()}-{os.getpid()}"
+    try:
+        fd = os.open(probe, os.O_CREAT | os.O_TRUNC | os.O_RDWR, 0o600)
+    except OSError as e:
+        raise DatasetError(
+            f"cannot create files in {shm_dir} ({e.strerror}): the streaming data loader keeps each epoch's sample "
+            f"order and its barriers in shared memory there; make it writable (mount -o remount,rw {shm_dir}) or "
+            f"run on a node where it is") from None
+    try:
+        try:
+            os.posix_fallocate(fd, 0, max(int(need_bytes), 1))  # reserves the pages: fails now, not SIGBUS later
+            return
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EFBIG, errno.EOPNOTSUPP, errno.EINVAL):
+                raise
+            free = shutil.disk_usage(shm_dir).free
+            if e.errno in (errno.EOPNOTSUPP, errno.EINVAL) and free >= need_bytes:  # no fallocate: free space
+                return
+        raise DatasetError(
+            f"{shm_dir} is full ({_gib(free)} free, the data loader needs about {_gib(need_bytes)}): remove the "
+            f"segments of jobs that no longer run (`ls -lt {shm_dir}`; streaming names them NNNNNN_*) or give the "
+            f"job a larger {shm_dir} (docker/podman --shm-size, a larger tmpfs)")
+    finally:
+        os.close(fd)
+        probe.unlink(missing_ok=True)
+
+
 @contextmanager
 def one_open_at_a_time(layout: NodeLayout) -> Iterator[None]:
     """Build StreamingDatasets one job at a time on this machine.
@@ -168,13 +210,25 @@ def one_open_at_a_time(layout: NodeLayout) -> Iterator[None]:
     """
     import torch.distributed as dist
 
+    from cplm_megatron.data.manifest import DatasetError
+
     peers = layout.world_size > 1 and dist.is_available() and dist.is_initialized()
     lock = None
     try:
+        problem = None
         if layout.local_rank == 0:
-            lock = take_open_lock(_open_lock_path())
-        if peers:
-            dist.barrier()
+            try:
+                lock = take_open_lock(_open_lock_path())
+                check_shared_memory(SHM_FLOOR_BYTES)
+            except DatasetError as e:
+                problem = str(e)
+        problems: list[Any] = [problem]
+        if peers:  # every rank refuses together (a rank left waiting in a collective would hang)
+            problems = [None] * dist.get_world_size()
+            dist.all_gather_object(problems, problem)
+        found = next((p for p in problems if p), None)
+        if found:
+            raise DatasetError(found)
         yield
         if peers:
             dist.barrier()
@@ -182,6 +236,23 @@ def one_open_at_a_time(layout: NodeLayout) -> Iterator[None]:
         if lock is not None:
             fcntl.flock(lock, fcntl.LOCK_UN)
             lock.close()
+
+
+def _shard_failure(error: BaseException) -> Any:
+    """The DatasetError for streaming's error about a corrupt (checksum) or missing shard; None for other errors."""
+    from cplm_megatron.data.manifest import DatasetError
+
+    if isinstance(error, DatasetError):
+        return error
+    text = str(error)
+    if isinstance(error, ValueError) and text.startswith("Checksum failure: "):
+        return DatasetError(
+            f"shard corrupt: {text[len('Checksum failure: '):]} does not match the checksum in its dataset's "
+            f"index.json (damaged after it was written); re-run tools/prepare_data.py (it checks the shards and "
+            f"rebuilds damaged ones), or keep data.verify_shards=true to find it at start")
+    if isinstance(error, FileNotFoundError):
+        return DatasetError(f"shard missing: {text}; re-run tools/prepare_data.py to rebuild the dataset")
+    return None
 
 
 class DataParallelStreamingDataset(StreamingDataset):
@@ -235,12 +306,54 @@ class DataParallelStreamingDataset(StreamingDataset):
 
     def prepare_shard(self, shard_id: int, blocking: bool = True) -> None:
         """streaming's prepare_shard, except that a blocking wait gives up once the download thread has
-        failed: streaming 0.13 waits forever on a shard whose download (or checksum) raised."""
-        super().prepare_shard(shard_id, blocking=False)
+        failed (streaming 0.13 waits forever on a shard whose download or checksum raised), and a corrupt or
+        missing shard is a DatasetError naming it."""
+        try:
+            super().prepare_shard(shard_id, blocking=False)
+        except (ValueError, FileNotFoundError) as e:
+            failure = _shard_failure(e)
+            if failure is None:
+                raise
+            raise failure from None
         while blocking and self._shard_states[shard_id] == ShardState.PREPARING:
             if getattr(self, "_event", None) is not None and self._event.is_set():
+                self._raise_thread_error()
                 raise RuntimeError(
                     f"streaming's download thread failed while preparing shard {shard_id}"
-                    " (the cause is logged above: a corrupt or missing shard, or an unreachable remote)"
+                    " (a corrupt or missing shard, or an unreachable remote)"
                 )
             time.sleep(TICK)
+
+    def _share_work(self, sample_ids: Any) -> Any:
+        """streaming's `_share_work` (the local leader puts an epoch's sample order into /dev/shm), once /dev/shm
+        has room for it: writing to a segment of a full /dev/shm kills the process with SIGBUS."""
+        check_shared_memory(int(sample_ids.nbytes) + (64 << 10))
+        return super()._share_work(sample_ids)
+
+    def on_exception(self, future: Any) -> None:
+        """streaming's callback for its download and ready threads: it re-raised their error inside the thread
+        pool (a logged traceback nobody acts on); here the error is kept for the iterating thread to raise."""
+        error = future.exception()
+        if error is not None:
+            self._thread_error = error
+            self._event.set()
+
+    def _raise_thread_error(self) -> None:
+        """Raise what made streaming's download thread fail (a corrupt or missing shard: one DatasetError)."""
+        error = getattr(self, "_thread_error", None)
+        if error is None:
+            return
+        failure = _shard_failure(error)
+        if failure is not None:
+            raise failure from None
+        raise RuntimeError(f"streaming failed to prepare a shard ({type(error).__name__}: {error}): a corrupt "
+                           f"or missing shard, or an unreachable remote") from error
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        """streaming's iteration; a failure of its download thread ends it with that failure, not short."""
+        try:
+            yield from super().__iter__()
+        except RuntimeError:  # streaming's "Background thread failed. Check other traceback."
+            self._raise_thread_error()
+            raise
+        self._raise_thread_error()

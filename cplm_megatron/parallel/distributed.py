@@ -54,6 +54,7 @@ class RankLayout:
     pp_rank: int
     dp_rank: int
     device: torch.device
+    cp: int = 1
 
 
 def expand_hostlist(nodelist: str) -> List[str]:
@@ -199,6 +200,7 @@ def init_process_groups(parallel: ParallelConfig, seed: int = 1234, env: Optiona
         pp_rank=ps.get_pipeline_model_parallel_rank(),
         dp_rank=ps.get_data_parallel_rank(),
         device=torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu"),
+        cp=parallel.cp,
     )
 
 

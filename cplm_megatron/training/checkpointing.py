@@ -115,8 +115,19 @@ def _layout() -> Dict[str, int]:
     return {
         "tp": ps.get_tensor_model_parallel_world_size(),
         "pp": ps.get_pipeline_model_parallel_world_size(),
+        "cp": ps.get_context_parallel_world_size(),
         "dp": ps.get_data_parallel_world_size(),
     }
+
+
+def saved_layout(record: Dict[str, Any]) -> Dict[str, int]:
+    """The layout a checkpoint was saved under (cplm_state.json); records written before `cp` was kept had cp=1."""
+    return {"cp": 1, **(record.get("layout") or {})}
+
+
+def layout_text(layout: Dict[str, int]) -> str:
+    """'tp=2 pp=1 dp=1 cp=1' (the keys a layout has, in that order)."""
+    return " ".join(f"{k}={layout[k]}" for k in ("tp", "pp", "dp", "cp") if k in layout)
 
 
 def _rng_sharded_object(load: bool):
@@ -353,7 +364,7 @@ class Checkpointer:
         """Restore model (+ optimizer, scheduler, RNG when the layout matches) from `path`.
 
         Returns {'train_state': TrainState, 'data': loader state or None, 'config': saved config,
-        'same_layout': bool}.
+        'same_layout': bool, 'saved_layout' and 'layout': {'tp', 'pp', 'cp', 'dp'} then and now}.
         """
         from megatron.core import dist_checkpointing
         from megatron.core.dist_checkpointing.core import CheckpointingException
@@ -365,7 +376,8 @@ class Checkpointer:
                 f"checkpoint {path} holds weights only (converted or exported), no optimizer state; "
                 f"start from it with checkpoint.load={Path(path).parent} checkpoint.load_optimizer=false"
             )
-        same_layout = record.get("layout") == _layout()
+        saved, layout = saved_layout(record), _layout()
+        same_layout = saved == layout  # RNG states are per (tp, pp, cp) rank: restored only under the saving layout
         if optimizer is not None and load_optimizer:
             for opt in getattr(optimizer, "chained_optimizers", [optimizer]):
                 if hasattr(opt, "_init_optimizer_states_with_dummy_values"):
@@ -388,7 +400,8 @@ class Checkpointer:
             _restore_rng(loaded["rng_state"])
         ts = TrainState(**loaded["train_state"]) if load_optimizer else TrainState()
         return {"train_state": ts, "data": loaded.get("data") if load_optimizer else None,
-                "config": loaded.get("config"), "same_layout": same_layout}
+                "config": loaded.get("config"), "same_layout": same_layout, "saved_layout": saved,
+                "layout": layout}
 
 
 def read_latest_name(root: Path) -> Optional[str]:

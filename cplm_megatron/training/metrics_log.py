@@ -92,3 +92,17 @@ def rank0_print(message: str, rank: Optional[int] = None) -> None:
         rank = dist.get_rank() if dist.is_initialized() else 0
     if rank == 0:
         print(message, flush=True)
+
+
+def stop_wandb_service() -> None:
+    """Stop wandb's service process (if this process started one) before a failing run kills its helpers: killed
+    from under it, wandb's atexit hook prints a `Connection lost` traceback after the run's one error line."""
+    import sys
+
+    wandb = sys.modules.get("wandb")
+    if wandb is None:
+        return
+    try:
+        wandb.teardown()
+    except (Exception, SystemExit):  # noqa: BLE001 - best effort: the run has failed already
+        pass

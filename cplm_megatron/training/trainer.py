@@ -14,7 +14,7 @@ from typing import Dict, Optional
 import torch
 
 from cplm_megatron.model.accounting import CopyHeadShape, train_flops_per_token
-from cplm_megatron.training.checkpointing import Checkpointer, TrainState
+from cplm_megatron.training.checkpointing import Checkpointer, TrainState, layout_text
 from cplm_megatron.training.loop import Cadence, NonFiniteGuard, NonFiniteLossError, StopPolicy  # noqa: F401
 from cplm_megatron.training.metrics_log import MetricsLogger, format_line, rank0_print
 from cplm_megatron.training.preflight import checkpoint_size
@@ -134,6 +134,10 @@ class Trainer:
                                          checkpoint_size=checkpoint_size(cfg))
         self.state = TrainState()
         self._load(plan)  # the data loader refuses a position that does not fit its streams: still nothing written
+        # The first step's micro-batches are read now, before run.dir is written: a shard that cannot be read
+        # (corrupt with data.verify_shards=false, a full /dev/shm at the epoch's start) leaves nothing behind.
+        self._first_batches = take(self.train_data, self.num_micro) if self.state.iteration < self.total_iters \
+            else None
         self.saved_at = resumed_from  # the checkpoint resumed from is not saved again
         self._prepare_run_dir(plan)
         self.logger = MetricsLogger(self.run_dir, cfg.logging, cfg.to_dict(), self.is_logger,
@@ -147,7 +151,7 @@ class Trainer:
             total_iters=self.total_iters,
         )
         n_params = sum(p.numel() for c in self.chunks for p in c.parameters())
-        rank0_print(f"[train] layout tp={self.layout.tp} pp={self.layout.pp} dp={self.layout.dp} "
+        rank0_print(f"[train] layout tp={self.layout.tp} pp={self.layout.pp} dp={self.layout.dp} cp={self.layout.cp} "
                     f"vpp={self.layout.vpp} sp={self.layout.sp}; rank-0 parameters {n_params:,}; "
                     f"{self.num_micro} micro-batches/step; {self.total_iters} iterations; "
                     f"copy head {'on' if cfg.copy_head.enabled else 'off'}")
@@ -174,8 +178,11 @@ class Trainer:
         self.state = restored["train_state"]
         if restored["data"] is not None:
             self.train_data.load_state_dict(restored["data"])
+        saved, now = (layout_text(restored[key]) for key in ("saved_layout", "layout"))
+        where = (f"(same layout); {now}" if restored["same_layout"] else
+                 f"(new layout); saved at {saved}, running at {now}: RNG states start fresh")
         rank0_print(f"[train] {'resumed from' if plan.resumed else 'started from'} {path} at iteration "
-                    f"{self.state.iteration} ({'same' if restored['same_layout'] else 'new'} layout)")
+                    f"{self.state.iteration} {where}")
 
     def save(self) -> None:
         if not self.cfg.checkpoint.enabled:
@@ -209,7 +216,7 @@ class Trainer:
         self.speed.start()
         try:
             while self.state.iteration < self.total_iters:
-                batches = take(self.train_data, self.num_micro)
+                batches, self._first_batches = self._first_batches or take(self.train_data, self.num_micro), None
                 result = train_step(self.chunks, self.optimizer, self.scheduler, batches, t.seq_len,
                                     t.micro_batch, cfg.data.document_masking)
                 self.speed.step()
@@ -267,7 +274,7 @@ class Trainer:
         record = {
             "preset": self.cfg.model.preset,
             "copy_head": self.cfg.copy_head.enabled,
-            "layout": {"tp": self.layout.tp, "pp": self.layout.pp, "dp": self.layout.dp,
+            "layout": {"tp": self.layout.tp, "pp": self.layout.pp, "cp": self.layout.cp, "dp": self.layout.dp,
                        "vpp": self.layout.vpp, "sp": self.layout.sp, "world_size": self.layout.world_size},
             "nodes": int(os.environ.get("SLURM_JOB_NUM_NODES", os.environ.get("SLURM_NNODES", "1"))),
             "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",

@@ -94,3 +94,19 @@ def test_the_dataset_lock_is_shared_logs_a_wait_and_gives_up(tmp_path, capsys) -
     assert path.stat().st_mode & 0o777 == 0o666
     fcntl.flock(lock, fcntl.LOCK_UN)
     lock.close()
+
+
+def test_the_shared_memory_check_on_an_injected_dir(tmp_path) -> None:
+    """check_shared_memory reserves the room it is asked for and leaves nothing; too little room or a directory it
+    cannot write is one DatasetError naming the fix (tests/data/test_shared_memory.py: a real full or read-only
+    /dev/shm under pretrain)."""
+    from cplm_megatron.data.manifest import DatasetError
+    from cplm_megatron.data.streaming_world import check_shared_memory
+
+    check_shared_memory(1 << 20, tmp_path)
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(DatasetError, match=rf"^{tmp_path} is full \(.* free, the data loader needs about .*--shm-size"):
+        check_shared_memory(1 << 60, tmp_path)
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(DatasetError, match=rf"^cannot create files in {tmp_path}/gone \(No such file or directory\)"):
+        check_shared_memory(1 << 20, tmp_path / "gone")

@@ -3,6 +3,8 @@ global query positions, the layout checks, and (slow, real gloo processes) the c
 training at CP=2 against CP=1."""
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -136,8 +138,15 @@ def test_tiny_recipe_at_cp2_trains_like_cp1_and_resumes_across_cp_layouts(stdlib
         proc = _train(stdlib_corpus, run_dir, nproc, cp, "true", **{"train.exit_after_iters": 2})
         assert pu.stopped_for_resume(proc.returncode, proc.stderr), proc.stdout[-3000:] + proc.stderr[-3000:]
         pu.assert_losses_match(run_dir, reference, range(stop - 1, stop + 1))
+        assert f"[train] layout tp=1 pp=1 dp=1 cp={cp} " in proc.stdout
+        saved = json.loads((run_dir / "checkpoints" / f"iter_{stop:07d}" / "cplm_state.json").read_text())
+        assert saved["layout"] == {"tp": 1, "pp": 1, "cp": cp, "dp": 1}
+        if cp == 1:  # a CP-only change is a new layout: the RNG states of CP=2's ranks are not restored at CP=1
+            assert ("at iteration 2 (new layout); saved at tp=1 pp=1 dp=1 cp=2, running at tp=1 pp=1 dp=1 cp=1: "
+                    "RNG states start fresh") in proc.stdout, proc.stdout[-3000:]
     last = _train(stdlib_corpus, run_dir, 2, 2, "true")
     assert last.returncode == 0 and "resumed from" in last.stdout, last.stdout[-3000:] + last.stderr[-3000:]
+    assert "at iteration 4 (new layout); saved at tp=1 pp=1 dp=1 cp=1, running at tp=1 pp=1 dp=1 cp=2" in last.stdout
     pu.assert_losses_match(run_dir, reference, range(1, CP_ITERS + 1))
 
 

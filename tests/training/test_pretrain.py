@@ -336,6 +336,24 @@ def test_dataset_errors_are_one_line_and_exit_2(stdlib_corpus, tmp_path):
     pu.assert_bad_input(broken, f"shard corrupt: {shard} has 100 bytes", "re-run tools/prepare_data.py")
 
 
+def test_a_corrupt_shard_unverified_at_start_is_one_line_exit_2_and_no_run_dir(stdlib_corpus, tmp_path):
+    """data.verify_shards=false and a shard altered at the same size: streaming's checksum fails in its download
+    thread when the first batch is drawn (an 85-line traceback, exit 1, and a new run dir, before issue 30); the
+    first step's batches are drawn before run.dir is written, and the failure is one line naming the shard."""
+    damaged = shutil.copytree(stdlib_corpus.train_dir, tmp_path / "train",  # as shipped: no decompressed copies
+                              ignore=shutil.ignore_patterns("*.tmp", "*.mds"))
+    shard = sorted(damaged.glob("shard.*.mds.zstd"))[0]
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2:len(data) // 2 + 64] = bytes(b ^ 0xFF for b in data[len(data) // 2:len(data) // 2 + 64])
+    shard.write_bytes(bytes(data))
+    run_dir = tmp_path / "run"
+    proc = pu.run(1, pu.tiny_overrides(stdlib_corpus, run_dir, 3, **{"data.streams": str(damaged),
+                                                                      "data.verify_shards": "false"}))
+    pu.assert_bad_input(proc, f"shard corrupt: {shard} does not match the checksum", "re-run tools/prepare_data.py",
+                        "data.verify_shards=true")
+    assert not run_dir.exists()
+
+
 def test_finetuning_from_another_run_leaves_it_untouched(stdlib_corpus, tmp_path, stopped_at_4, reference):
     """checkpoint.load + load_optimizer=false in a new run.dir: the weights of iter_0000004, a fresh optimizer and
     schedule, iteration 0; settings that change no tensor may differ; the source run is not modified."""
@@ -476,7 +494,8 @@ def test_a_dead_async_writer_is_one_line_exit_1_and_no_orphans(stdlib_corpus, tm
     from cplm_megatron.training.checkpointing import KILL_WRITER_ENV
 
     run_dir = tmp_path / "run"
-    proc = pu.start(1, pu.tiny_overrides(stdlib_corpus, run_dir, ITERS, **{"checkpoint.async_save": "true"}),
+    proc = pu.start(1, pu.tiny_overrides(stdlib_corpus, run_dir, ITERS, **{"checkpoint.async_save": "true",
+                                                                            "logging.wandb": "true"}),
                     tmp_path / "run.log", extra_env={KILL_WRITER_ENV: "6"}, mode="python")  # process ownership
     proc.wait(timeout=300)
     log = (tmp_path / "run.log").read_text()
@@ -493,8 +512,8 @@ def test_a_dead_async_writer_is_one_line_exit_1_and_no_orphans(stdlib_corpus, tm
     errors = [line for line in log.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and "the background checkpoint writer of" in errors[0] and "iter_0000006" in errors[0]
     assert "killed by SIGKILL" in errors[0] and "latest still names iter_0000003" in errors[0], errors
-    assert "Traceback" not in log, log[-3000:]
-    assert not left, [p.cmdline() for p in left]  # no orphaned Manager or writer
+    assert "Traceback" not in log, log[-3000:]  # nor wandb's atexit hook's, its service killed from under it
+    assert not left, [p.cmdline() for p in left]  # no orphaned Manager, writer or wandb service
     assert verify_checkpoint(read_latest(run_dir / "checkpoints")).iteration == 3
 
 
