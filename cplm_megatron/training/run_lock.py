@@ -1,7 +1,8 @@
 """One run per run dir: RUN_DIR/run.lock, created exclusively (O_CREAT|O_EXCL, which shared filesystems
 honour), holding the holder's host, pid, job id and start time; its mtime is the heartbeat (touched every
-HEARTBEAT_S). A lock is stale when its holder is gone (same host: the pid is dead or is another process now;
-another host: no heartbeat for STALE_AFTER_S) and is then taken over; a live one refuses the launch.
+HEARTBEAT_S). A lock is stale when its holder is gone (the same SLURM job id: a requeued job's previous
+incarnation, on any node; same host: the pid is dead or is another process now; another host: no heartbeat for
+STALE_AFTER_S) and is then taken over; a live one refuses the launch.
 """
 from __future__ import annotations
 
@@ -36,6 +37,11 @@ def _holder_record() -> dict:
 
 def _stale_reason(record: dict, age_s: float) -> Optional[str]:
     """Why the holder in `record` is gone (None: it may be alive)."""
+    job = os.environ.get("SLURM_JOB_ID")
+    if job and record.get("job_id") == job and (record.get("host"), record.get("pid")) != (socket.gethostname(),
+                                                                                             os.getpid()):
+        # SLURM restarts a requeued job (same id) only after its previous incarnation ended, on any node
+        return f"it is this SLURM job's previous incarnation (job {job}, requeued)"
     if record.get("host") == socket.gethostname():
         if record.get("pid") == os.getpid():
             return "this process held it (an earlier in-process launch)"

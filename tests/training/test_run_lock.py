@@ -55,6 +55,19 @@ def test_another_hosts_lock_is_stale_only_without_heartbeat(tmp_path):
     lock.release()
 
 
+def test_a_requeued_slurm_job_takes_over_its_previous_incarnations_lock_at_once(tmp_path, monkeypatch):
+    """A requeue keeps the job id and may land on another node: its fresh heartbeat must not refuse the job."""
+    path = tmp_path / run_lock.LOCK_NAME
+    path.write_text(json.dumps({"host": "node-17", "pid": 1234, "start": "1", "job_id": "77", "since": 0}))
+    monkeypatch.setenv("SLURM_JOB_ID", "78")  # another job: refused while the heartbeat is fresh
+    with pytest.raises(ConfigError, match="in use by a live run"):
+        RunLock(tmp_path).acquire()
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    lock = RunLock(tmp_path)
+    assert "previous incarnation (job 77, requeued)" in lock.acquire()
+    lock.release()
+
+
 def test_a_refused_launch_leaves_no_new_run_dir(tmp_path):
     lock = RunLock(tmp_path / "new")
     lock.acquire()
