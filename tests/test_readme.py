@@ -98,7 +98,7 @@ def test_readme_study_table_is_generated_from_the_committed_summary():
 
     from cplm_megatron.experiments.multiseed_report import readme_block
 
-    summary_json = REPO / "benchmarks/results/study_cpu/summary.json"
+    summary_json = REPO / "benchmarks/results/study_cpu_v3/summary.json"
     block = readme_block(json.loads(summary_json.read_text()))
     assert block in (REPO / "README.md").read_text()
     printed = subprocess.run([sys.executable, str(REPO / "tools/ablate.py"), "--study-table", str(summary_json)],

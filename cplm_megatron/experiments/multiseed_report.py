@@ -17,7 +17,7 @@ import matplotlib.pyplot as plt
 
 from cplm_megatron.experiments.multiseed import SCALES
 
-README_BEGIN = "<!-- study-table:begin (generated from benchmarks/results/study_cpu/summary.json) -->"
+README_BEGIN = "<!-- study-table:begin (generated from benchmarks/results/study_cpu_v3/summary.json) -->"
 README_END = "<!-- study-table:end -->"
 ARM_COLORS = {"baseline": "tab:blue", "mixture": "tab:gray", "aux0.5": "tab:orange", "aux1": "tab:red",
               "decoupled": "tab:green", "aux1+copy": "tab:purple", "sentinel": "tab:brown", "sentinel+aux1": "tab:pink"}
