@@ -12,6 +12,7 @@ import pytest
 from cplm_megatron.errors import ConfigError
 from cplm_megatron.training import run_lock
 from cplm_megatron.training.run_lock import RunLock
+from tests import harness
 from tests.harness import REPO, process_env
 
 HOLD = ("import sys, time\nfrom cplm_megatron.training.run_lock import RunLock\n"
@@ -97,3 +98,40 @@ def test_a_second_launch_into_a_live_runs_dir_exits_2_in_seconds_and_the_holders
     again = pu.run(1, pu.tiny_overrides(stdlib_corpus, run_dir, 2, **{"checkpoint.interval": 2}))
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert "took over" in again.stdout and not (run_dir / run_lock.LOCK_NAME).exists()
+
+
+@pytest.mark.mcore
+@pytest.mark.slow
+@pytest.mark.usefixtures("isolated_streaming")
+def test_two_real_launches_into_one_run_dir_the_first_finishes_intact(stdlib_corpus, tmp_path):
+    """A double-submitted job: the second trainer exits 2 within seconds while the first trains on and finishes
+    with every checkpoint and one metrics record per iteration; a first trainer killed with -9 is taken over."""
+    from tests.training import pretrain_utils as pu
+
+    run_dir = tmp_path / "run"
+    overrides = pu.tiny_overrides(stdlib_corpus, run_dir, 150, **{"checkpoint.interval": 50, "checkpoint.keep": 3,
+                                                                   "train.log_interval": 10})
+    first = pu.start(1, overrides, tmp_path / "first.log")
+    try:
+        pu.wait_for(lambda: len(pu.losses(run_dir)) >= 1, proc=first)  # the first holds the lock and trains
+        started = time.monotonic()
+        second = pu.run(1, overrides)
+        assert time.monotonic() - started < 60
+        pu.assert_bad_input(second, "is in use by a live run", f"pid {first.pid}")
+        assert first.poll() is None, "the first run ended before the second was refused: lengthen it"
+        assert first.wait(timeout=600) == 0, (tmp_path / "first.log").read_text()[-3000:]
+    finally:
+        harness.kill_group(first)
+    assert sorted(p.name for p in (run_dir / "checkpoints").glob("iter_*")) == [
+        "iter_0000050", "iter_0000100", "iter_0000150"]
+    iterations = [r["iteration"] for r in pu.metrics(run_dir) if "loss" in r]
+    assert iterations == list(range(10, 151, 10))  # one writer: no interleaved records
+    assert not (run_dir / run_lock.LOCK_NAME).exists()
+
+    killed_dir = tmp_path / "killed"
+    killed = pu.start(1, pu.tiny_overrides(stdlib_corpus, killed_dir, 300, **{"checkpoint.interval": 100}),
+                      tmp_path / "killed.log")
+    pu.wait_for(lambda: len(pu.losses(killed_dir)) >= 1, proc=killed)
+    harness.kill_group(killed, signal.SIGKILL)
+    again = pu.run(1, pu.tiny_overrides(stdlib_corpus, killed_dir, 4, **{"checkpoint.interval": 2}))
+    assert again.returncode == 0 and "took over" in again.stdout, again.stdout[-3000:] + again.stderr[-3000:]
