@@ -1,176 +1,81 @@
 """Config mapping between the Megatron side (`ModelConfig`, `CopyHeadConfig`) and Hugging Face configs.
 
-Export: Llama-family backbones become `CPLMConfig` (copy head on) or `LlamaConfig` (off); GPT-2-family
-backbones become `GPT2Config`. Import: Llama-family HF configs (llama, mistral without a sliding
-window, cplm) become a `ModelConfig`. Anything the other side cannot express exactly is a
-`ConversionError` naming the field, never a silent approximation.
+Each family's own mapping is its backbone spec's (cplm_megatron/model/backbones/): export gives its HF config
+(LlamaConfig, GPT2Config, Qwen3Config), or `CPLMConfig` when the copy head is on (Llama family only); import
+reads the HF `model_type`s a family declares (llama, mistral without a sliding window, cplm, qwen3). Anything
+the other side cannot express exactly is a `ConversionError` naming the field, never a silent approximation.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any
 
-from transformers import GPT2Config, LlamaConfig, PretrainedConfig
+from transformers import PretrainedConfig
 
-from cplm_megatron.errors import ConfigError, UserError
+from cplm_megatron.errors import ConfigError
 from cplm_megatron.hf.configuration_cplm import CPLMConfig
+from cplm_megatron.model.backbones import backbone, importable_model_types, importer
+from cplm_megatron.model.backbones.base import ConversionError
+from cplm_megatron.model.backbones.llama import rope_of  # noqa: F401 - re-exported
 from cplm_megatron.model.config import ModelConfig, load_preset
 from cplm_megatron.model.copy_head import CopyHeadConfig
 
 log = logging.getLogger(__name__)
 
-IMPORTABLE_MODEL_TYPES = ("llama", "mistral", "cplm")
+IMPORTABLE_MODEL_TYPES = tuple(importable_model_types())
 # Backbone fields a preset must share with the imported HF config (weights or numerics depend on them).
 PRESET_FIELDS = (
     "family", "num_layers", "hidden_size", "num_attention_heads", "kv_heads", "ffn_hidden_size", "head_dim",
     "vocab_size", "position_embedding", "rope_theta", "normalization", "norm_eps", "activation",
     "add_bias_linear", "tie_embeddings",
 )
-# What each family must look like for an exact HF equivalent: field -> required value.
-_LLAMA_BACKBONE = {"position_embedding": "rope", "normalization": "RMSNorm", "activation": "swiglu",
-                   "add_bias_linear": False}
-_GPT2_BACKBONE = {"position_embedding": "learned_absolute", "normalization": "LayerNorm", "activation": "gelu",
-                  "add_bias_linear": True}
-
-
-# Special token ids come from the tokenizer (write_hf_checkpoint), not from transformers' defaults.
-_NO_SPECIAL_TOKENS = {"bos_token_id": None, "eos_token_id": None, "pad_token_id": None}
-
-
-class ConversionError(UserError):
-    """A checkpoint or config that cannot be converted exactly; the message names the field and the fix."""
 
 
 def check_exportable(model: ModelConfig, copy_head: CopyHeadConfig | None) -> None:
     """Raise unless `model` (+ the copy head) has an exact Hugging Face equivalent."""
-    required = {"llama": _LLAMA_BACKBONE, "gpt2": _GPT2_BACKBONE}.get(model.family)
-    if required is None:
-        raise ConversionError(f"unsupported architecture: model.family={model.family!r} (supported: llama, gpt2)")
-    for field, value in required.items():
-        if getattr(model, field) != value:
-            raise ConversionError(
-                f"unsupported architecture: a {model.family}-family model with model.{field}="
-                f"{getattr(model, field)!r} has no Hugging Face equivalent (the {model.family} export needs "
-                f"model.{field}={value!r})"
-            )
-    if model.family == "gpt2":
-        if copy_head is not None:
-            raise ConversionError(
-                "unsupported architecture: the Copy-Paste head is exported with the Llama-family "
-                "CPLMForCausalLM only; this gpt2-family checkpoint has copy_head.enabled=true"
-            )
-        if model.kv_heads != model.num_attention_heads:
-            raise ConversionError(f"unsupported architecture: GPT2LMHeadModel has no grouped-query attention "
-                                  f"(model.num_query_groups={model.kv_heads}, heads={model.num_attention_heads})")
-        if model.head_dim * model.num_attention_heads != model.hidden_size:
-            raise ConversionError(f"unsupported architecture: GPT2LMHeadModel needs head_dim * heads == hidden_size "
-                                  f"(model.kv_channels={model.kv_channels})")
+    try:
+        spec = backbone(model.family)
+    except ConfigError as err:
+        raise ConversionError(f"unsupported architecture: {err}") from err
+    spec.check_exportable(model)
+    if copy_head is not None and not spec.cplm_export:
+        raise ConversionError(
+            "unsupported architecture: the Copy-Paste head is exported with the Llama-family "
+            f"CPLMForCausalLM only; this {model.family}-family checkpoint has copy_head.enabled=true"
+        )
 
 
 def hf_config_from_megatron(
     model: ModelConfig, copy_head: CopyHeadConfig | None, gpt2_positions: int | None = None
 ) -> PretrainedConfig:
-    """The HF config of a Megatron backbone: CPLMConfig, LlamaConfig or GPT2Config.
+    """The HF config of a Megatron backbone: its family's (LlamaConfig, GPT2Config, Qwen3Config), or CPLMConfig.
 
     `gpt2_positions`: rows of the learned position table (GPT-2 only; the trainer sizes it to its
     sequence length, so it comes from the saved tensor, not from the config).
     """
     check_exportable(model, copy_head)
-    if model.family == "gpt2":
-        if gpt2_positions is None:
-            raise ValueError("hf_config_from_megatron: a gpt2-family export needs gpt2_positions")
-        return GPT2Config(
-            vocab_size=model.vocab_size, n_positions=gpt2_positions, n_embd=model.hidden_size,
-            n_layer=model.num_layers, n_head=model.num_attention_heads, n_inner=model.ffn_hidden_size,
-            activation_function="gelu",  # Megatron uses exact (erf) GELU, not GPT-2's tanh approximation
-            layer_norm_epsilon=model.norm_eps, initializer_range=model.init_method_std,
-            tie_word_embeddings=model.tie_embeddings,
-            resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,  # trained without dropout
-            **_NO_SPECIAL_TOKENS,
-        )
-    fields: dict[str, Any] = {
-        "vocab_size": model.vocab_size,
-        "hidden_size": model.hidden_size,
-        "intermediate_size": model.ffn_hidden_size,
-        "num_hidden_layers": model.num_layers,
-        "num_attention_heads": model.num_attention_heads,
-        "num_key_value_heads": model.kv_heads,
-        "head_dim": model.head_dim,
-        "max_position_embeddings": model.max_position_embeddings,
-        "rms_norm_eps": model.norm_eps,
-        "rope_theta": float(model.rope_theta),
-        "tie_word_embeddings": model.tie_embeddings,
-        "hidden_act": "silu",
-        "attention_bias": False,
-        "mlp_bias": False,
-        "initializer_range": model.init_method_std,
-        **_NO_SPECIAL_TOKENS,
-    }
+    spec = backbone(model.family)
     if copy_head is None:
-        return LlamaConfig(**fields)
+        return spec.hf_config(model, gpt2_positions)
     return CPLMConfig(
         copy_heads=copy_head.heads, copy_head_dim=copy_head.head_dim, copy_qk_norm=copy_head.qk_norm,
         copy_norm_eps=copy_head.norm_eps, copy_gate_bias_init=copy_head.gate_bias_init,
-        copy_mixing=copy_head.mixing, **fields,
+        copy_mixing=copy_head.mixing, **spec.hf_config_fields(model),
     )
-
-
-def rope_of(hf: PretrainedConfig) -> tuple[float, str]:
-    """(rope theta, rope type) of a Llama-family config, for transformers 4.x and 5.x alike."""
-    params = getattr(hf, "rope_parameters", None) or {}
-    scaling = getattr(hf, "rope_scaling", None) or {}
-    theta = params.get("rope_theta", getattr(hf, "rope_theta", None))
-    rope_type = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type") or "default"
-    return float(theta if theta is not None else 10000.0), str(rope_type)
 
 
 def model_config_from_hf(hf: PretrainedConfig, source: str) -> ModelConfig:
-    """A Megatron `ModelConfig` equal to a Llama-family HF config; `source` names its file in errors."""
+    """A Megatron `ModelConfig` equal to an HF config some family imports; `source` names its file in errors."""
     model_type = getattr(hf, "model_type", None)
-    if model_type not in IMPORTABLE_MODEL_TYPES:
+    spec = importer(model_type)
+    if spec is None:
         raise ConversionError(
             f"unsupported architecture in {source}: model_type={model_type!r} (architectures "
-            f"{getattr(hf, 'architectures', None)}); convert_from_hf reads Llama-family decoders: "
+            f"{getattr(hf, 'architectures', None)}); convert_from_hf reads decoders of model types: "
             f"{', '.join(IMPORTABLE_MODEL_TYPES)}"
         )
-    if getattr(hf, "sliding_window", None) is not None and getattr(hf, "use_sliding_window", True):
-        raise ConversionError(
-            f"unsupported architecture in {source}: sliding_window={hf.sliding_window}; Megatron here trains "
-            "full causal attention, so sliding-window models cannot be converted exactly"
-        )
-    theta, rope_type = rope_of(hf)
-    exact = {
-        "hidden_act": (getattr(hf, "hidden_act", "silu"), "silu"),
-        "attention_bias": (bool(getattr(hf, "attention_bias", False)), False),
-        "mlp_bias": (bool(getattr(hf, "mlp_bias", False)), False),
-        "rope type": (rope_type, "default"),
-    }
-    for name, (value, needed) in exact.items():
-        if value != needed:
-            raise ConversionError(f"unsupported architecture in {source}: {name}={value!r} (only {needed!r} "
-                                  "converts exactly to the Megatron Llama backbone)")
-    if theta != int(theta):
-        raise ConversionError(f"unsupported architecture in {source}: rope_theta={theta} is not an integer "
-                              "(Megatron's rotary_base is an int)")
-    heads, kv_heads = hf.num_attention_heads, getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads
-    head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // heads
-    model = ModelConfig(
-        family="llama", num_layers=hf.num_hidden_layers, hidden_size=hf.hidden_size,
-        num_attention_heads=heads, num_query_groups=kv_heads if kv_heads != heads else None,
-        ffn_hidden_size=hf.intermediate_size,
-        kv_channels=head_dim if head_dim * heads != hf.hidden_size else None,
-        vocab_size=hf.vocab_size, max_position_embeddings=hf.max_position_embeddings,
-        position_embedding="rope", rope_theta=theta, normalization="RMSNorm", norm_eps=hf.rms_norm_eps,
-        activation="swiglu", add_bias_linear=False, tie_embeddings=bool(hf.tie_word_embeddings),
-        init_method_std=getattr(hf, "initializer_range", 0.02),
-    )
-    try:
-        model.validate()
-    except ConfigError as err:
-        raise ConversionError(f"{source}: {err}") from err
-    return model
+    return spec.model_config(hf, source)
 
 
 def copy_head_config_from_hf(

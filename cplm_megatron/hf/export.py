@@ -18,17 +18,14 @@ from safetensors.torch import save_file
 from transformers import (
     AutoTokenizer,
     GenerationConfig,
-    GPT2Config,
-    GPT2LMHeadModel,
-    LlamaConfig,
-    LlamaForCausalLM,
+    PretrainedConfig,
     PreTrainedModel,
     PreTrainedTokenizerBase,
 )
 
 from cplm_megatron.data.tokenizer import TOKENIZER_DEFINING_FILES
-from cplm_megatron.hf.configuration_cplm import CPLMConfig
 from cplm_megatron.hf.modeling_cplm import CPLMForCausalLM
+from cplm_megatron.model.backbones import registry
 
 log = logging.getLogger(__name__)
 
@@ -44,10 +41,10 @@ CPLM_AUTO_MAP = {
     "AutoConfig": "configuration_cplm.CPLMConfig",
     "AutoModelForCausalLM": "modeling_cplm.CPLMForCausalLM",
 }
+# model_type -> the class an export loads as: CPLM, and each backbone family's own (cplm_megatron/model/backbones/)
 MODEL_CLASSES: dict[str, type[PreTrainedModel]] = {
     "cplm": CPLMForCausalLM,
-    "llama": LlamaForCausalLM,
-    "gpt2": GPT2LMHeadModel,
+    **{cls.config_class.model_type: cls for cls in (spec.hf_model_class() for spec in registry().values())},
 }
 # the files that define tokenization, plus the ones an export should carry along
 TOKENIZER_FILES = TOKENIZER_DEFINING_FILES + ("vocab.txt", "chat_template.jinja", "chat_template.json")
@@ -58,7 +55,7 @@ _MAX_NAMES_IN_ERROR = 20
 
 def write_hf_checkpoint(
     out_dir: str | Path,
-    config: CPLMConfig | LlamaConfig | GPT2Config,
+    config: PretrainedConfig,
     state_dict: Mapping[str, torch.Tensor],
     tokenizer_dir: str | Path | None,
     dtype: torch.dtype = torch.float32,
@@ -66,10 +63,10 @@ def write_hf_checkpoint(
 ) -> Path:
     """Write `state_dict` (HF parameter names) + `config` as an HF checkpoint in a new/empty `out_dir`.
 
-    CPLM configs get the copied model code and an `auto_map`; Llama and GPT-2 configs export as plain
-    `LlamaForCausalLM` / `GPT2LMHeadModel`. With `tokenizer_dir`, its files are copied and the special
-    token ids (bos/eos/pad) in config.json and generation_config.json are taken from the tokenizer, as
-    is a CPLM's `copy_eod_token_id` (its EOS: the end-of-document id training packed documents with).
+    CPLM configs get the copied model code and an `auto_map`; a backbone family's config exports as its plain
+    class (`LlamaForCausalLM`, `GPT2LMHeadModel`, `Qwen3ForCausalLM`). With `tokenizer_dir`, its files are
+    copied and the special token ids (bos/eos/pad) in config.json and generation_config.json are taken from
+    the tokenizer, as is a CPLM's `copy_eod_token_id` (its EOS: the end-of-document id training packed documents with).
     """
     out = Path(out_dir)
     model_class = model_class_for(config)

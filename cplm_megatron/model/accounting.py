@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Dict, Optional
 
+from cplm_megatron.model.backbones import backbone
 from cplm_megatron.model.config import ModelConfig
 
 if TYPE_CHECKING:  # cplm_kernels imports torch: only the tiled loss's estimate needs it (the GPU check's
@@ -43,9 +44,8 @@ class CopyHeadShape:
 def layer_params(m: ModelConfig) -> int:
     """Parameters of one transformer layer."""
     h, q, kv = m.hidden_size, m.num_attention_heads * m.head_dim, m.kv_heads * m.head_dim
-    norm = h * (2 if m.normalization == "LayerNorm" else 1)
     fc1_out = m.ffn_hidden_size * (2 if m.gated else 1)
-    n = 2 * norm + h * (q + 2 * kv) + q * h + h * fc1_out + m.ffn_hidden_size * h
+    n = backbone(m.family).layer_norm_params(m) + h * (q + 2 * kv) + q * h + h * fc1_out + m.ffn_hidden_size * h
     if m.add_bias_linear:
         n += (q + 2 * kv) + h + fc1_out + h
     return n

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from cplm_megatron.errors import ConfigError
+from cplm_megatron.model.backbones import backbone
 from cplm_megatron.model.config import ModelConfig
 from cplm_megatron.model.copy_head import CopyHeadConfig
 from cplm_megatron.parallel.config import ParallelConfig
@@ -75,14 +76,8 @@ def attention_impl(model: ModelConfig, use_te: bool) -> str:
 
 
 def layer_spec(model: ModelConfig, use_te: bool):
-    """Megatron-Core transformer layer spec for the backbone, its core attention per `model.attention_impl`."""
-    from megatron.core.models.gpt.gpt_layer_specs import (
-        get_gpt_layer_local_spec,
-        get_gpt_layer_with_transformer_engine_spec,
-    )
-
-    spec = get_gpt_layer_with_transformer_engine_spec() if use_te else get_gpt_layer_local_spec(
-        normalization=model.normalization)
+    """Megatron-Core transformer layer spec of the backbone's family, its core attention per `model.attention_impl`."""
+    spec = backbone(model.family).layer_spec(model, use_te)
     impl = attention_impl(model, use_te)
     if impl != "te":
         from cplm_megatron.model.attention import core_attention_class
@@ -142,6 +137,7 @@ def transformer_config(
         cross_entropy_loss_fusion=False,
         deallocate_pipeline_outputs=True,
         calculate_per_token_loss=True,  # losses are token sums; grads normalized by global token count
+        **backbone(model.family).transformer_config_kwargs(model),
     )
     if parallel.vpp:
         # Interleaving with pp=2 sends activations and gradients to the same peer in one step; batched

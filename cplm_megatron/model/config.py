@@ -9,6 +9,7 @@ from typing import Any, Dict, List, Literal, Optional
 
 from cplm_megatron.config.loader import deep_merge, read_yaml
 from cplm_megatron.errors import ConfigError
+from cplm_megatron.model.backbones import backbone
 
 RECIPE_DIR = Path(import_module("cplm_megatron.recipes").__file__).parent  # configs/ of a checkout
 PRESET_DIR = RECIPE_DIR / "models"
@@ -25,10 +26,10 @@ def recipe_path(name_or_path: str) -> str:
 
 @dataclass
 class ModelConfig:
-    """A GPT backbone (Llama family or GPT-2 family) as Megatron-Core builds it."""
+    """A GPT backbone as Megatron-Core builds it; `family` names its spec (cplm_megatron/model/backbones/)."""
 
     preset: str = ""
-    family: Literal["llama", "gpt2"] = "llama"
+    family: str = "llama"  # a registered backbone: gpt2, llama, qwen3
     num_layers: int = 4
     hidden_size: int = 128
     num_attention_heads: int = 4
@@ -73,8 +74,14 @@ class ModelConfig:
     def gated(self) -> bool:
         return self.activation == "swiglu"
 
+    @property
+    def qk_norm(self) -> bool:
+        """Whether the family normalizes each query/key head (Qwen3)."""
+        return backbone(self.family).qk_norm
+
     def validate(self) -> None:
         """Shape checks that do not depend on the parallel layout."""
+        backbone(self.family)  # an unknown family: one line naming the known ones
         positive = ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "vocab_size")
         for name in positive:
             if getattr(self, name) <= 0:

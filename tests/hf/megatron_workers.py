@@ -187,3 +187,20 @@ def convert_from_hf_jobs(rank: int, jobs: list[dict]) -> list[str]:
     from cplm_megatron.hf.convert import convert_from_hf
 
     return [str(convert_from_hf(**job)) for job in jobs]
+
+
+def convert_and_score(rank: int, jobs: list[dict], batches: list[torch.Tensor]) -> dict[str, list[torch.Tensor]]:
+    """Per job {"hf_dir", "output"}: convert_from_hf (no copy head), then load the root at TP=PP=1 the way the
+    trainer continues from it and return Megatron's logits of the batches (one process: one megatron import)."""
+    from pathlib import Path
+
+    from cplm_megatron.hf.convert import continue_overrides, convert_from_hf
+    from cplm_megatron.training.checkpoint_lookup import read_saved_config
+
+    logits = {}
+    for job in jobs:
+        root = convert_from_hf(job["hf_dir"], job["output"], copy_head=False)
+        saved = read_saved_config(Path(root) / "iter_0000000")
+        overrides = [item for item in continue_overrides(Path(root), saved) if not item.startswith("checkpoint.")]
+        logits[job["output"]] = load_and_score(rank, overrides, str(root), batches, ["logits"])["logits"]
+    return logits

@@ -1,4 +1,4 @@
-"""Model presets: exact SmolLM2 counts, an independent HF count, the Megatron model built on meta."""
+"""Model presets: exact SmolLM2 and Qwen3 counts, an independent HF count, the Megatron model built on meta."""
 
 import pytest
 import torch
@@ -11,14 +11,21 @@ from tests.harness import run_distributed
 pytestmark = pytest.mark.mcore  # the outcome depends on megatron-core (both CI legs)
 
 SMOLLM2 = {"smollm2-135m": 134_515_008, "smollm2-360m": 361_821_120, "smollm2-1.7b": 1_711_376_384}
+# Qwen/Qwen3-*: the hub's safetensors counts (751,632,384 and 2,031,739,904) store the tied lm_head again
+QWEN3 = {"qwen3-0.6b": 596_049_920, "qwen3-1.7b": 1_720_574_976}
 
 
 def hf_param_count(name: str) -> int:
     """Independent count: the matching transformers model instantiated on the meta device."""
-    from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig
+    from transformers import AutoModelForCausalLM, GPT2Config, LlamaConfig, Qwen3Config
 
     m = load_preset(name)
-    if m.family == "llama":
+    if m.family == "qwen3":
+        cfg = Qwen3Config(vocab_size=m.padded_vocab_size, hidden_size=m.hidden_size, head_dim=m.head_dim,
+                          intermediate_size=m.ffn_hidden_size, num_hidden_layers=m.num_layers,
+                          num_attention_heads=m.num_attention_heads, num_key_value_heads=m.kv_heads,
+                          tie_word_embeddings=m.tie_embeddings, max_position_embeddings=m.max_position_embeddings)
+    elif m.family == "llama":
         cfg = LlamaConfig(vocab_size=m.padded_vocab_size, hidden_size=m.hidden_size,
                           intermediate_size=m.ffn_hidden_size, num_hidden_layers=m.num_layers,
                           num_attention_heads=m.num_attention_heads, num_key_value_heads=m.kv_heads,
@@ -34,6 +41,14 @@ def hf_param_count(name: str) -> int:
 @pytest.mark.parametrize("name, expected", sorted(SMOLLM2.items()))
 def test_smollm2_counts_exact(name, expected):
     assert backbone_params(load_preset(name)) == expected
+
+
+@pytest.mark.parametrize("name, expected", sorted(QWEN3.items()))
+def test_qwen3_counts_exact(name, expected):
+    m = load_preset(name)
+    assert backbone_params(m) == expected
+    assert backbone_params(m) - m.padded_vocab_size * m.hidden_size == {"qwen3-0.6b": 440_467_456,
+                                                                        "qwen3-1.7b": 1_409_410_048}[name]
 
 
 @pytest.mark.parametrize("name", available_presets())
@@ -54,6 +69,21 @@ def test_presets_cover_the_families():
     gpt2 = load_preset("gpt2-124m")
     assert (gpt2.normalization, gpt2.activation, gpt2.position_embedding, gpt2.add_bias_linear) == \
         ("LayerNorm", "gelu", "learned_absolute", True)
+
+
+def test_qwen3_presets_have_its_architecture():
+    for name in ("qwen3-0.6b", "qwen3-1.7b", "tiny-qwen3"):
+        m = load_preset(name)
+        assert (m.family, m.qk_norm, m.rope_theta, m.norm_eps) == ("qwen3", True, 1e6, 1e-6), name
+        assert m.head_dim * m.num_attention_heads != m.hidden_size or name == "qwen3-1.7b", name
+    assert (load_preset("qwen3-0.6b").head_dim, load_preset("qwen3-0.6b").kv_heads) == (128, 8)
+    assert not load_preset("tiny").qk_norm and not load_preset("gpt2-124m").qk_norm
+
+
+def test_unknown_family_is_one_line_naming_the_known_ones():
+    with pytest.raises(ConfigError) as err:
+        load_preset("tiny", family="mamba")
+    assert str(err.value) == "unknown model.family 'mamba'; known families: gpt2, llama, qwen3"
 
 
 def test_bad_preset_values():
