@@ -119,3 +119,14 @@ def test_megatron_models_built_on_meta_match_and_allocate_nothing():
         assert counts["copy_head"] == copy_head_params(m, CopyHeadShape(4, 64)), name
     assert built["llama-13b"]["total"] > 13e9
     assert built["llama-13b"]["rss_growth_mib"] < 300  # 13B fp32 would be ~49 GiB
+
+
+def test_tiny_qwen3_recipe_is_the_tiny_recipe_with_the_qwen3_backbone():
+    from cplm_megatron.model.config import recipe_path
+    from cplm_megatron.training.run_config import load_run_config
+
+    tiny, qwen3 = (load_run_config(recipe_path(name), []).to_dict() for name in ("tiny", "tiny_qwen3"))
+    assert qwen3["model"]["family"] == "qwen3" and qwen3["model"]["preset"] == "tiny-qwen3"
+    assert qwen3["copy_head"]["enabled"] is True
+    assert {k: v for k, v in qwen3.items() if k not in ("model", "run")} == \
+        {k: v for k, v in tiny.items() if k not in ("model", "run")}
