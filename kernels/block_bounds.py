@@ -43,13 +43,24 @@ def index_documents(doc_ids: torch.Tensor) -> DocumentIndex:
                          unsort(last_of_group.gather(1, group)))
 
 
-def query_tile_key_start(first: torch.Tensor, block_m: int, block_n: int) -> torch.Tensor:
-    """For each query tile of ``block_m`` rows: the first key index to visit, a multiple of ``block_n``."""
+def query_tile_key_start(first: torch.Tensor, block_m: int, block_n: int, keys: int | None = None) -> torch.Tensor:
+    """For each query tile of ``block_m`` rows: the first key index to visit, a multiple of ``block_n``.
+    ``first`` [b, Tq]: the first position of each query's document (global under CP, where ``keys`` is the
+    number of keys T; default Tq)."""
     b, T = first.shape
     n_tiles = math.ceil(T / block_m)
-    padded = torch.nn.functional.pad(first, (0, n_tiles * block_m - T), value=T)
+    pad = T if keys is None else keys  # past-the-end rows never lower a tile's start
+    padded = torch.nn.functional.pad(first, (0, n_tiles * block_m - T), value=pad)
     lo = padded.view(b, n_tiles, block_m).amin(dim=-1)
     return (torch.div(lo, block_n, rounding_mode="floor") * block_n).to(torch.int32).contiguous()
+
+
+def key_tile_query_start(positions: torch.Tensor, T: int, block_m: int, block_n: int) -> torch.Tensor:
+    """For each key tile of ``block_n`` of the ``T`` keys: the first query row (a multiple of ``block_m``) whose
+    global position (``positions``, increasing int ``[Tq]``) lies past the tile's first key."""
+    starts = torch.arange(0, T, block_n, device=positions.device, dtype=positions.dtype)
+    first = torch.searchsorted(positions, starts, right=True)
+    return (torch.div(first, block_m, rounding_mode="floor") * block_m).to(torch.int32).contiguous()
 
 
 def key_tile_query_end(last: torch.Tensor, block_n: int) -> torch.Tensor:

@@ -38,18 +38,22 @@ def _check_rows_layout(x: torch.Tensor, block_rows: int) -> None:
         raise ValueError(f"block_rows must be >= 1; got {block_rows}")
 
 
-def quantize_fp8(x: torch.Tensor, block_rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def quantize_fp8(x: torch.Tensor, block_rows: int | None = None,
+                 amax: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantize ``x`` to float8_e4m3fn with current amax scaling; returns ``(x_fp8, scale)``.
 
-    ``block_rows=None``: one scale for the whole tensor (0-d). Otherwise ``x`` is ``[b, H, T, d]``
+    ``block_rows=None``: one scale for the whole tensor (0-d), from ``amax`` when given (e.g. the amax of the
+    whole tensor of which ``x`` is a part; it must be >= x's own or values clip). Otherwise ``x`` is ``[b, H, T, d]``
     and each block of ``block_rows`` rows per head gets its own scale (``[b, H, ceil(T/block_rows)]``).
     Not differentiable (use :func:`cplm_kernels.copy_lse_fused_fp8` for straight-through training).
     """
     if not x.is_floating_point() or x.dtype == FP8_DTYPE:
         raise ValueError(f"quantize_fp8 expects a bf16/fp16/fp32 tensor; got dtype {x.dtype}")
     x = x.detach()
+    if amax is not None and block_rows is not None:
+        raise ValueError("amax is the per-tensor amax: it needs block_rows=None")
     if block_rows is None:
-        scale = _scale_from_amax(x.abs().amax())
+        scale = _scale_from_amax(x.abs().amax() if amax is None else amax.detach().reshape(()).to(x.device))
         return _to_fp8(x, scale), scale
     _check_rows_layout(x, block_rows)
     b, H, T, d = x.shape

@@ -3,7 +3,10 @@
 Same semantics as :func:`cplm_kernels.reference.copy_lse_naive` (see that module): outputs fp32
 ``[b, H, T]`` (``-inf`` for empty sets), memory O(b * H * T) besides the inputs, gradients of empty
 rows zero. ``q``/``k`` may be strided views (e.g. ``[b, H, T, d]`` views of a ``[T, b, H * d]``
-projection): the kernels take strides, nothing is copied. Imports triton: load it lazily through
+projection): the kernels take strides, nothing is copied. Context parallelism: with ``q_positions`` (int ``[Tq]``,
+strictly increasing) q holds only those global positions of the sequence while k, labels and doc_ids hold all
+``T`` (see :func:`cplm_kernels.reference.copy_lse_naive`); outputs and dq are ``[b, H, Tq]`` / ``[b, H, Tq, d]``,
+dk is the gradient of the whole ``[b, H, T, d]`` k from these queries only. Imports triton: load it lazily through
 ``cplm_kernels`` (``import cplm_kernels`` works without triton).
 """
 from __future__ import annotations
@@ -20,6 +23,7 @@ from cplm_kernels.block_bounds import (
     DocumentIndex,
     index_documents,
     key_tile_query_end,
+    key_tile_query_start,
     query_tile_key_start,
 )
 from cplm_kernels.configs import KernelConfigs, TileConfig, select_configs
@@ -76,12 +80,28 @@ def row_scale_view(scale: torch.Tensor, name: str, x: torch.Tensor, block_rows: 
     return RowScale(scale, tuple(scale.stride()), block_rows)
 
 
-def _check_inputs(q: torch.Tensor, k: torch.Tensor, labels: torch.Tensor, doc_ids: torch.Tensor | None) -> None:
-    if q.dim() != 4 or q.shape != k.shape:
-        raise ValueError(f"q and k must both be [b, H, T, d]; got q {tuple(q.shape)}, k {tuple(k.shape)}")
+def _check_positions(q_positions: torch.Tensor, q: torch.Tensor, T: int) -> None:
+    """Global query positions: an integer ``[Tq]`` vector, strictly increasing, inside ``[0, T)``."""
+    Tq = q.shape[2]
+    if q_positions.dim() != 1 or q_positions.shape[0] != Tq or q_positions.is_floating_point() \
+            or q_positions.dtype == torch.bool:
+        raise ValueError(f"q_positions must be an integer tensor of shape [Tq] = [{Tq}] (q's rows); got "
+                         f"{q_positions.dtype} {tuple(q_positions.shape)}")
+    if q_positions.device != q.device:
+        raise ValueError(f"q_positions is on {q_positions.device} but q is on {q.device}")
+    if Tq and (int(q_positions[0]) < 0 or int(q_positions[-1]) >= T or not bool((q_positions.diff() > 0).all())):
+        raise ValueError(f"q_positions must be strictly increasing global positions in [0, {T}) (k's rows)")
+
+
+def _check_inputs(q: torch.Tensor, k: torch.Tensor, labels: torch.Tensor, doc_ids: torch.Tensor | None,
+                  q_positions: torch.Tensor | None = None) -> None:
+    same = q.shape == k.shape if q_positions is None else (q.shape[:2] + q.shape[3:] == k.shape[:2] + k.shape[3:])
+    if q.dim() != 4 or k.dim() != 4 or not same:
+        rows = "T" if q_positions is None else "Tq / T"
+        raise ValueError(f"q and k must both be [b, H, {rows}, d]; got q {tuple(q.shape)}, k {tuple(k.shape)}")
     if q.dtype != k.dtype or q.dtype not in _INPUT_DTYPES:
         raise ValueError(f"q/k dtypes must match and be one of {_INPUT_DTYPES}; got {q.dtype}, {k.dtype}")
-    b, _, T, _ = q.shape
+    b, _, T, _ = k.shape
     for name, t in (("labels", labels), ("doc_ids", doc_ids)):
         if t is None:
             continue
@@ -92,6 +112,8 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, labels: torch.Tensor, doc_id
             raise ValueError(f"{name} is on {t.device} but q is on {q.device}")
     if k.device != q.device:
         raise ValueError(f"k is on {k.device} but q is on {q.device}")
+    if q_positions is not None:
+        _check_positions(q_positions, q, T)
     check_kernel_placement(triton_copy.copy_lse_fwd_kernel, q, "fused copy")
 
 
@@ -105,10 +127,17 @@ class Launch:
     scale: float
     plan: DotPlan
     configs: KernelConfigs
+    positions: torch.Tensor  # int32 [Tq]: the global position of each query row (0 .. T-1 without CP)
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
+        """q's [b, H, Tq, d]."""
         return tuple(self.ops.q.shape)
+
+    @property
+    def keys(self) -> int:
+        """T: k's rows (the whole sequence)."""
+        return self.ops.k.shape[2]
 
     def stride_args(self, bound: torch.Tensor) -> tuple:
         doc = self.docs.rank if self.docs is not None else self.labels  # unused pointer without documents
@@ -116,21 +145,27 @@ class Launch:
                 *self.ops.q_scale.strides, *self.ops.k_scale.strides, self.ops.q_scale.rows,
                 self.ops.k_scale.rows, bound.stride(0))
 
-    def pointer_args(self, bound: torch.Tensor) -> tuple:
+    def pointer_args(self, *bounds: torch.Tensor) -> tuple:
         doc = self.docs.rank if self.docs is not None else self.labels
-        return (self.ops.q, self.ops.k, self.labels, doc, self.ops.q_scale.tensor, self.ops.k_scale.tensor, bound)
+        return (self.ops.q, self.ops.k, self.labels, doc, self.ops.q_scale.tensor, self.ops.k_scale.tensor,
+                self.positions, *bounds)
 
     def key_start(self, tile: TileConfig) -> torch.Tensor:
         """Per query tile, the first key to visit (unused pointer without documents)."""
         if self.docs is None:
             return self.labels
-        return query_tile_key_start(self.docs.first, tile.block_m, tile.block_n)
+        return query_tile_key_start(self.docs.first[:, self.positions], tile.block_m, tile.block_n, self.keys)
+
+    def query_start(self, tile: TileConfig) -> torch.Tensor:
+        """Per key tile, the first query row to visit (a multiple of block_m)."""
+        return key_tile_query_start(self.positions, self.keys, tile.block_m, tile.block_n)
 
     def query_end(self, tile: TileConfig) -> torch.Tensor:
-        """Per key tile, one past the last query to visit (unused pointer without documents)."""
+        """Per key tile, one past the last query row to visit (unused pointer without documents)."""
         if self.docs is None:
             return self.labels
-        return key_tile_query_end(self.docs.last, tile.block_n)
+        end = key_tile_query_end(self.docs.last, tile.block_n)  # a global position
+        return torch.searchsorted(self.positions, end, side="left").to(torch.int32).contiguous()
 
     def constexprs(self, tile: TileConfig, with_grad_mode: bool) -> dict:
         extra = {"GRAD_MODE": self.plan.grad_mode} if with_grad_mode else {}
@@ -158,27 +193,29 @@ class KernelCall:
 
 
 def forward_call(launch: Launch, lse_all: torch.Tensor, lse_match: torch.Tensor) -> KernelCall:
-    """The forward kernel writing both LSEs into contiguous ``[b, H, T]`` fp32 outputs."""
+    """The forward kernel writing both LSEs into contiguous ``[b, H, Tq]`` fp32 outputs."""
     b, H, T, _ = launch.shape
     tile = launch.configs.forward
     bound = launch.key_start(tile)
     args = (*launch.pointer_args(bound), lse_all, lse_match, *launch.stride_args(bound),
-            H, T, launch.scale * LOG2E)
+            H, T, launch.keys, launch.scale * LOG2E)
     return KernelCall(triton_copy.copy_lse_fwd_kernel, (triton.cdiv(T, tile.block_m), b * H), args,
                       launch.constexprs(tile, with_grad_mode=False), tile.num_warps, tile.num_stages)
 
 
 def grad_call(launch: Launch, which: str, lse_all, lse_match, g_all, g_match, out: torch.Tensor) -> KernelCall:
-    """The dQ (``which == "q"``) or dK kernel writing into contiguous ``out`` [b, H, T, d]."""
+    """The dQ (``which == "q"``, ``out`` [b, H, Tq, d]) or dK (``out`` [b, H, T, d]) kernel, contiguous ``out``."""
     b, H, T, _ = launch.shape
     if which == "q":
         tile, kernel = launch.configs.grad_q, triton_copy.copy_lse_bwd_dq_kernel
         bound, n_tiles = launch.key_start(tile), triton.cdiv(T, tile.block_m)
+        bounds = (bound,)
     else:
         tile, kernel = launch.configs.grad_k, triton_copy.copy_lse_bwd_dk_kernel
-        bound, n_tiles = launch.query_end(tile), triton.cdiv(T, tile.block_n)
-    args = (*launch.pointer_args(bound), lse_all, lse_match, g_all, g_match, out, *launch.stride_args(bound),
-            *g_all.stride(), *g_match.stride(), H, T, launch.scale * LOG2E, launch.scale)
+        bound, n_tiles = launch.query_end(tile), triton.cdiv(launch.keys, tile.block_n)
+        bounds = (launch.query_start(tile), bound)
+    args = (*launch.pointer_args(*bounds), lse_all, lse_match, g_all, g_match, out, *launch.stride_args(bound),
+            *g_all.stride(), *g_match.stride(), H, T, launch.keys, launch.scale * LOG2E, launch.scale)
     return KernelCall(kernel, (n_tiles, b * H), args, launch.constexprs(tile, with_grad_mode=True),
                       tile.num_warps, tile.num_stages)
 
@@ -193,8 +230,9 @@ def _forward(launch: Launch) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _grad(launch: Launch, which: str, lse_all, lse_match, g_all, g_match, grad_dtype) -> torch.Tensor:
-    """dq (``which == "q"``) or dk of the scores' inputs, contiguous [b, H, T, d] in ``grad_dtype``."""
-    out = torch.empty(launch.shape, dtype=grad_dtype, device=launch.ops.q.device)
+    """dq (``which == "q"``) or dk of the scores' inputs, contiguous (q's or k's shape) in ``grad_dtype``."""
+    shape = launch.shape if which == "q" else tuple(launch.ops.k.shape)
+    out = torch.empty(shape, dtype=grad_dtype, device=launch.ops.q.device)
     if out.numel() > 0:
         grad_call(launch, which, lse_all, lse_match, g_all, g_match, out).launch(out.device)
     return out
@@ -209,7 +247,7 @@ class _FusedCopyLSE(torch.autograd.Function):
         ops = launch.ops
         docs = launch.docs or DocumentIndex(None, None, None)
         ctx.save_for_backward(ops.q, ops.k, ops.q_scale.tensor, ops.k_scale.tensor, launch.labels,
-                              docs.rank, docs.first, docs.last, lse_all, lse_match)
+                              docs.rank, docs.first, docs.last, lse_all, lse_match, launch.positions)
         ctx.launch_meta = (ops.q_scale.strides, ops.q_scale.rows, ops.k_scale.strides, ops.k_scale.rows,
                            launch.scale, launch.plan, launch.configs)
         ctx.grad_dtypes = (q.dtype, k.dtype)
@@ -217,11 +255,11 @@ class _FusedCopyLSE(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g_all, g_match):
-        oq, ok, qs, ks, labels, rank, first, last, lse_all, lse_match = ctx.saved_tensors
+        oq, ok, qs, ks, labels, rank, first, last, lse_all, lse_match, positions = ctx.saved_tensors
         qs_strides, qs_rows, ks_strides, ks_rows, scale, plan, configs = ctx.launch_meta
         ops = KernelOperands(oq, ok, RowScale(qs, qs_strides, qs_rows), RowScale(ks, ks_strides, ks_rows))
         docs = DocumentIndex(rank, first, last) if rank is not None else None
-        launch = Launch(ops, labels, docs, scale, plan, configs)
+        launch = Launch(ops, labels, docs, scale, plan, configs, positions)
         dq = _grad(launch, "q", lse_all, lse_match, g_all, g_match, ctx.grad_dtypes[0]) \
             if ctx.needs_input_grad[0] else None
         dk = _grad(launch, "k", lse_all, lse_match, g_all, g_match, ctx.grad_dtypes[1]) \
@@ -230,23 +268,27 @@ class _FusedCopyLSE(torch.autograd.Function):
 
 
 def make_launch(ops: KernelOperands, labels, doc_ids, scale: float | None, capability: tuple[int, int] | None,
-                configs: KernelConfigs | None = None) -> Launch:
+                configs: KernelConfigs | None = None, q_positions: torch.Tensor | None = None) -> Launch:
     """Describe one call for a GPU of compute ``capability`` (``None``: the Triton interpreter).
 
-    Labels are compared as int32 (token ids), documents as compact int32 ranks.
+    Labels are compared as int32 (token ids), documents as compact int32 ranks; ``q_positions`` (default
+    0 .. Tq-1) as int32.
     """
     head_dim = ops.q.shape[-1]
+    if q_positions is None:
+        q_positions = torch.arange(ops.q.shape[2], dtype=torch.int32, device=ops.q.device)
     return Launch(
         ops=ops, labels=labels.to(torch.int32), docs=index_documents(doc_ids) if doc_ids is not None else None,
         scale=float(default_scale(head_dim) if scale is None else scale),
         plan=dot_plan(ops.q.dtype, capability),
         configs=configs or select_configs(head_dim, ops.q.dtype, interpret=capability is None),
+        positions=q_positions.to(torch.int32).contiguous(),
     )
 
 
-def _run(q, k, labels, doc_ids, scale, ops: KernelOperands, configs: KernelConfigs | None):
+def _run(q, k, labels, doc_ids, scale, ops: KernelOperands, configs: KernelConfigs | None, q_positions=None):
     capability = None if not ops.q.is_cuda else torch.cuda.get_device_capability(ops.q.device)
-    return _FusedCopyLSE.apply(q, k, make_launch(ops, labels, doc_ids, scale, capability, configs))
+    return _FusedCopyLSE.apply(q, k, make_launch(ops, labels, doc_ids, scale, capability, configs, q_positions))
 
 
 def copy_lse_fused(
@@ -260,15 +302,17 @@ def copy_lse_fused(
     *,
     scale_block_rows: int = DEFAULT_SCALE_BLOCK_ROWS,
     configs: KernelConfigs | None = None,
+    q_positions: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Fused ``(lse_all, lse_match)`` ``[b, H, T]`` fp32; same values/gradients as ``copy_lse_naive``.
+    """Fused ``(lse_all, lse_match)`` ``[b, H, Tq]`` fp32; same values/gradients as ``copy_lse_naive``.
 
     ``q``/``k``: ``[b, H, T, d]`` (d in 32/64/128) in fp32/bf16/fp16, or float8_e4m3fn with
     ``q_scale``/``k_scale`` (one-element fp32 per tensor, or ``[b, H, ceil(T / scale_block_rows)]``
     per block of rows; see :mod:`cplm_kernels.fp8`). FP8 inputs give values only (no gradients into
     fp8 tensors): train with :func:`copy_lse_fused_fp8`. ``configs`` overrides the tile table.
+    ``q_positions``: the queries' global positions under context parallelism (see the module docstring).
     """
-    _check_inputs(q, k, labels, doc_ids)
+    _check_inputs(q, k, labels, doc_ids, q_positions)
     if q.dtype == FP8_DTYPE:
         if q_scale is None or k_scale is None:
             raise ValueError("float8_e4m3fn q/k need q_scale and k_scale (see cplm_kernels.quantize_fp8)")
@@ -281,7 +325,7 @@ def copy_lse_fused(
         if q_scale is not None or k_scale is not None:
             raise ValueError(f"q_scale/k_scale are only for float8_e4m3fn q/k; got q/k of dtype {q.dtype}")
         ops = KernelOperands(q, k, RowScale.unused(q.device), RowScale.unused(q.device))
-    return _run(q, k, labels, doc_ids, scale, ops, configs)
+    return _run(q, k, labels, doc_ids, scale, ops, configs, q_positions)
 
 
 def copy_lse_fused_fp8(
@@ -293,16 +337,24 @@ def copy_lse_fused_fp8(
     *,
     block_rows: int | None = None,
     configs: KernelConfigs | None = None,
+    q_positions: torch.Tensor | None = None,
+    q_amax: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """FP8 scores for training: quantizes bf16/fp16/fp32 ``q``/``k`` with current amax scaling
     (per tensor, or per ``block_rows`` rows), runs the fused kernels on the fp8 values, and returns
-    straight-through gradients (the exact gradients w.r.t. the dequantized q/k) in q/k's dtype."""
-    _check_inputs(q, k, labels, doc_ids)
+    straight-through gradients (the exact gradients w.r.t. the dequantized q/k) in q/k's dtype.
+
+    Context parallelism: ``q_positions`` as in :func:`copy_lse_fused`; ``q_amax`` (per-tensor scaling only)
+    replaces q's own amax, e.g. by its maximum over the CP ranks so that each rank quantizes its queries
+    exactly as one CP=1 call would (k is the whole sequence already)."""
+    _check_inputs(q, k, labels, doc_ids, q_positions)
     if q.dtype == FP8_DTYPE:
         raise ValueError("copy_lse_fused_fp8 quantizes itself: pass bf16/fp16/fp32 q and k "
                          "(or call copy_lse_fused with float8 q/k and their scales)")
+    if q_amax is not None and block_rows is not None:
+        raise ValueError("q_amax is the per-tensor amax: it needs block_rows=None")
     rows = block_rows if block_rows is not None else DEFAULT_SCALE_BLOCK_ROWS
-    q8, q_scale = quantize_fp8(q, block_rows)
+    q8, q_scale = quantize_fp8(q, block_rows, amax=q_amax)
     k8, k_scale = quantize_fp8(k, block_rows)
     ops = KernelOperands(q8, k8, row_scale_view(q_scale, "q_scale", q8, rows), row_scale_view(k_scale, "k_scale", k8, rows))
-    return _run(q, k, labels, doc_ids, scale, ops, configs)
+    return _run(q, k, labels, doc_ids, scale, ops, configs, q_positions)

@@ -22,6 +22,11 @@ P_match = P_all * 2^(lse_all - lse_match) reuses the candidate exponentials (one
 instead of two); tiles with larger gaps take the exact two-exp2 path, so nothing underflows that
 the reference keeps.
 
+Context parallelism: queries may be a subset of the sequence. ``QPOS`` (int32 ``[TQ]``, strictly increasing)
+gives each query row's global position; keys, labels and document ids cover the whole sequence (``TK`` rows).
+Without CP ``QPOS`` is ``0 .. T-1`` and ``TQ == TK``. Causal masks, labels and documents use global positions;
+q rows, LSEs, incoming gradients and dQ use local rows.
+
 Operand conversions for tl.dot come from :mod:`cplm_kernels.interpreter` as constexpr codes
 (0 native, 1 fp32, 2 bf16). FP8 inputs carry per-row scales applied to the fp32 accumulator.
 Only plain pointer arithmetic, masks, tl.dot and reductions: stable Triton language features.
@@ -71,16 +76,17 @@ def _column_or_row(v, AS_COLUMN: tl.constexpr):
 
 
 @triton.jit
-def _load_rows(X, LAB, DOC, SCALE, rows, valid, stride_t, stride_d, stride_lab_t, stride_doc_t, scale_rows,
+def _load_rows(X, LAB, DOC, SCALE, rows, pos, valid, stride_t, stride_d, stride_lab_t, stride_doc_t, scale_rows,
                stride_scale_blk, HEAD_DIM: tl.constexpr, HAS_DOC: tl.constexpr, IS_FP8: tl.constexpr,
                AS_COLUMN: tl.constexpr):
-    """Rows of q or k with what the masks and scores need of them: labels and document ids shaped for the
-    score tile (document id 0 without documents) and FP8 row scales (1.0 without FP8)."""
+    """Rows ``rows`` of q or k (at global positions ``pos``) with what the masks and scores need of them: labels
+    and document ids shaped for the score tile (document id 0 without documents) and FP8 row scales (1.0
+    without FP8)."""
     x = _load_tile(X, rows, valid, stride_t, stride_d, HEAD_DIM)
-    lab = _column_or_row(tl.load(LAB + rows * stride_lab_t, mask=valid, other=-1), AS_COLUMN)
+    lab = _column_or_row(tl.load(LAB + pos * stride_lab_t, mask=valid, other=-1), AS_COLUMN)
     doc = 0
     if HAS_DOC:
-        doc = _column_or_row(tl.load(DOC + rows * stride_doc_t, mask=valid, other=-1), AS_COLUMN)
+        doc = _column_or_row(tl.load(DOC + pos * stride_doc_t, mask=valid, other=-1), AS_COLUMN)
     scale = 1.0
     if IS_FP8:
         scale = _load_row_scales(SCALE, rows, valid, scale_rows, stride_scale_blk)
@@ -194,31 +200,32 @@ def _grad_dot(ds, x, acc, MODE: tl.constexpr, PRECISION: tl.constexpr):
 
 @triton.jit
 def copy_lse_fwd_kernel(
-    Q, K, LAB, DOC, Q_SCALE, K_SCALE, KEY_START, LSE_ALL, LSE_MATCH,
+    Q, K, LAB, DOC, Q_SCALE, K_SCALE, QPOS, KEY_START, LSE_ALL, LSE_MATCH,
     stride_qb, stride_qh, stride_qt, stride_qd,
     stride_kb, stride_kh, stride_kt, stride_kd,
     stride_lab_b, stride_lab_t, stride_doc_b, stride_doc_t,
     stride_qs_b, stride_qs_h, stride_qs_blk, stride_ks_b, stride_ks_h, stride_ks_blk,
     q_scale_rows, k_scale_rows, stride_start_b,
-    H, T, qk_scale_log2,
+    H, TQ, TK, qk_scale_log2,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_DOC: tl.constexpr,
     IS_FP8: tl.constexpr, SCORE_MODE: tl.constexpr, PRECISION: tl.constexpr, SHARED_EXP: tl.constexpr,
 ):
-    """One program per (query tile, b*H): both LSEs of BLOCK_M query rows (outputs contiguous [b, H, T])."""
+    """One program per (query tile, b*H): both LSEs of BLOCK_M query rows (outputs contiguous [b, H, TQ])."""
     tile = tl.num_programs(0) - 1 - tl.program_id(0)  # long causal rows first: better tail balance
     pid_bh = tl.program_id(1).to(tl.int64)
     b = pid_bh // H
     h = pid_bh % H
     start_m = tile * BLOCK_M
     offs_m = start_m + tl.arange(0, BLOCK_M)
-    m_valid = offs_m < T
+    m_valid = offs_m < TQ
+    pos_m = tl.load(QPOS + offs_m, mask=m_valid, other=-1)  # global positions (increasing)
     K_bh = K + b * stride_kb + h * stride_kh
     LAB_b = LAB + b * stride_lab_b
     DOC_b = DOC + b * stride_doc_b
     KS_bh = K_SCALE + b * stride_ks_b + h * stride_ks_h
 
     q, lab_q, doc_q, sq = _load_rows(Q + b * stride_qb + h * stride_qh, LAB_b, DOC_b,
-                                     Q_SCALE + b * stride_qs_b + h * stride_qs_h, offs_m, m_valid, stride_qt,
+                                     Q_SCALE + b * stride_qs_b + h * stride_qs_h, offs_m, pos_m, m_valid, stride_qt,
                                      stride_qd, stride_lab_t, stride_doc_t, q_scale_rows, stride_qs_blk,
                                      HEAD_DIM, HAS_DOC, IS_FP8, True)
     key_start = 0
@@ -229,38 +236,38 @@ def copy_lse_fwd_kernel(
     l_all = tl.zeros([BLOCK_M], tl.float32)
     m_match = tl.full([BLOCK_M], NEG_INF, tl.float32)
     l_match = tl.zeros([BLOCK_M], tl.float32)
-    key_end = tl.minimum(start_m + BLOCK_M - 1, T - 1)  # keys j < t <= start_m + BLOCK_M - 1
+    key_end = tl.load(QPOS + tl.minimum(start_m + BLOCK_M, TQ) - 1)  # keys j < t <= the tile's last position
     for start_n in range(key_start, key_end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        n_valid = offs_n < T
-        k, lab_k, doc_k, sk = _load_rows(K_bh, LAB_b, DOC_b, KS_bh, offs_n, n_valid, stride_kt, stride_kd,
+        n_valid = offs_n < TK
+        k, lab_k, doc_k, sk = _load_rows(K_bh, LAB_b, DOC_b, KS_bh, offs_n, offs_n, n_valid, stride_kt, stride_kd,
                                          stride_lab_t, stride_doc_t, k_scale_rows, stride_ks_blk,
                                          HEAD_DIM, HAS_DOC, IS_FP8, False)
         s = _scores_log2(q, tl.trans(k), sq, sk, qk_scale_log2, IS_FP8, SCORE_MODE, PRECISION)
-        cand, match = _pair_masks(offs_m[:, None], offs_n[None, :], lab_q, lab_k, doc_q, doc_k, HAS_DOC)
+        cand, match = _pair_masks(pos_m[:, None], offs_n[None, :], lab_q, lab_k, doc_q, doc_k, HAS_DOC)
         m_all, l_all, m_match, l_match = _online_lse_update(s, cand, match, m_all, l_all, m_match, l_match,
                                                             SHARED_EXP)
 
-    out = pid_bh * T + offs_m
+    out = pid_bh * TQ + offs_m
     tl.store(LSE_ALL + out, _finish_lse(m_all, l_all), mask=m_valid)
     tl.store(LSE_MATCH + out, _finish_lse(m_match, l_match), mask=m_valid)
 
 
 @triton.jit
 def copy_lse_bwd_dq_kernel(
-    Q, K, LAB, DOC, Q_SCALE, K_SCALE, KEY_START, LSE_ALL, LSE_MATCH, G_ALL, G_MATCH, DQ,
+    Q, K, LAB, DOC, Q_SCALE, K_SCALE, QPOS, KEY_START, LSE_ALL, LSE_MATCH, G_ALL, G_MATCH, DQ,
     stride_qb, stride_qh, stride_qt, stride_qd,
     stride_kb, stride_kh, stride_kt, stride_kd,
     stride_lab_b, stride_lab_t, stride_doc_b, stride_doc_t,
     stride_qs_b, stride_qs_h, stride_qs_blk, stride_ks_b, stride_ks_h, stride_ks_blk,
     q_scale_rows, k_scale_rows, stride_start_b,
     stride_ga_b, stride_ga_h, stride_ga_t, stride_gm_b, stride_gm_h, stride_gm_t,
-    H, T, qk_scale_log2, grad_scale,
+    H, TQ, TK, qk_scale_log2, grad_scale,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_DOC: tl.constexpr,
     IS_FP8: tl.constexpr, SCORE_MODE: tl.constexpr, GRAD_MODE: tl.constexpr, PRECISION: tl.constexpr,
     SHARED_EXP: tl.constexpr,
 ):
-    """One program per (query tile, b*H): dQ of BLOCK_M rows (DQ is contiguous [b, H, T, d]).
+    """One program per (query tile, b*H): dQ of BLOCK_M rows (DQ is contiguous [b, H, TQ, d]).
 
     For FP8 inputs this is the gradient w.r.t. the dequantized q (straight-through).
     """
@@ -270,14 +277,15 @@ def copy_lse_bwd_dq_kernel(
     h = pid_bh % H
     start_m = tile * BLOCK_M
     offs_m = start_m + tl.arange(0, BLOCK_M)
-    m_valid = offs_m < T
+    m_valid = offs_m < TQ
+    pos_m = tl.load(QPOS + offs_m, mask=m_valid, other=-1)  # global positions (increasing)
     K_bh = K + b * stride_kb + h * stride_kh
     LAB_b = LAB + b * stride_lab_b
     DOC_b = DOC + b * stride_doc_b
     KS_bh = K_SCALE + b * stride_ks_b + h * stride_ks_h
 
     q, lab_q, doc_q, sq = _load_rows(Q + b * stride_qb + h * stride_qh, LAB_b, DOC_b,
-                                     Q_SCALE + b * stride_qs_b + h * stride_qs_h, offs_m, m_valid, stride_qt,
+                                     Q_SCALE + b * stride_qs_b + h * stride_qs_h, offs_m, pos_m, m_valid, stride_qt,
                                      stride_qd, stride_lab_t, stride_doc_t, q_scale_rows, stride_qs_blk,
                                      HEAD_DIM, HAS_DOC, IS_FP8, True)
     key_start = 0
@@ -285,7 +293,7 @@ def copy_lse_bwd_dq_kernel(
         key_start = tl.load(KEY_START + b * stride_start_b + tile)
     la2, lm2, ga, gm, coef, gap_ok = _load_row_stats(
         LSE_ALL, LSE_MATCH, G_ALL + b * stride_ga_b + h * stride_ga_h, G_MATCH + b * stride_gm_b + h * stride_gm_h,
-        pid_bh * T + offs_m, offs_m, m_valid, stride_ga_t, stride_gm_t, grad_scale)
+        pid_bh * TQ + offs_m, offs_m, m_valid, stride_ga_t, stride_gm_t, grad_scale)
     la2 = la2[:, None]
     lm2 = lm2[:, None]
     ga = ga[:, None]
@@ -293,40 +301,41 @@ def copy_lse_bwd_dq_kernel(
     coef = coef[:, None]
 
     dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    key_end = tl.minimum(start_m + BLOCK_M - 1, T - 1)
+    key_end = tl.load(QPOS + tl.minimum(start_m + BLOCK_M, TQ) - 1)
     for start_n in range(key_start, key_end, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
-        n_valid = offs_n < T
-        k, lab_k, doc_k, sk = _load_rows(K_bh, LAB_b, DOC_b, KS_bh, offs_n, n_valid, stride_kt, stride_kd,
+        n_valid = offs_n < TK
+        k, lab_k, doc_k, sk = _load_rows(K_bh, LAB_b, DOC_b, KS_bh, offs_n, offs_n, n_valid, stride_kt, stride_kd,
                                          stride_lab_t, stride_doc_t, k_scale_rows, stride_ks_blk,
                                          HEAD_DIM, HAS_DOC, IS_FP8, False)
         s = _scores_log2(q, tl.trans(k), sq, sk, qk_scale_log2, IS_FP8, SCORE_MODE, PRECISION)
-        cand, match = _pair_masks(offs_m[:, None], offs_n[None, :], lab_q, lab_k, doc_q, doc_k, HAS_DOC)
+        cand, match = _pair_masks(pos_m[:, None], offs_n[None, :], lab_q, lab_k, doc_q, doc_k, HAS_DOC)
         ds = _score_grads(s, cand, match, la2, lm2, ga, gm, coef, gap_ok, SHARED_EXP)
         if IS_FP8:
             ds = ds * sk[None, :]  # q_deq . (k_fp8 * sk): fold the key scale into dS, keep k exact
         dq = _grad_dot(ds, k, dq, GRAD_MODE, PRECISION)
 
     offs_d = tl.arange(0, HEAD_DIM)
-    out = DQ + (pid_bh * T + offs_m)[:, None] * HEAD_DIM + offs_d[None, :]
+    out = DQ + (pid_bh * TQ + offs_m)[:, None] * HEAD_DIM + offs_d[None, :]
     tl.store(out, dq.to(DQ.dtype.element_ty), mask=m_valid[:, None])
 
 
 @triton.jit
 def copy_lse_bwd_dk_kernel(
-    Q, K, LAB, DOC, Q_SCALE, K_SCALE, QUERY_END, LSE_ALL, LSE_MATCH, G_ALL, G_MATCH, DK,
+    Q, K, LAB, DOC, Q_SCALE, K_SCALE, QPOS, QUERY_START, QUERY_END, LSE_ALL, LSE_MATCH, G_ALL, G_MATCH, DK,
     stride_qb, stride_qh, stride_qt, stride_qd,
     stride_kb, stride_kh, stride_kt, stride_kd,
     stride_lab_b, stride_lab_t, stride_doc_b, stride_doc_t,
     stride_qs_b, stride_qs_h, stride_qs_blk, stride_ks_b, stride_ks_h, stride_ks_blk,
     q_scale_rows, k_scale_rows, stride_end_b,
     stride_ga_b, stride_ga_h, stride_ga_t, stride_gm_b, stride_gm_h, stride_gm_t,
-    H, T, qk_scale_log2, grad_scale,
+    H, TQ, TK, qk_scale_log2, grad_scale,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_DOC: tl.constexpr,
     IS_FP8: tl.constexpr, SCORE_MODE: tl.constexpr, GRAD_MODE: tl.constexpr, PRECISION: tl.constexpr,
     SHARED_EXP: tl.constexpr,
 ):
-    """One program per (key tile, b*H): dK of BLOCK_N rows, streaming the later query tiles.
+    """One program per (key tile, b*H): dK of BLOCK_N rows (DK contiguous [b, H, TK, d]), streaming the query
+    tiles from QUERY_START (per key tile: the first local query past the tile's start, rounded down to a tile).
 
     Works in the transposed orientation (keys x queries) so that dK = dS^T Q is a plain tl.dot.
     """
@@ -336,7 +345,7 @@ def copy_lse_bwd_dk_kernel(
     h = pid_bh % H
     start_n = tile * BLOCK_N
     offs_n = start_n + tl.arange(0, BLOCK_N)
-    n_valid = offs_n < T
+    n_valid = offs_n < TK
     Q_bh = Q + b * stride_qb + h * stride_qh
     LAB_b = LAB + b * stride_lab_b
     DOC_b = DOC + b * stride_doc_b
@@ -345,26 +354,27 @@ def copy_lse_bwd_dk_kernel(
     GM_bh = G_MATCH + b * stride_gm_b + h * stride_gm_h
 
     k, lab_k, doc_k, sk = _load_rows(K + b * stride_kb + h * stride_kh, LAB_b, DOC_b,
-                                     K_SCALE + b * stride_ks_b + h * stride_ks_h, offs_n, n_valid, stride_kt,
+                                     K_SCALE + b * stride_ks_b + h * stride_ks_h, offs_n, offs_n, n_valid, stride_kt,
                                      stride_kd, stride_lab_t, stride_doc_t, k_scale_rows, stride_ks_blk,
                                      HEAD_DIM, HAS_DOC, IS_FP8, True)
-    query_end = T
+    query_end = TQ
     if HAS_DOC:
-        query_end = tl.minimum(tl.load(QUERY_END + b * stride_end_b + tile), T)
+        query_end = tl.minimum(tl.load(QUERY_END + b * stride_end_b + tile), TQ)
 
     dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
-    query_start = (start_n // BLOCK_M) * BLOCK_M  # queries t > j >= start_n
+    query_start = tl.load(QUERY_START + tile)  # queries t > j >= start_n
     for start_m in range(query_start, query_end, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
-        m_valid = offs_m < T
-        q, lab_q, doc_q, sq = _load_rows(Q_bh, LAB_b, DOC_b, QS_bh, offs_m, m_valid, stride_qt, stride_qd,
+        m_valid = offs_m < TQ
+        pos_m = tl.load(QPOS + offs_m, mask=m_valid, other=-1)
+        q, lab_q, doc_q, sq = _load_rows(Q_bh, LAB_b, DOC_b, QS_bh, offs_m, pos_m, m_valid, stride_qt, stride_qd,
                                          stride_lab_t, stride_doc_t, q_scale_rows, stride_qs_blk,
                                          HEAD_DIM, HAS_DOC, IS_FP8, False)
-        la2, lm2, ga, gm, coef, gap_ok = _load_row_stats(LSE_ALL, LSE_MATCH, GA_bh, GM_bh, pid_bh * T + offs_m,
+        la2, lm2, ga, gm, coef, gap_ok = _load_row_stats(LSE_ALL, LSE_MATCH, GA_bh, GM_bh, pid_bh * TQ + offs_m,
                                                          offs_m, m_valid, stride_ga_t, stride_gm_t, grad_scale)
 
         s_t = _scores_log2(k, tl.trans(q), sk, sq, qk_scale_log2, IS_FP8, SCORE_MODE, PRECISION)
-        t_idx = tl.where(m_valid, offs_m, -1)  # rows past T: no candidates, no gradient into dK
+        t_idx = tl.where(m_valid, pos_m, -1)  # rows past TQ: no candidates, no gradient into dK
         cand_t, match_t = _pair_masks(t_idx[None, :], offs_n[:, None], lab_q, lab_k, doc_q, doc_k, HAS_DOC)
         ds_t = _score_grads(s_t, cand_t, match_t, la2[None, :], lm2[None, :], ga[None, :], gm[None, :],
                             coef[None, :], gap_ok, SHARED_EXP)
@@ -373,5 +383,5 @@ def copy_lse_bwd_dk_kernel(
         dk = _grad_dot(ds_t, q, dk, GRAD_MODE, PRECISION)
 
     offs_d = tl.arange(0, HEAD_DIM)
-    out = DK + (pid_bh * T + offs_n)[:, None] * HEAD_DIM + offs_d[None, :]
+    out = DK + (pid_bh * TK + offs_n)[:, None] * HEAD_DIM + offs_d[None, :]
     tl.store(out, dk.to(DK.dtype.element_ty), mask=n_valid[:, None])

@@ -20,7 +20,7 @@ import cplm_kernels
 from cplm_kernels.configs import SUPPORTED_HEAD_DIMS
 from cplm_megatron.errors import ConfigError
 from cplm_megatron.model.mixing import MIXING_RULES, CopyStats, MixtureWeights, mix_log_probs, mixing_rule
-from cplm_megatron.parallel.context import gather_sequence, this_rank_positions
+from cplm_megatron.parallel.context import gather_sequence, max_over_cp, this_rank_positions
 
 NEG_INF = float("-inf")
 log = logging.getLogger(__name__)
@@ -215,13 +215,13 @@ class CopyPasteHead(nn.Module):
         if impl == "chunked":
             return cplm_kernels.copy_lse_chunked(q, k, cand_labels, doc_ids, self.scale, self.cfg.block_size,
                                                  q_positions=q_positions)
-        if q_positions is not None:
-            raise ConfigError(f"copy_head.impl={impl} has no context parallelism (its kernel takes no global key "
-                              "positions yet); use copy_head.impl=chunked (or auto) with parallel.cp > 1")
         if impl == "fused":
             if self.cfg.fp8:  # current (amax) scaling inside; straight-through gradients to q, k
-                return cplm_kernels.copy_lse_fused_fp8(q, k, cand_labels, doc_ids, self.scale)
-            return cplm_kernels.copy_lse_fused(q, k, cand_labels, doc_ids, self.scale)
+                # under CP every rank scales its queries by the whole sequence's amax, as CP=1 does (k is gathered)
+                amax = max_over_cp(q.detach().abs().amax().float()) if q_positions is not None else None
+                return cplm_kernels.copy_lse_fused_fp8(q, k, cand_labels, doc_ids, self.scale,
+                                                       q_positions=q_positions, q_amax=amax)
+            return cplm_kernels.copy_lse_fused(q, k, cand_labels, doc_ids, self.scale, q_positions=q_positions)
         raise ConfigError(f"unknown copy_head.impl {impl!r}")
 
     def forward(
@@ -244,8 +244,6 @@ class CopyPasteHead(nn.Module):
         q, k = self.queries_keys(hidden)
         q_positions = this_rank_positions(hidden.shape[1], hidden.device)
         if q_positions is not None:  # context parallelism: local queries, every rank's keys (docs/design.md)
-            if impl == "fused" and self.cfg.impl == "auto":
-                impl = "chunked"
             k, cand = gather_sequence(k, dim=2), gather_sequence(cand, dim=1)
             doc_ids = gather_sequence(doc_ids, dim=1) if doc_ids is not None else None
         lse_all, lse_match = self.copy_lse(q, k, cand, doc_ids, impl, q_positions)

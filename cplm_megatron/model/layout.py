@@ -14,7 +14,6 @@ from cplm_megatron.model.config import ModelConfig
 from cplm_megatron.parallel.config import ParallelConfig, check_world
 
 if TYPE_CHECKING:  # the checks import no torch (config validation, the planner)
-    from cplm_megatron.model.copy_head import CopyHeadConfig
     from cplm_megatron.parallel.distributed import DistEnv, RankLayout
 
 
@@ -82,11 +81,10 @@ def validate_layout(world_size: int, parallel: ParallelConfig, model: ModelConfi
     return dp
 
 
-def check_context_parallel(parallel: ParallelConfig, model: ModelConfig, seq_len: int,
-                           copy_head: Optional[CopyHeadConfig] = None) -> None:
+def check_context_parallel(parallel: ParallelConfig, model: ModelConfig, seq_len: int) -> None:
     """The context-parallel checks that need no process group: the load-balanced split cuts the sequence
-    into 2 x parallel.cp chunks, and only SDPA's (or TE's) core attention and the torch copy kernels
-    attend across CP ranks."""
+    into 2 x parallel.cp chunks, and only SDPA's (or TE's) core attention attends across CP ranks (every copy
+    kernel does: naive, chunked and fused, FP8 included)."""
     cp = parallel.cp
     if cp == 1:
         return
@@ -99,9 +97,4 @@ def check_context_parallel(parallel: ParallelConfig, model: ModelConfig, seq_len
         raise ConfigError(
             f"parallel.cp={cp} needs model.attention_impl=sdpa (or te with Transformer Engine): megatron-core's "
             "unfused DotProductAttention has no context parallelism"
-        )
-    if copy_head is not None and copy_head.enabled and (copy_head.impl == "fused" or copy_head.fp8):
-        raise ConfigError(
-            f"parallel.cp={cp}: the fused copy kernel (copy_head.impl=fused, copy_head.fp8) takes no global key "
-            "positions yet; use copy_head.impl=chunked (or auto, which picks it under CP) and copy_head.fp8=false"
         )

@@ -108,6 +108,16 @@ def gather_sequence(x: torch.Tensor, dim: int) -> torch.Tensor:
     return gathered.index_select(dim, to_global)
 
 
+def max_over_cp(x: torch.Tensor) -> torch.Tensor:
+    """Elementwise maximum of `x` over the CP ranks (not differentiable; `x` itself at CP = 1)."""
+    group = cp_group()
+    if group is None or dist.get_world_size(group) == 1:
+        return x
+    out = x.detach().clone()
+    dist.all_reduce(out, op=dist.ReduceOp.MAX, group=group)
+    return out
+
+
 def this_rank_positions(local_len: int, device: torch.device) -> Optional[torch.Tensor]:
     """Global positions of this CP rank's `local_len` tokens, or None at CP = 1."""
     size, rank = cp_size_rank()

@@ -4,6 +4,7 @@ import torch
 from cplm_kernels.block_bounds import (
     index_documents,
     key_tile_query_end,
+    key_tile_query_start,
     query_tile_key_start,
 )
 from cplm_kernels.reference import candidate_masks
@@ -55,3 +56,20 @@ def test_bounds_skip_work_for_contiguous_documents():
     first, last = index.first, index.last
     assert query_tile_key_start(first, 64, 32).tolist() == [[0, 64, 128, 192]]
     assert key_tile_query_end(last, 64).tolist() == [[64, 128, 192, 256]]
+
+
+def test_query_start_of_key_tiles_under_context_parallelism():
+    """A CP rank's queries (increasing global positions, two chunks): no query row before a key tile's start sees
+    a key of the tile (position <= the tile's first key); the start is a multiple of block_m."""
+    from cplm_megatron.parallel.context import local_positions
+
+    T = 96
+    for n, r in ((1, 0), (2, 1), (4, 0), (4, 3)):
+        pos = local_positions(T, n, r).to(torch.int32)
+        for block_m, block_n in ((16, 16), (16, 32), (32, 16)):
+            start = key_tile_query_start(pos, T, block_m, block_n)
+            assert start.dtype == torch.int32 and (start % block_m == 0).all()
+            for tile, s in enumerate(start.tolist()):
+                assert (pos[:s] <= tile * block_n).all()  # skipped rows see no key j >= tile * block_n
+                later = pos > tile * block_n
+                assert not later.any() or s <= int(later.nonzero()[0])  # the first row that does is visited

@@ -11,6 +11,8 @@ from cplm_megatron.parallel.context import local_positions
 
 B, T, HIDDEN = 2, 32, 24
 HEAD = dict(heads=2, head_dim=8, impl="chunked", block_size=8, lm_loss_weight=1.0)
+FUSED_HEAD = dict(HEAD, head_dim=32)  # a head width of the fused kernel
+FUSED_CASES = [(mixing, fp8) for mixing in ("gate", "sentinel") for fp8 in (False, True)]
 
 
 def head_inputs(seed: int = 0) -> Dict[str, torch.Tensor]:
@@ -27,18 +29,22 @@ def head_inputs(seed: int = 0) -> Dict[str, torch.Tensor]:
                 lm_ce=torch.rand(B, T, generator=g, dtype=torch.float64) * 3, labels=labels, mask=mask, doc=doc)
 
 
-def head_run(mixing: str, inputs: Dict[str, torch.Tensor], positions=None) -> Dict[str, torch.Tensor]:
+def head_run(mixing: str, inputs: Dict[str, torch.Tensor], positions=None, impl: str = "chunked",
+             fp8: bool = False, head: Dict = HEAD) -> Dict[str, torch.Tensor]:
     """The head's per-token losses and the gradients of its inputs and parameters for sum(loss * mask)
-    over the tokens at `positions` (all at CP=1)."""
+    over the tokens at `positions` (all at CP=1). fp64, or fp32 for the fused kernel (same initial weights)."""
     torch.manual_seed(11)
-    head = CopyPasteHead(HIDDEN, CopyHeadConfig(mixing=mixing, **HEAD), params_dtype=torch.float64)
+    module = CopyPasteHead(HIDDEN, CopyHeadConfig(mixing=mixing, **dict(head, impl=impl, fp8=fp8)),
+                           params_dtype=torch.float64)
+    dtype = torch.float32 if impl == "fused" else torch.float64
+    module = module.to(dtype)
     sel = slice(None) if positions is None else positions
-    hidden = inputs["hidden"][:, sel].clone().requires_grad_(True)
-    lm_ce = inputs["lm_ce"][:, sel].clone().requires_grad_(True)
-    mask = inputs["mask"][:, sel]
-    out = head(hidden, lm_ce, inputs["labels"][:, sel], mask, inputs["doc"][:, sel])
+    hidden = inputs["hidden"][:, sel].to(dtype).clone().requires_grad_(True)
+    lm_ce = inputs["lm_ce"][:, sel].to(dtype).clone().requires_grad_(True)
+    mask = inputs["mask"][:, sel].to(dtype)
+    out = module(hidden, lm_ce, inputs["labels"][:, sel], mask, inputs["doc"][:, sel])
     (out.loss * mask).sum().backward()
-    params = {n: p.grad.clone() for n, p in head.named_parameters() if p.grad is not None}
+    params = {n: p.grad.clone() for n, p in module.named_parameters() if p.grad is not None}
     return dict(loss=out.loss.detach(), gate=out.gate.detach(), d_hidden=hidden.grad, d_lm_ce=lm_ce.grad, **params)
 
 
@@ -91,7 +97,8 @@ def _attention_cases(rank: int) -> Dict:
 
 
 def cp2_cases(rank: int) -> Dict:
-    """Every CP=2 case in one process group: the copy head (gate and sentinel mixing) and SDPA attention."""
+    """Every CP=2 case in one process group: the copy head (gate and sentinel mixing; chunked, and fused with and
+    without FP8 in the Triton interpreter) and SDPA attention."""
     from cplm_megatron.model.config import load_preset
     from cplm_megatron.model.layout import init_distributed
     from cplm_megatron.parallel.distributed import ParallelConfig
@@ -100,4 +107,5 @@ def cp2_cases(rank: int) -> Dict:
     pos = local_positions(T, 2, rank)
     inputs = head_inputs()
     head = {mixing: head_run(mixing, inputs, pos) for mixing in ("gate", "sentinel")}
-    return dict(positions=pos, dp=layout.dp, head=head, attention=_attention_cases(rank))
+    fused = {case: head_run(case[0], inputs, pos, "fused", case[1], FUSED_HEAD) for case in FUSED_CASES}
+    return dict(positions=pos, dp=layout.dp, head=head, fused=fused, attention=_attention_cases(rank))

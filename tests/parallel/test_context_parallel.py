@@ -95,6 +95,38 @@ def test_copy_head_at_cp2_equals_cp1(cp2, mixing):
                                    rtol=1e-10, atol=1e-12, msg=name)
 
 
+# fp32 fused head (kernels within FP32_TOL = 1e-5 of exact, tests/kernels/test_fused_copy.py), 32-term
+# projections and the mixture in fp32: tests/kernels/test_sentinel_mixture.py's FUSED_TOL (relative to the largest
+# entry); CP=2 vs CP=1 differ only in summation orders (the reduce-scattered key gradients), well inside it
+FUSED_TOL = 5e-5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fp8", [False, True], ids=["fp32", "fp8"])
+@pytest.mark.parametrize("mixing", ["gate", "sentinel"])
+def test_fused_copy_head_at_cp2_equals_cp1(cp2, mixing, fp8):
+    """copy_head.impl=fused (Triton interpreter) at CP=2: per-token losses and the gradients of the head's inputs
+    are the CP=1 fused run's rows, parameter gradients summed over ranks are CP=1's; without FP8 both also match
+    the fp64 chunked head (an independent path). FP8: every rank quantizes q with the CP group's amax."""
+    from tests.kernels.copy_cases import rel_err
+    from tests.parallel.cp_workers import FUSED_HEAD, head_inputs, head_run
+
+    full = head_run(mixing, head_inputs(), impl="fused", fp8=fp8, head=FUSED_HEAD)
+    exact = None if fp8 else head_run(mixing, head_inputs(), head=FUSED_HEAD)
+    rows = ("loss", "gate", "d_hidden", "d_lm_ce")
+    got = {key: torch.empty_like(full[key]) for key in rows}
+    for rank in cp2:
+        for key in rows:
+            got[key][:, rank["positions"]] = rank["fused"][(mixing, fp8)][key]
+    for name in [n for n in full if n not in rows]:
+        got[name] = cp2[0]["fused"][(mixing, fp8)][name] + cp2[1]["fused"][(mixing, fp8)][name]
+    assert set(got) == set(full) and len(got) > len(rows)
+    for name in full:
+        assert rel_err(got[name], full[name]) <= FUSED_TOL, name
+        if exact is not None:
+            assert rel_err(got[name].double(), exact[name]) <= FUSED_TOL, name
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("case", ["causal", "documents"])
 def test_sdpa_attention_at_cp2_equals_the_full_sequence(cp2, case):
@@ -170,10 +202,9 @@ def test_tiny_recipe_at_cp2_and_tp2_cp2_train_like_cp1_causal(stdlib_corpus, tmp
 @pytest.mark.parametrize("overrides, world, message", [
     (["train.seq_len=250"], None, r"train\.seq_len=250 is not divisible by 2 x parallel\.cp = 4"),
     (["model.attention_impl=megatron"], None, r"parallel\.cp=2 needs model\.attention_impl=sdpa"),
-    (["copy_head.impl=fused"], None, r"parallel\.cp=2: the fused copy kernel .* use copy_head\.impl=chunked"),
     ([], 3, r"world size 3 is not divisible by parallel\.tp\*parallel\.pp\*parallel\.cp = 1\*1\*2 = 2"),
     (["parallel.tp=2"], 2, r"world size 2 is not divisible by parallel\.tp\*parallel\.pp\*parallel\.cp = 2\*1\*2"),
-], ids=["seq-len", "attention", "fused-copy", "world", "tp-x-cp"])
+], ids=["seq-len", "attention", "world", "tp-x-cp"])
 def test_context_parallel_layout_errors_name_the_fix(overrides, world, message):
     """Checked when the recipe is loaded or against the world size: before any process group."""
     from cplm_megatron.errors import ConfigError
@@ -183,6 +214,17 @@ def test_context_parallel_layout_errors_name_the_fix(overrides, world, message):
     with pytest.raises(ConfigError, match=message):
         cfg = load_run_config(str(REPO / "configs/tiny.yaml"), ["parallel.cp=2", *overrides])
         cfg.validate_world(world)
+
+
+def test_fused_copy_kernel_and_fp8_are_allowed_under_context_parallelism():
+    """The fused kernel takes global query positions (tests/kernels/test_fused_copy_cp.py): no refusal."""
+    from cplm_megatron.training.run_config import load_run_config
+    from tests.training.pretrain_utils import REPO
+
+    cfg = load_run_config(str(REPO / "configs/tiny.yaml"), ["parallel.cp=2", "copy_head.impl=fused",
+                                                             "copy_head.head_dim=32", "copy_head.fp8=true",
+                                                             "precision.dtype=bf16"])
+    assert cfg.validate_world(2) == 1
 
 
 def test_context_parallel_layout_gives_the_data_parallel_size():
