@@ -365,7 +365,8 @@ def plan_layouts(m: ModelConfig, c: Optional[CopyHeadShape], gpus: int, seq_len:
     the least model parallelism."""
     rows = []
     grids = [(tp, pp, cp) for tp in (1, 2, 4, 8) for pp in (1, 2, 4, 8) for cp in (1, 2, 4, 8)
-             if gpus % (tp * pp * cp) == 0 and seq_len % (2 * cp) == 0 and (cp == 1 or attention != "megatron")]
+             if gpus % (tp * pp * cp) == 0 and seq_len % (2 * cp) == 0 and (cp == 1 or attention != "megatron")
+             and (cp == 1 or pp == 1)]  # PP x CP is refused (model/layout.py: check_context_parallel)
     for tp, pp, cp in grids:
         dp = gpus // (tp * pp * cp)
         if not layout_valid(m, PlannedLayout(tp, pp, dp, cp=cp)):

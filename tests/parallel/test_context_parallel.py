@@ -199,12 +199,33 @@ def test_tiny_recipe_at_cp2_and_tp2_cp2_train_like_cp1_causal(stdlib_corpus, tmp
         pu.assert_losses_match(tmp_path / name, runs["cp1"], [1, 2, 3])
 
 
+@pytest.mark.slow
+@pytest.mark.usefixtures("isolated_streaming")
+def test_tiny_recipe_tp2_cp2_with_document_masking_and_sp_train_like_cp1(stdlib_corpus, tmp_path):
+    """Document masking on: TP=2 x CP=2 on 4 processes, without and with sequence parallelism, gives the losses of
+    TP=1 x CP=1 on one (the local query rows of the dense document mask, SP's scatter of each CP rank's tokens).
+    PP x CP is refused (test_context_parallel_layout_errors_name_the_fix)."""
+    from tests.training import pretrain_utils as pu
+
+    runs = {}
+    for name, nproc, cp, extra in (("cp1", 1, 1, {}), ("tp2cp2", 4, 2, {"parallel.tp": 2}),
+                                   ("tp2cp2sp", 4, 2, {"parallel.tp": 2, "parallel.sp": "true"})):
+        proc = _train(stdlib_corpus, tmp_path / name, nproc, cp, "true", **{"train.iters": 2, **extra})
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert f"[train] layout tp={extra.get('parallel.tp', 1)} pp=1 dp=1 cp={cp} " in proc.stdout
+        runs[name] = pu.losses(tmp_path / name)
+    assert sorted(runs["cp1"]) == [1, 2]
+    for name in ("tp2cp2", "tp2cp2sp"):
+        pu.assert_losses_match(tmp_path / name, runs["cp1"], [1, 2])
+
+
 @pytest.mark.parametrize("overrides, world, message", [
     (["train.seq_len=250"], None, r"train\.seq_len=250 is not divisible by 2 x parallel\.cp = 4"),
     (["model.attention_impl=megatron"], None, r"parallel\.cp=2 needs model\.attention_impl=sdpa"),
+    (["parallel.pp=2"], None, r"parallel\.cp=2 with parallel\.pp=2 is refused: .* use parallel\.tp/cp/dp with pp=1"),
     ([], 3, r"world size 3 is not divisible by parallel\.tp\*parallel\.pp\*parallel\.cp = 1\*1\*2 = 2"),
     (["parallel.tp=2"], 2, r"world size 2 is not divisible by parallel\.tp\*parallel\.pp\*parallel\.cp = 2\*1\*2"),
-], ids=["seq-len", "attention", "world", "tp-x-cp"])
+], ids=["seq-len", "attention", "pp-x-cp", "world", "tp-x-cp"])
 def test_context_parallel_layout_errors_name_the_fix(overrides, world, message):
     """Checked when the recipe is loaded or against the world size: before any process group."""
     from cplm_megatron.errors import ConfigError
