@@ -62,7 +62,9 @@ def test_the_study_submits_evaluates_and_collects_on_slurm(cluster, stdlib_corpu
     assert scale["seeds"] == [1, 2] and list(scale["arms"]) == ["baseline", "mixture"]
     tiny = load_preset("tiny")  # the recipe at the test's tiny size (--set model.preset=tiny ...)
     assert scale["model"]["hidden"] == tiny.hidden_size and scale["tokens"] == ITERS * 4 * stdlib_corpus.train.seq_len
-    assert summary["decision"]["default"] == "mixture"  # the only CPLM arm planned
+    decision = summary["decision"]  # mixture, the only CPLM arm planned, is credited or says why not
+    assert decision["default"] == ("mixture" if decision["credited"] == ["mixture"] else "baseline")
+    assert decision["credited"] == ["mixture"] or "not below the baseline" in decision["not_credited"]["mixture"]
     assert summary["decision"]["provisional"] is False and summary["planned_scales"] == ["135m"]
     assert scale["cache_control"]["mean_std"]["val_loss"]["n"] == 2  # the baselines' continuous-cache control
     report = (study / "report.md").read_text()
