@@ -41,6 +41,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     s.add_argument("--eval-interval", type=int, default=defaults.eval_interval, help="trainer validation interval")
     s.add_argument("--checkpoint-interval", type=int, default=defaults.checkpoint_interval)
     s.add_argument("--eval-limit", type=int, default=defaults.eval_limit, help="tools/evaluate.py --limit")
+    s.add_argument("--no-val-all", action="store_true",
+                   help="val and the cache control score --eval-limit samples, not every one (a quick check only)")
     s.add_argument("--passkey-lengths", type=lambda t: tuple(int(x) for x in _names(t)),
                    default=defaults.passkey_lengths)
     s.add_argument("--time", default=defaults.time, help="sbatch --time of every job")
@@ -66,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     settings = ClusterStudySettings(
         scales=args.scales, arms=args.arms, seeds=args.seeds, data=args.data, iters=args.iters,
         eval_interval=args.eval_interval, checkpoint_interval=args.checkpoint_interval, eval_limit=args.eval_limit,
+        val_all=not args.no_val_all,
         passkey_lengths=args.passkey_lengths, time=args.time, sbatch_args=tuple(args.sbatch_arg),
         eval_sbatch_args=(tuple(args.eval_sbatch_arg) if args.eval_sbatch_arg is not None
                           else ClusterStudySettings.eval_sbatch_args),

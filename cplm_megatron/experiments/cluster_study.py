@@ -52,6 +52,7 @@ class ClusterStudySettings:
     eval_interval: int = 250
     checkpoint_interval: int = 1000
     eval_limit: int = 64  # tools/evaluate.py --limit (sequences per task; val scores every sample)
+    val_all: bool = True  # val and the cache control score every validation sample (False: --limit of them)
     passkey_lengths: tuple[int, ...] = (512, 2048, 4096, 8192)
     time: str = "12:00:00"
     sbatch_args: tuple[str, ...] = ()  # every job (e.g. --partition=h100, --account=...)
@@ -135,7 +136,8 @@ def plan(settings: ClusterStudySettings, output: Path) -> list[ClusterRun]:
                 tasks = "val,copy,passkey,gradient" + (",cache" if not arm.copy_head else "")
                 eval_args = ["--checkpoint", str(run_dir), "--output", str(run_dir / "eval.json"), "--no-progress",
                              "--tasks", tasks, "--limit", str(settings.eval_limit), "--gradient-source", "val",
-                             "--data", str(data / "val"), "--dev-data", str(data / "dev"), "--val-all",
+                             "--data", str(data / "val"), "--dev-data", str(data / "dev"),
+                             *(["--val-all"] if settings.val_all else []),
                              "--passkey-lengths", ",".join(map(str, settings.passkey_lengths))]
                 labels = {"arm": arm_name, "scale": scale, "seed": seed, "hidden": cfg.model.hidden_size,
                           "layers": cfg.model.num_layers, "vocab": cfg.model.vocab_size, "iters": settings.iters,

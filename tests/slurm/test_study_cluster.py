@@ -40,7 +40,7 @@ def test_the_study_submits_evaluates_and_collects_on_slurm(cluster, stdlib_corpu
     tool = [sys.executable, "tools/study_cluster.py"]
     submit = [*tool, "submit", "--output", str(study), "--data", str(stdlib_corpus.root), "--scales", "135m",
               "--arms", "baseline,mixture", "--seeds", "1,2", "--iters", str(ITERS), "--eval-interval", "2",
-              "--checkpoint-interval", "2", "--eval-limit", "4", "--passkey-lengths", "64", "--time", "00:10:00",
+              "--checkpoint-interval", "2", "--eval-limit", "4", "--no-val-all", "--passkey-lengths", "64", "--time", "00:10:00",
               "--sbatch-arg=--ntasks-per-node=1", "--set", *tiny_cpu_settings(stdlib_corpus, ITERS),
               "train.eval_interval=2", "train.eval_iters=2"]
     sent = subprocess.run(submit, cwd=REPO, env=job_env(), capture_output=True, text=True, timeout=300, check=False)
