@@ -207,6 +207,18 @@ def portable_commands(commands: dict[str, list[str]], output: Path) -> dict[str,
     return {key: [portable(arg) for arg in args] for key, args in commands.items()}
 
 
+def job_commands(spec: RunSpec, output: Path, tp: int) -> dict[str, list[str]]:
+    """What a run's job.json records: its train and eval command lines (without the interpreter), portable."""
+    run_dir = output / "runs" / spec.name
+    return portable_commands({"train": train_command(spec, run_dir, tp)[1:],
+                              "eval": eval_command(spec, run_dir)[1:]}, output)
+
+
+def _evaluated(run_dir: Path) -> bool:
+    """Whether a run dir holds a finished job's outputs (the trainer's record and the evaluation)."""
+    return (run_dir / "eval.json").is_file() and (run_dir / "summary.json").is_file()
+
+
 def read_job_record(record: Path) -> dict[str, Any]:
     """A run dir's job.json; ValueError naming the file and the fix when it is not a job record."""
     try:
@@ -220,7 +232,7 @@ def read_job_record(record: Path) -> dict[str, Any]:
     return data
 
 
-class _TrainClock:
+class _JobClock:
     """Writes the job's cumulative seconds to timing.json every `interval` s while a command runs, so a
     job resumed after a kill still records the time of every attempt (not only the last one's)."""
 
@@ -269,8 +281,7 @@ def run_job(spec: RunSpec, output: Path, tp: int, threads: int, warm: bool = Tru
     """
     run_dir = output / "runs" / spec.name
     result = JobResult(spec, run_dir)
-    commands = portable_commands({"train": train_command(spec, run_dir, tp)[1:],
-                                  "eval": eval_command(spec, run_dir)[1:]}, output)
+    commands = job_commands(spec, output, tp)
     record = run_dir / "job.json"
     if record.is_file():
         try:
@@ -282,7 +293,7 @@ def run_job(spec: RunSpec, output: Path, tp: int, threads: int, warm: bool = Tru
             result.error = (f"{run_dir} holds a run made with other settings (see {record}); remove it or choose "
                             f"another --output")
             return result
-        if (run_dir / "eval.json").is_file() and (run_dir / "summary.json").is_file():
+        if _evaluated(run_dir):
             result.reused = True
             return result
     elif run_dir.is_dir() and any(run_dir.iterdir()):
@@ -291,13 +302,13 @@ def run_job(spec: RunSpec, output: Path, tp: int, threads: int, warm: bool = Tru
     run_dir.mkdir(parents=True, exist_ok=True)
     record.write_text(json.dumps(commands, indent=2) + "\n")
     env = subprocess_env(threads)
-    clock = _TrainClock(run_dir, "train_seconds")
+    clock = _JobClock(run_dir, "train_seconds")
     code = _run_logged(train_command(spec, run_dir, tp), run_dir / "train.log", env, warm)
     result.train_seconds = clock.stop()
     if code != 0:
         result.error = f"training failed (exit {code}); see {run_dir / 'train.log'}{_tail(run_dir / 'train.log')}"
         return result
-    clock = _TrainClock(run_dir, "eval_seconds")
+    clock = _JobClock(run_dir, "eval_seconds")
     code = _run_logged(eval_command(spec, run_dir), run_dir / "eval.log", env, warm)
     result.eval_seconds = clock.stop(complete=code == 0)
     if code != 0:
@@ -309,11 +320,7 @@ def run_job(spec: RunSpec, output: Path, tp: int, threads: int, warm: bool = Tru
 def is_finished(spec: RunSpec, output: Path, tp: int = 1) -> bool:
     """Whether `spec`'s run under `output` finished (evaluated) with the commands the spec gives now."""
     run_dir = output / "runs" / spec.name
-    if not ((run_dir / "eval.json").is_file() and (run_dir / "summary.json").is_file()):
-        return False
-    commands = portable_commands({"train": train_command(spec, run_dir, tp)[1:],
-                                  "eval": eval_command(spec, run_dir)[1:]}, output)
-    return read_job_record(run_dir / "job.json") == commands
+    return _evaluated(run_dir) and read_job_record(run_dir / "job.json") == job_commands(spec, output, tp)
 
 
 def run_seconds(run_dir: Path) -> float | None:

@@ -291,7 +291,7 @@ class Decision:
     reason: str
 
 
-def _credit(arm: str, scales: dict[str, dict[str, Any]], figures: dict[str, dict[str, dict[int, dict[str, Any]]]],
+def _credit(arm: str, figures: dict[str, dict[str, dict[int, dict[str, Any]]]],
             grid_scales: Sequence[str]) -> str | None:
     """None when `arm` is credited, else why not."""
     ran = [sc for sc in grid_scales if arm in figures.get(sc, {})]
@@ -313,11 +313,11 @@ def _credit(arm: str, scales: dict[str, dict[str, Any]], figures: dict[str, dict
     return None
 
 
-def decide(scales: dict[str, dict[str, Any]], figures: dict[str, dict[str, dict[int, dict[str, Any]]]],
+def decide(figures: dict[str, dict[str, dict[int, dict[str, Any]]]],
            grid_scales: Sequence[str]) -> Decision:
     """Apply DECISION_RULE (figures: per scale, per arm, per seed; grid_scales: every scale of the planned grid)."""
     arms = [a for a in ARMS if a != "baseline" and any(a in figures.get(sc, {}) for sc in grid_scales)]
-    not_credited = {a: why for a in arms if (why := _credit(a, scales, figures, grid_scales)) is not None}
+    not_credited = {a: why for a in arms if (why := _credit(a, figures, grid_scales)) is not None}
     credited = [a for a in arms if a not in not_credited]
     if not credited:
         return Decision("baseline", [], not_credited, [], "no CPLM arm beats both the baseline and the baseline + "
@@ -398,7 +398,7 @@ def summarize(runs: Sequence[RunResults], planned: Sequence[tuple[str, str, int]
         raise ValueError("no scale has a finished baseline run yet: nothing to compare")
     grid_scales = list(dict.fromkeys(sc for sc, _, _ in planned))
     judged = [sc for sc in grid_scales if sc in scales] or list(scales)  # scales with a finished baseline
-    decision = decide(scales, all_figures, judged)
+    decision = decide(all_figures, judged)
     not_started = [sc for sc in grid_scales if sc not in scales]
     present = set(by_key)
     missing = [f"{sc}-{a}-s{s}" for sc, a, s in planned if (sc, a, s) not in present]

@@ -78,16 +78,16 @@ def test_finished_runs_are_reused_and_other_settings_refused(tmp_path: Path):
 
 def test_timing_counts_every_attempt_of_a_job(tmp_path: Path):
     """A job killed mid-training and run again records both attempts' seconds (the clock ticks while it runs)."""
-    from cplm_megatron.experiments.ablation import _TrainClock, run_seconds
+    from cplm_megatron.experiments.ablation import _JobClock, run_seconds
 
     (tmp_path / "timing.json").write_text(json.dumps({"train_seconds": 100.0, "eval_seconds": 0.0, "attempts": 1,
                                                       "complete": False}))  # the killed attempt's last tick
-    clock = _TrainClock(tmp_path, "train_seconds", interval=0.05)
+    clock = _JobClock(tmp_path, "train_seconds", interval=0.05)
     time.sleep(0.2)
     ticked = json.loads((tmp_path / "timing.json").read_text())
     assert ticked["train_seconds"] > 100.0 and ticked["complete"] is False and ticked["attempts"] == 2
     seconds = clock.stop()
-    clock = _TrainClock(tmp_path, "eval_seconds")
+    clock = _JobClock(tmp_path, "eval_seconds")
     clock.stop(complete=True)
     final = json.loads((tmp_path / "timing.json").read_text())
     assert final["train_seconds"] == pytest.approx(100.0 + seconds) and final["complete"] is True
