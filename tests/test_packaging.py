@@ -87,3 +87,48 @@ def test_trains_and_evaluates_from_another_directory(installed, stdlib_corpus, t
     results = json.loads(out.read_text())
     assert results["iteration"] == 3 and results["tasks"]["val"]["metrics"]["val_loss"] > 0
     assert 0 <= results["tasks"]["copy"]["metrics"]["copy_accuracy"] <= 1
+
+
+STUDY = """
+import sys
+from pathlib import Path
+
+from cplm_megatron.experiments.plan import AblationSettings
+from cplm_megatron.experiments.study import run_ablation
+
+if __name__ == "__main__":
+    settings = AblationSettings(experiments=("spamlang",), spamlang_vocabs=(4096,), spamlang_ties=(False,),
+                                spamlang_iters=4, spamlang_interval=2, eval_sequences=2)
+    outcome = run_ablation(Path(sys.argv[1]), settings, jobs=1, backend=sys.argv[2],
+                           on_done=lambda r: print(r.status_line(), flush=True))
+    print("report", outcome.report)
+"""
+
+
+def test_runs_a_two_run_study_from_another_directory_and_reuses_it(installed, tmp_path):
+    """The launcher runs `python -m cplm_megatron.pretrain` / `.evaluate` (nothing in a checkout): an ablation pair
+    trains, evaluates and reports from the installed wheel; run again, both runs are reused."""
+    _, target = installed
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "study.py").write_text(STUDY)
+    env = harness.process_env({"PYTHONPATH": os.pathsep.join([str(target), *site.getsitepackages()])})
+    out = elsewhere / "study"
+
+    def study(backend: str) -> str:
+        done = subprocess.run([sys.executable, "-S", "study.py", str(out), backend], cwd=elsewhere, env=env,
+                              capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+        return done.stdout
+
+    first = study("warm")
+    assert first.count(": done (train ") == 2, first
+    command = (out / "runs" / "spamlang-v4096-untied-cplm" / "train.log").read_text().splitlines()[0].split()
+    assert command[:2] == ["$", sys.executable] and "-S" in command  # this interpreter, with its flags
+    assert command[command.index("-m"):][:5] == ["-m", "cplm_megatron.pretrain", "--config", "tiny", "--set"]
+    assert (out / "report.md").is_file() and (out / "loss_curves.png").is_file()
+    evaluated = {p: p.stat().st_mtime_ns for p in out.glob("runs/*/eval.json")}
+    assert len(evaluated) == 2
+    again = study("subprocess")
+    assert again.count(": reused (finished earlier with the same commands)") == 2, again
+    assert {p: p.stat().st_mtime_ns for p in out.glob("runs/*/eval.json")} == evaluated

@@ -35,9 +35,16 @@ import shlex
 import sys
 from pathlib import Path
 
-from cplm_megatron.experiments.ablation import JobResult, Settings
-from cplm_megatron.experiments.multiseed import ACTIVE_ARMS, ARMS, SCALES, SECOND_SCALE_ARMS, StudySettings
+from cplm_megatron.experiments.launch import JobResult
 from cplm_megatron.experiments.multiseed_report import headline_table, readme_block
+from cplm_megatron.experiments.plan import (
+    ACTIVE_ARMS,
+    ARMS,
+    SCALES,
+    SECOND_SCALE_ARMS,
+    AblationSettings,
+    StudySettings,
+)
 from cplm_megatron.experiments.study import SpamLangSettings, run_ablation, run_recipe_study, summarize_study
 
 
@@ -135,9 +142,9 @@ def main_study(args: argparse.Namespace, argv: list[str]) -> int:
     return 0
 
 
-def settings_from_args(args: argparse.Namespace) -> Settings:
-    """Settings.quick()/full() with the command-line overrides."""
-    s = Settings.quick() if args.quick else Settings.full()
+def settings_from_args(args: argparse.Namespace) -> AblationSettings:
+    """AblationSettings.quick()/full() with the command-line overrides."""
+    s = AblationSettings.quick() if args.quick else AblationSettings.full()
     experiments = tuple(e.strip() for e in args.experiments.split(",") if e.strip())
     unknown = [e for e in experiments if e not in ("corpus", "spamlang")]
     if unknown or not experiments:
@@ -152,7 +159,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
                "spamlang_iters": args.spamlang_iters, "spamlang_interval": args.spamlang_interval,
                "corpus_iters": args.corpus_iters, "corpus_interval": args.corpus_interval,
                "eval_sequences": args.eval_sequences, "seed": args.seed,
-               "extra_overrides": tuple(args.overrides) or None}
+               "extra_settings": tuple(tuple(o.split("=", 1)) for o in args.overrides) or None}
     s = dataclasses.replace(s, **{k: v for k, v in changes.items() if v is not None})
     for name in ("spamlang_iters", "spamlang_interval", "corpus_iters", "corpus_interval", "eval_sequences"):
         if getattr(s, name) < 1:

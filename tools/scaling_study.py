@@ -181,7 +181,10 @@ def recipe_layout(size: str) -> SweepLayout:
     """The parallel layout of the recipe slurm/pretrain_<size>.sh runs."""
     import yaml
 
-    par = (yaml.safe_load(recipe_of(REPO / "slurm" / f"pretrain_{size}.sh").read_text()) or {}).get("parallel") or {}
+    from cplm_megatron.model.config import recipe_path
+
+    recipe = Path(recipe_path(recipe_of(REPO / "slurm" / f"pretrain_{size}.sh")))
+    par = (yaml.safe_load(recipe.read_text()) or {}).get("parallel") or {}
     return SweepLayout(int(par.get("tp", 1)), int(par.get("pp", 1)), par.get("vpp"), bool(par.get("sp", False)))
 
 

@@ -6,7 +6,7 @@
   .venv/bin/python tools/study_cluster.py collect --output runs/study
 
 submit: two jobs per (scale, arm, seed) -- training through slurm/pretrain_<scale>.sh (requeued on exit 75 by
-slurm/launch.sh, resuming from its checkpoint), then tools/evaluate.py after it succeeded -- and the estimated
+slurm/launch.sh, resuming from its checkpoint), then `python -m cplm_megatron.evaluate` after it succeeded -- and the estimated
 GPU-hours; runs already evaluated are skipped, so submitting again continues a study. collect: summary.json,
 report.md and plots from the evaluated runs, with the CPU study's decision rule (provisional until every planned
 run is in).
@@ -40,7 +40,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     s.add_argument("--iters", type=int, default=defaults.iters, help="training steps per run")
     s.add_argument("--eval-interval", type=int, default=defaults.eval_interval, help="trainer validation interval")
     s.add_argument("--checkpoint-interval", type=int, default=defaults.checkpoint_interval)
-    s.add_argument("--eval-limit", type=int, default=defaults.eval_limit, help="tools/evaluate.py --limit")
+    s.add_argument("--eval-limit", type=int, default=defaults.eval_limit, help="the evaluator's --limit")
     s.add_argument("--no-val-all", action="store_true",
                    help="val and the cache control score --eval-limit samples, not every one (a quick check only)")
     s.add_argument("--passkey-lengths", type=lambda t: tuple(int(x) for x in _names(t)),
@@ -72,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         passkey_lengths=args.passkey_lengths, time=args.time, sbatch_args=tuple(args.sbatch_arg),
         eval_sbatch_args=(tuple(args.eval_sbatch_arg) if args.eval_sbatch_arg is not None
                           else ClusterStudySettings.eval_sbatch_args),
-        sets=tuple(args.set))
+        sets=tuple(args.set), slurm_dir=str(Path(__file__).resolve().parents[1] / "slurm"))
     submit(settings, args.output, dry_run=args.dry_run)
     return 0
 

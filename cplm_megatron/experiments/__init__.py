@@ -1,11 +1,12 @@
-"""Experiments: the baseline-vs-CPLM ablation and the recipe study.
+"""Experiments: the baseline-vs-CPLM ablation, the recipe study (on CPU or a SLURM cluster) and their reports.
 
-    from cplm_megatron.experiments.ablation import Settings
+    from cplm_megatron.experiments.plan import AblationSettings
     from cplm_megatron.experiments.study import run_ablation
-    outcome = run_ablation(Path("runs/ablation"), Settings.quick(), data_dir=Path("data/stdlib"))
+    outcome = run_ablation(Path("runs/ablation"), AblationSettings.quick(), data_dir=Path("data/stdlib"))
 
-Modules: ablation (plan/launch/read the paired runs), multiseed (the recipe study's plan: arms x seeds x
-scales) and multiseed_summary / multiseed_report (its aggregation, decision and report), report (the
-ablation's markdown + PNG plots), study (either in one call), warm (jobs in processes forked from a
-preloaded forkserver). CLI: tools/ablate.py.
+Modules: plan (a run as data -- recipe, settings, evaluation, labels -- and the ablation and study plans over it),
+launch (one launcher: `python -m cplm_megatron.pretrain` / `.evaluate` in warm processes, a fresh interpreter or
+SLURM; warm holds the forkserver), records (job.json, timing.json, a finished run's results; one reader each),
+multiseed_summary / multiseed_report (the study's aggregation, decision and report), report (the ablation's
+markdown + PNG plots), study (either in one call), cluster_study (the study on SLURM). CLI: tools/ablate.py.
 """

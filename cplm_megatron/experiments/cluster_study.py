@@ -3,10 +3,10 @@
     .venv/bin/python tools/study_cluster.py submit --output runs/study --scales 135m,360m --data /data/corpus
     .venv/bin/python tools/study_cluster.py collect --output runs/study
 
-Every (scale, arm, seed) of the study (multiseed.py's arms and seeds) is two jobs: training through
+Every (scale, arm, seed) of the study (plan.py's arms and seeds) is two jobs: training through
 `slurm/pretrain_<scale>.sh` (its recipe and #SBATCH directives; slurm/launch.sh requeues it on exit 75, so a
 preempted or timed-out run resumes from its checkpoint under the same job id), then its evaluation
-(`tools/evaluate.py`, the CPU study's tasks) as a job that starts after the training job succeeded
+(`python -m cplm_megatron.evaluate`, the CPU study's tasks) as a job that starts after the training job succeeded
 (`--dependency=afterok`). `--data` is a prepared corpus with `train/`, `dev/` and `val/` splits (tools/prepare_data.py)
 tokenized for the recipe's vocabulary. Runs whose evaluation exists are not submitted again; a run whose
 training finished resumes at its last iteration and only evaluates. OUTPUT/study.json lists the runs and job ids;
@@ -19,17 +19,15 @@ import json
 import re
 import shlex
 import subprocess
-import sys
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from cplm_megatron.experiments.ablation import RunSpec, load_run
-from cplm_megatron.experiments.multiseed import ACTIVE_ARMS, ARMS
+from cplm_megatron.experiments.launch import slurm_commands
+from cplm_megatron.experiments.plan import ACTIVE_ARMS, ARMS, Evaluation, Run
+from cplm_megatron.experiments.records import load_run
 
-REPO = Path(__file__).resolve().parents[2]
-EVALUATE = REPO / "tools" / "evaluate.py"
-SCALES = ("135m", "360m", "1p7b")  # slurm/pretrain_<scale>.sh
+SCALES = ("135m", "360m", "1p7b")  # <slurm_dir>/pretrain_<scale>.sh
 # GPU-hours are estimated from the training FLOPs (model/accounting.py) at this fraction of an H100's dense
 # bf16 peak (989 TFLOP/s): what a well-tuned Megatron run reaches on a 135M-1.7B model, not a measurement.
 ASSUMED_MFU = 0.35
@@ -58,8 +56,10 @@ class ClusterStudySettings:
     sbatch_args: tuple[str, ...] = ()  # every job (e.g. --partition=h100, --account=...)
     eval_sbatch_args: tuple[str, ...] = ("--gpus=1",)  # the evaluation jobs (one process)
     sets: tuple[str, ...] = ()  # training overrides applied after the study's
+    slurm_dir: str = "slurm"  # where the pretrain_<scale>.sh scripts are (a checkout's slurm/)
 
     def validate(self) -> None:
+        """ClusterStudyError naming the bad setting."""
         unknown = [a for a in self.arms if a not in ARMS] + [s for s in self.scales if s not in SCALES]
         if unknown:
             raise ClusterStudyError(f"unknown arm(s)/scale(s) {unknown}; arms: {', '.join(ARMS)}; scales: "
@@ -80,7 +80,7 @@ class ClusterStudySettings:
 
 @dataclass
 class ClusterRun:
-    """One run of the study: its training job's script and arguments, its evaluation's arguments."""
+    """One submitted run as study.json keeps it: its training script and arguments, its evaluation's arguments."""
 
     name: str
     scale: str
@@ -94,22 +94,24 @@ class ClusterRun:
     gpu_hours: float
     jobs: dict[str, str] = field(default_factory=dict)
 
-    def spec(self) -> RunSpec:
-        """The RunSpec the study's aggregation reads (labels: arm, scale, seed, model size, iterations)."""
-        return RunSpec(self.name, f"{self.scale}-s{self.seed}", "study", ARMS[self.arm].copy_head, (), tuple(self.eval_args),
-                       tuple(sorted(self.labels.items())), every_checkpoint=False)
+    def spec(self) -> Run:
+        """The run the study's aggregation reads (labels: arm, scale, seed, model size, iterations, FLOPs)."""
+        return Run(self.name, f"{self.scale}-s{self.seed}", (("copy_head.enabled", ARMS[self.arm].copy_head),),
+                   Evaluation(("val",), every_checkpoint=False), tuple(sorted(self.labels.items())), experiment="study")
 
 
-def recipe_of(script: Path) -> Path:
-    """The recipe a slurm/pretrain_<size>.sh script trains (its `recipe=` line)."""
-    found = re.search(r"^recipe=(\S+)", script.read_text(), re.MULTILINE)
+def recipe_of(script: Path) -> str:
+    """The shipped recipe a pretrain_<size>.sh script trains (its `recipe=configs/NAME.yaml` line): NAME."""
+    found = re.search(r"^recipe=(\S+)", Path(script).read_text(), re.MULTILINE)
     if not found:
         raise ClusterStudyError(f"{script} has no 'recipe=' line")
-    return REPO / found.group(1).strip("\"'")
+    return Path(found.group(1).strip("\"'")).stem
 
 
-def plan(settings: ClusterStudySettings, output: Path) -> list[ClusterRun]:
-    """Every run, scale by scale and seed by seed; each run's config is resolved (and checked) here."""
+def plan(settings: ClusterStudySettings, output: Path) -> list[tuple[Run, ClusterRun]]:
+    """Every run, scale by scale and seed by seed, with its submission record; each run's config is resolved (and
+    checked) here."""
+    from cplm_megatron.experiments.launch import eval_command, train_command
     from cplm_megatron.model.accounting import CopyHeadShape, train_flops_per_token
     from cplm_megatron.training.run_config import load_run_config
 
@@ -117,81 +119,84 @@ def plan(settings: ClusterStudySettings, output: Path) -> list[ClusterRun]:
     data = Path(settings.data).resolve()
     runs = []
     for scale in settings.scales:
-        script = REPO / "slurm" / f"pretrain_{scale}.sh"
+        script = Path(settings.slurm_dir).resolve() / f"pretrain_{scale}.sh"
+        if not script.is_file():
+            raise ClusterStudyError(f"{script} is missing: pass the checkout's slurm/ directory (slurm_dir)")
         recipe = recipe_of(script)
         for seed in settings.seeds:
             for arm_name in settings.arms:
                 arm = ARMS[arm_name]
                 name = f"{scale}-{arm_name}-s{seed}"
                 run_dir = output / "runs" / name
-                sets = [f"run.dir={run_dir}", f"copy_head.enabled={str(arm.copy_head).lower()}", f"run.seed={seed}",
-                        f"data.seed={seed}", f"data.streams=[{data / 'train'}]", f"data.val_streams=[{data / 'val'}]",
-                        "train.tokens=null", f"train.iters={settings.iters}",
-                        f"train.eval_interval={settings.eval_interval}", f"train.log_interval={settings.eval_interval}",
-                        f"checkpoint.interval={settings.checkpoint_interval}", *arm.overrides, *settings.sets]
-                cfg = load_run_config(str(recipe), sets)
+                typed = (("copy_head.enabled", arm.copy_head), ("run.seed", seed), ("data.seed", seed),
+                         ("data.streams", [data / "train"]), ("data.val_streams", [data / "val"]),
+                         ("train.tokens", None), ("train.iters", settings.iters),
+                         ("train.eval_interval", settings.eval_interval),
+                         ("train.log_interval", settings.eval_interval),
+                         ("checkpoint.interval", settings.checkpoint_interval), *arm.settings,
+                         *(tuple(item.split("=", 1)) for item in settings.sets))
+                tasks = ("val", "copy", "passkey", "gradient") + (("cache",) if not arm.copy_head else ())
+                evaluation = Evaluation(tasks, limit=settings.eval_limit, gradient_source="val",
+                                        data=str(data / "val"), dev_data=str(data / "dev"), val_all=settings.val_all,
+                                        passkey_lengths=tuple(settings.passkey_lengths), every_checkpoint=False)
+                run = Run(name, f"{scale}-s{seed}", typed, evaluation, recipe=recipe, experiment="study")
+                cfg = load_run_config(recipe, run.overrides())
                 tokens = settings.iters * cfg.train.global_batch * cfg.train.seq_len
                 per_token = train_flops_per_token(cfg.model, cfg.train.seq_len, CopyHeadShape.of(cfg.copy_head),
                                                   cfg.recompute.granularity)
-                tasks = "val,copy,passkey,gradient" + (",cache" if not arm.copy_head else "")
-                eval_args = ["--checkpoint", str(run_dir), "--output", str(run_dir / "eval.json"), "--no-progress",
-                             "--tasks", tasks, "--limit", str(settings.eval_limit), "--gradient-source", "val",
-                             "--data", str(data / "val"), "--dev-data", str(data / "dev"),
-                             *(["--val-all"] if settings.val_all else []),
-                             "--passkey-lengths", ",".join(map(str, settings.passkey_lengths))]
                 labels = {"arm": arm_name, "scale": scale, "seed": seed, "hidden": cfg.model.hidden_size,
                           "layers": cfg.model.num_layers, "vocab": cfg.model.vocab_size, "iters": settings.iters,
                           "copy_head": arm.copy_head, "tokens_per_step": cfg.train.global_batch * cfg.train.seq_len,
                           "train_flops_per_token": per_token}
-                runs.append(ClusterRun(name, scale, arm_name, seed, str(run_dir), str(script), ["--set", *sets],
-                                       eval_args, labels, per_token * tokens / (H100_BF16_PEAK * ASSUMED_MFU) / 3600))
+                run = Run(name, run.group, typed, evaluation, tuple(sorted(labels.items())), recipe, "study")
+                record = ClusterRun(name, scale, arm_name, seed, str(run_dir), str(script),
+                                    list(train_command(run, run_dir).argv[2:]), list(eval_command(run, run_dir).argv),
+                                    labels, per_token * tokens / (H100_BF16_PEAK * ASSUMED_MFU) / 3600)
+                runs.append((run, record))
     return runs
 
 
-def _sbatch(cmd: Sequence[str]) -> str:
-    result = subprocess.run(list(cmd), cwd=REPO, capture_output=True, text=True, check=False)
+def _sbatch(cmd: Sequence[str], cwd: Path) -> str:
+    result = subprocess.run(list(cmd), cwd=cwd, capture_output=True, text=True, check=False)
     if result.returncode != 0:
         raise ClusterStudyError(f"sbatch failed ({result.returncode}): {result.stderr.strip()}\n  command: "
                                 f"{shlex.join(cmd)}")
     return result.stdout.strip().split(";")[0]
 
 
-def job_commands(run: ClusterRun, settings: ClusterStudySettings, output: Path, train_job: str = "TRAIN_JOB_ID"
-                 ) -> tuple[list[str], list[str]]:
+def job_commands(run: Run, record: ClusterRun, settings: ClusterStudySettings, output: Path,
+                 train_job: str = "TRAIN_JOB_ID") -> tuple[list[str], list[str]]:
     """The two sbatch command lines of a run: training, then its evaluation after the training job succeeded."""
-    logs = output / "logs"
-    train = ["sbatch", "--parsable", f"--job-name=study-{run.name}", f"--output={logs}/%x-%j.out",
-             f"--time={settings.time}", *settings.sbatch_args, run.script, *run.train_args]
-    evaluate = shlex.join([sys.executable, str(EVALUATE), *run.eval_args])
-    ev = ["sbatch", "--parsable", f"--job-name=study-eval-{run.name}", f"--output={logs}/%x-%j.out",
-          f"--dependency=afterok:{train_job}", "--nodes=1", "--ntasks=1", f"--time={settings.time}",
-          *settings.sbatch_args, *settings.eval_sbatch_args, f"--wrap=cd {shlex.quote(str(REPO))} && {evaluate}"]
-    return train, ev
+    return slurm_commands(run, Path(record.run_dir), output / "logs", (f"--time={settings.time}", *settings.sbatch_args),
+                          settings.eval_sbatch_args, train_script=record.script, train_job=train_job)
 
 
 def submit(settings: ClusterStudySettings, output: Path, dry_run: bool = False,
            log: Callable[[str], None] = print) -> list[ClusterRun]:
     """Submit every run without an evaluation yet; writes OUTPUT/study.json (the runs and their job ids)."""
+    from cplm_megatron.experiments.records import JOB_RECORD, JobRecord, write_job_record
+
     output = Path(output).resolve()
-    runs = plan(settings, output)
+    planned = plan(settings, output)
+    runs = [record for _, record in planned]
     total = sum(r.gpu_hours for r in runs)
     log(f"[study-cluster] {len(runs)} runs: arms {', '.join(settings.arms)} x seeds {list(settings.seeds)} x scales "
         f"{', '.join(settings.scales)}; ~{total:.0f} GPU-hours of training (H100 bf16 at {ASSUMED_MFU:.0%} MFU)")
-    for run in runs:
+    checkout = Path(settings.slurm_dir).resolve().parent  # the scripts find slurm/launch.sh from the submit dir
+    for spec, run in planned:
         if (Path(run.run_dir) / "eval.json").is_file():
             log(f"[study-cluster] {run.name}: evaluated already, not submitted")
             continue
-        train, ev = job_commands(run, settings, output)
+        train, ev = job_commands(spec, run, settings, output)
         if dry_run:
             log(shlex.join(train))
             log(shlex.join(ev))
             continue
         (output / "logs").mkdir(parents=True, exist_ok=True)
         Path(run.run_dir).mkdir(parents=True, exist_ok=True)
-        (Path(run.run_dir) / "job.json").write_text(json.dumps({"train": [run.script, *run.train_args],
-                                                                "eval": [str(EVALUATE), *run.eval_args]}, indent=2))
-        run.jobs["train"] = _sbatch(train)
-        run.jobs["eval"] = _sbatch(job_commands(run, settings, output, run.jobs["train"])[1])
+        write_job_record(Path(run.run_dir) / JOB_RECORD, JobRecord.of(spec, 1, output, None))
+        run.jobs["train"] = _sbatch(train, checkout)
+        run.jobs["eval"] = _sbatch(job_commands(spec, run, settings, output, run.jobs["train"])[1], checkout)
         log(f"[study-cluster] {run.name}: training job {run.jobs['train']}, evaluation job {run.jobs['eval']} "
             f"(~{run.gpu_hours:.1f} GPU-hours)")
     if not dry_run:

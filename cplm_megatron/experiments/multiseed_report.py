@@ -15,7 +15,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from cplm_megatron.experiments.multiseed import SCALES
+from cplm_megatron.experiments.plan import SCALES
 
 README_BEGIN = "<!-- study-table:begin (generated from benchmarks/results/study_cpu_v3/summary.json) -->"
 README_END = "<!-- study-table:end -->"
@@ -210,7 +210,7 @@ def write_study_report(output: Path, summary: dict[str, Any], spamlang: list[dic
     for arm, data in first["arms"].items():
         overrides = ", ".join(f"`{o}`" for o in data["overrides"]) or "`copy_head.enabled=false`"
         lines.append(f"- **{arm}**: {data['description']} ({overrides})")
-    from cplm_megatron.experiments.multiseed import ARMS
+    from cplm_megatron.experiments.plan import ARMS
 
     retired = [a for a in ARMS.values() if a.retired and a.name not in first["arms"]]
     if retired:

@@ -19,8 +19,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cplm_megatron.experiments.ablation import RunResults
-from cplm_megatron.experiments.multiseed import ARMS, GLOBAL_BATCH, SEQ_LEN
+from cplm_megatron.experiments.plan import ARMS, GLOBAL_BATCH, SEQ_LEN
+from cplm_megatron.experiments.records import RunResults
 
 DECISION_RULE = (
     "Fixed before the v3 grid ran. An arm is credited only if its validation loss (the full distribution, every "
@@ -107,19 +107,14 @@ def _task_metric(run: RunResults, task: str, metric: str) -> float | None:
 
 def train_flops_per_token(run: RunResults) -> float | None:
     """Training FLOPs per token of a run's model (backbone, LM head and, for CPLM, the Copy-Paste head): its
-    label where the run records it (cluster runs), else from the CPU study's recipe and the run's overrides."""
+    label where the run records it (cluster runs), else from the run's recipe and settings."""
     if run.spec.label.get("train_flops_per_token") is not None:
         return float(run.spec.label["train_flops_per_token"])
-    from cplm_megatron.experiments.ablation import RECIPE
     from cplm_megatron.model.accounting import CopyHeadShape
     from cplm_megatron.model.accounting import train_flops_per_token as flops
     from cplm_megatron.training.run_config import load_run_config
 
-    try:
-        cfg = load_run_config(str(RECIPE), [f"copy_head.enabled={str(run.spec.copy_head).lower()}",
-                                            *run.spec.overrides])
-    except Exception:  # noqa: BLE001 - a run made from another recipe: tokens only
-        return None
+    cfg = load_run_config(run.spec.recipe, run.spec.overrides())
     shape = CopyHeadShape.of(cfg.copy_head)
     return flops(cfg.model, SEQ_LEN, shape)
 
@@ -360,7 +355,7 @@ def summarize(runs: Sequence[RunResults], planned: Sequence[tuple[str, str, int]
     """The study's summary.json body (without command/wall time): per scale, per arm, comparisons, the decision.
     Works on a partial grid (a run without its seed's baseline is listed, not compared); provisional while a
     `planned` (scale, arm, seed) is missing (default: the CPU study's grid)."""
-    from cplm_megatron.experiments.multiseed import StudySettings
+    from cplm_megatron.experiments.plan import StudySettings
 
     planned = list(planned) if planned is not None else StudySettings().planned()
     by_key = {(r.spec.label["scale"], r.spec.label["arm"], r.spec.label["seed"]): r for r in runs}

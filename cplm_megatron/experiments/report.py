@@ -1,6 +1,6 @@
 """The ablation report: `report.md` with results tables and PNG plots (matplotlib, Agg backend).
 
-Input: finished runs (cplm_megatron.experiments.ablation.RunResults), grouped in baseline/CPLM pairs.
+Input: finished runs (cplm_megatron.experiments.records.RunResults), grouped in baseline/CPLM pairs.
 Plots: loss_curves.png, copy_accuracy.png (copy and SpamLang accuracy vs steps), passkey.png
 (operating points of the last checkpoints), gradient_retention.png. A plot without data is skipped.
 """
@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,15 +17,47 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from cplm_megatron.experiments.ablation import (
-    PairSummary,
-    RunResults,
-    first_reaching,
-    pair_up,
-    staying_from,
-)
+from cplm_megatron.experiments.records import RunResults
 
 SPAMLANG_TARGET = 0.99
+
+
+def first_reaching(iterations: Sequence[int], values: Sequence[float], threshold: float) -> int | None:
+    """The first evaluated iteration whose value is >= threshold (None: never)."""
+    return next((it for it, v in zip(iterations, values) if v >= threshold), None)
+
+
+def staying_from(iterations: Sequence[int], values: Sequence[float], threshold: float) -> int | None:
+    """The first evaluated iteration from which every later value is >= threshold (None: not at the end)."""
+    start = None
+    for it, v in zip(iterations, values):
+        if v < threshold:
+            start = None
+        elif start is None:
+            start = it
+    return start
+
+
+@dataclass
+class PairSummary:
+    """Baseline vs CPLM of one group, side by side."""
+
+    group: str
+    baseline: RunResults
+    cplm: RunResults
+
+
+def pair_up(runs: Sequence[RunResults]) -> list[PairSummary]:
+    """Group runs into (baseline, CPLM) pairs, in plan order."""
+    by_group: dict[str, dict[bool, RunResults]] = {}
+    for run in runs:
+        by_group.setdefault(run.spec.group, {})[run.spec.copy_head] = run
+    pairs = []
+    for group, members in by_group.items():
+        if set(members) != {False, True}:
+            raise ValueError(f"group {group} lacks its {'CPLM' if False in members else 'baseline'} run")
+        pairs.append(PairSummary(group, members[False], members[True]))
+    return pairs
 COLORS = {False: "tab:blue", True: "tab:red"}
 NAMES = {False: "baseline", True: "CPLM"}
 

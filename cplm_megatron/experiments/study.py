@@ -1,6 +1,6 @@
 """The whole ablation (or the recipe study) in one call: plan, train and evaluate every run, write the report.
 
-    outcome = run_ablation(Path("runs/ablation"), Settings.quick(), data_dir=Path("data/stdlib"))
+    outcome = run_ablation(Path("runs/ablation"), AblationSettings.quick(), data_dir=Path("data/stdlib"))
     outcome.report        # runs/ablation/report.md (+ PNG plots beside it)
     outcome.spamlang      # per SpamLang pair: steps to >= 99% accuracy for CPLM and baseline, ...
 
@@ -17,22 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cplm_megatron.experiments.ablation import (
-    JobResult,
-    RunResults,
-    RunSpec,
-    Settings,
-    is_finished,
-    load_run,
-    pair_up,
-    plan,
-    run_all,
-    run_seconds,
-)
-from cplm_megatron.experiments.multiseed import ARMS, StudySettings, ensure_corpora, plan_study
+from cplm_megatron.experiments.launch import JobResult, Launcher
 from cplm_megatron.experiments.multiseed_report import write_study_report
 from cplm_megatron.experiments.multiseed_summary import summarize
-from cplm_megatron.experiments.report import spamlang_claims, write_report
+from cplm_megatron.experiments.plan import ARMS, AblationSettings, Run, StudySettings, ablation_runs, ensure_corpora, study_runs
+from cplm_megatron.experiments.records import RunResults, load_run, run_seconds
+from cplm_megatron.experiments.report import pair_up, spamlang_claims, write_report
 
 
 @dataclass
@@ -46,17 +36,18 @@ class AblationOutcome:
     seconds: float
 
 
-def run_ablation(output: Path, settings: Settings, data_dir: Path | None = None, tp: int = 1, jobs: int = 2,
-                 threads: int = 1, command: str = "", on_done: Callable[[JobResult], None] | None = None
-                 ) -> AblationOutcome:
+def run_ablation(output: Path, settings: AblationSettings, data_dir: Path | None = None, tp: int = 1, jobs: int = 2,
+                 threads: int = 1, command: str = "", on_done: Callable[[JobResult], None] | None = None,
+                 backend: str = "warm") -> AblationOutcome:
     """Train/evaluate every pair of `settings` under `output` (finished runs are reused) and write the report.
 
     Raises RuntimeError naming the logs of failed runs; ValueError/FileNotFoundError for bad settings/data.
     """
     output = Path(output).resolve()
-    specs = plan(settings, data_dir)
+    specs = ablation_runs(settings, data_dir)
     start = time.perf_counter()
-    jobs_done = run_all(specs, output, tp=tp, jobs=jobs, threads=threads, on_done=on_done)
+    launcher = Launcher(output, Path(data_dir).resolve().parent if data_dir is not None else None, tp, threads, backend)
+    jobs_done = launcher.run_all(specs, jobs=jobs, on_done=on_done)
     runs = [load_run(spec, output) for spec in specs]
     seconds = time.perf_counter() - start
     meta = {"command": command, "settings": {**dataclasses.asdict(settings), "tp": tp}, "seconds": seconds,
@@ -98,20 +89,21 @@ class StudyOutcome:
 
 def run_recipe_study(output: Path, settings: StudySettings, data_root: Path, spamlang: SpamLangSettings | None,
                      jobs: int = 2, threads: int = 1, command: str = "",
-                     on_done: Callable[[JobResult], None] | None = None, log: Callable[[str], None] = print
-                     ) -> StudyOutcome:
+                     on_done: Callable[[JobResult], None] | None = None, log: Callable[[str], None] = print,
+                     backend: str = "warm") -> StudyOutcome:
     """Train/evaluate every run of the study (finished runs are reused), decide, run SpamLang with the decided
     default, and write OUTPUT/summary.json, OUTPUT/report.md and the plots."""
     output = Path(output).resolve()
     start = time.perf_counter()
     corpora = ensure_corpora(settings, data_root, log=log)
-    specs = plan_study(settings, corpora)
+    specs = study_runs(settings, corpora)
     log(f"[study] {len(specs)} runs: arms {', '.join(settings.arms)} x seeds {list(settings.seeds)} x scales "
         f"{', '.join(settings.scales)} (per scale: " + "; ".join(
             f"{sc}: {len(settings.arms_at(sc))} arms x {len(settings.seeds_at(sc))} seeds" for sc in settings.scales)
         + f"); {jobs} at a time")
-    run_all(specs, output, jobs=jobs, threads=threads, on_done=on_done)
-    return write_study_summary(output, settings, specs, spamlang, jobs, threads, command, on_done, log, start)
+    Launcher(output, data_root, 1, threads, backend).run_all(specs, jobs=jobs, on_done=on_done)
+    return write_study_summary(output, settings, data_root, specs, spamlang, jobs, threads, command, on_done, log,
+                               start)
 
 
 def spamlang_arm(summary: dict[str, Any]) -> str:
@@ -128,26 +120,28 @@ def summarize_study(output: Path, settings: StudySettings, data_root: Path, comm
     """summary.json, report.md and the plots of the runs of the study that finished so far (nothing is trained;
     a partial grid gives a provisional decision)."""
     output = Path(output).resolve()
-    specs = plan_study(settings, ensure_corpora(settings, data_root, log=log))
-    return write_study_summary(output, settings, specs, None, 1, 1, command, None, log, time.perf_counter())
+    specs = study_runs(settings, ensure_corpora(settings, data_root, log=log))
+    return write_study_summary(output, settings, data_root, specs, None, 1, 1, command, None, log,
+                               time.perf_counter())
 
 
-def write_study_summary(output: Path, settings: StudySettings, specs: list[RunSpec],
+def write_study_summary(output: Path, settings: StudySettings, data_root: Path, specs: list[Run],
                         spamlang: SpamLangSettings | None, jobs: int, threads: int, command: str,
                         on_done: Callable[[JobResult], None] | None, log: Callable[[str], None], start: float
                         ) -> StudyOutcome:
     """Summarize the finished runs of `specs`, run SpamLang with the decided default when asked, write the outputs."""
-    finished = [spec for spec in specs if is_finished(spec, output)]
+    launcher = Launcher(output, data_root)
+    finished = [spec for spec in specs if launcher.is_finished(spec)]
     log(f"[study] {len(finished)} of {len(specs)} runs finished")
     summary = summarize([load_run(spec, output) for spec in finished], planned=StudySettings().planned())
     claims: list[dict[str, Any]] = []
     if spamlang is not None:
         arm = ARMS[spamlang_arm(summary)]
         for hidden in spamlang.hiddens:
-            spam = Settings(hidden_size=hidden, experiments=("spamlang",), spamlang_vocabs=(spamlang.vocab,),
+            spam = AblationSettings(hidden_size=hidden, experiments=("spamlang",), spamlang_vocabs=(spamlang.vocab,),
                             spamlang_ties=(False,), spamlang_iters=spamlang.iters, spamlang_interval=spamlang.interval,
                             eval_sequences=spamlang.eval_sequences, seed=settings.seeds[0],
-                            extra_overrides=arm.overrides)
+                            extra_settings=arm.settings)
             log(f"[study] SpamLang V={spamlang.vocab}, hidden {hidden}: baseline vs {arm.name}")
             claims += run_ablation(output / f"spamlang_h{hidden}", spam, None, jobs=jobs, threads=threads,
                                    on_done=on_done).spamlang

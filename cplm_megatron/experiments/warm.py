@@ -85,8 +85,9 @@ def redirect_output(out: str, err: str) -> None:
 
 
 def run_script_as_main(script: str, argv: List[str], env: Dict[str, str], out: str, err: str, cwd: str,
-                       new_session: bool = True) -> None:
-    """A forked child: `script` as `__main__` with `argv`, as `python SCRIPT ARGV` runs it; exits with its code.
+                       new_session: bool = True, module: bool = False) -> None:
+    """A forked child: `script` as `__main__` with `argv`, as `python SCRIPT ARGV` runs it (`module`: the module
+    named `script`, as `python -m SCRIPT ARGV`); exits with its code.
     `new_session`: its own process group (as `start_new_session`), else the caller's (a terminal's Ctrl-C
     reaches it, as it reaches a plain subprocess)."""
     if new_session:
@@ -97,7 +98,10 @@ def run_script_as_main(script: str, argv: List[str], env: Dict[str, str], out: s
     sys.argv = [script, *argv]
     code: Any = 0
     try:
-        runpy.run_path(script, run_name="__main__")
+        if module:
+            runpy.run_module(script, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(script, run_name="__main__")
     except SystemExit as e:
         code = e.code
     except BaseException:
@@ -165,10 +169,11 @@ class WarmJob:
 def start_script(script: str | Path, argv: Sequence[str], nproc: int, out: Path, err: Optional[Path] = None,
                  env: Optional[Dict[str, str]] = None, extra_env: Optional[Dict[str, str]] = None,
                  cwd: Optional[str | Path] = None, launcher_vars: Optional[bool] = None,
-                 new_session: bool = True) -> WarmJob:
+                 new_session: bool = True, module: bool = False) -> WarmJob:
     """`nproc` warm processes running `script` with `argv`; stdout to `out`, stderr to `err` (default: `out`).
     Their environment: `env` (default: this process's), torchrun's variables (with `nproc` > 1, or when
     `launcher_vars`), then `extra_env`. `new_session`: each in its own process group (see run_script_as_main).
+    `module`: `script` is a module name, run as `python -m` runs it.
     """
     from cplm_megatron.parallel.distributed import free_port
 
@@ -186,7 +191,12 @@ def start_script(script: str | Path, argv: Sequence[str], nproc: int, out: Path,
         rank_env = {**base, **launcher, **(extra_env or {})}
         p = ctx.Process(target=run_script_as_main,
                         args=(str(script), list(argv), rank_env, str(out), str(err), str(cwd or os.getcwd()),
-                              new_session))
+                              new_session, module))
         p.start()
         procs.append(p)
     return WarmJob(procs, [str(script), *argv], Path(out), Path(err))
+
+
+def start_module(module: str, argv: Sequence[str], nproc: int, out: Path, **kwargs: Any) -> WarmJob:
+    """`python -m MODULE ARGV` in `nproc` warm processes (start_script's other arguments)."""
+    return start_script(module, argv, nproc, out, module=True, **kwargs)

@@ -3,10 +3,10 @@ import statistics
 
 import pytest
 
-from cplm_megatron.experiments.ablation import RunResults, RunSpec
-from cplm_megatron.experiments.multiseed import GLOBAL_BATCH, SEQ_LEN
 from cplm_megatron.experiments.multiseed_report import headline_table, readme_block
 from cplm_megatron.experiments.multiseed_summary import summarize, tokens_to_reach
+from cplm_megatron.experiments.plan import GLOBAL_BATCH, SEQ_LEN, Evaluation, Run
+from cplm_megatron.experiments.records import RunResults
 
 pytestmark = pytest.mark.mcore  # the outcome depends on megatron-core (both CI legs)
 
@@ -18,8 +18,8 @@ def _run(scale: str, arm: str, seed: int, losses: list[float], lm_losses: list[f
     iters = interval * len(losses)
     labels = {"arm": arm, "scale": scale, "seed": seed, "hidden": 64 * layers // 4, "layers": layers, "vocab": 4096,
               "iters": iters, "copy_head": arm != "baseline"}
-    spec = RunSpec(f"{scale}-{arm}-s{seed}", f"{scale}-s{seed}", "study", arm != "baseline", (), (),
-                   tuple(sorted(labels.items())), every_checkpoint=False)
+    spec = Run(f"{scale}-{arm}-s{seed}", f"{scale}-s{seed}", (("copy_head.enabled", arm != "baseline"),),
+               Evaluation(("val",), every_checkpoint=False), tuple(sorted(labels.items())), experiment="study")
     lm_losses = lm_losses or losses
     metrics = [{"iteration": interval * (i + 1), "val_loss": v, "val_lm_loss": lm}
                for i, (v, lm) in enumerate(zip(losses, lm_losses))]

@@ -3,21 +3,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cplm_megatron.experiments.ablation import (
-    RunResults,
-    RunSpec,
-    first_reaching,
-    pair_up,
-    staying_from,
-)
-from cplm_megatron.experiments.report import spamlang_claims, write_report
+from cplm_megatron.experiments.plan import Evaluation, Run
+from cplm_megatron.experiments.records import RunResults
+from cplm_megatron.experiments.report import first_reaching, pair_up, spamlang_claims, staying_from, write_report
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
 def spamlang_run(cplm: bool, accuracies: dict[int, float]) -> RunResults:
     labels = (("copy_head", cplm), ("hidden", 64), ("iters", 20), ("tied", False), ("vocab", 8192))
-    spec = RunSpec(f"spam-{cplm}", "spam", "spamlang", cplm, (), (), labels)
+    spec = Run(f"spam-{cplm}", "spam", (("copy_head.enabled", cplm),), Evaluation(("spamlang",)), labels,
+               experiment="spamlang")
     evals = [{"iteration": it, "tasks": {"spamlang": {"metrics": {
         "spamlang_accuracy": acc, "spamlang_loss": 1.0 - acc, "spamlang_target_prob": acc / 2}},
         "gradient": {"metrics": {"logit_grad_inside_span": 0.1, "copy_grad_share": 0.5 if cplm else 0.0}}}}

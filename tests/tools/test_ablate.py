@@ -4,19 +4,15 @@ from __future__ import annotations
 import dataclasses
 import json
 import shutil
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from cplm_megatron.experiments.ablation import (
-    Settings,
-    eval_command,
-    plan,
-    portable_commands,
-    run_job,
-    train_command,
-)
+from cplm_megatron.experiments.launch import Launcher
+from cplm_megatron.experiments.plan import AblationSettings as Settings
+from cplm_megatron.experiments.plan import ablation_runs as plan
 from tests.data_fixtures import load_tool
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -30,15 +26,14 @@ def test_pairs_differ_only_in_the_copy_head(tmp_path: Path):
     assert len(groups) == 6  # 3 vocabularies x tied/untied
     for baseline, cplm in groups.values():
         assert (baseline.copy_head, cplm.copy_head) == (False, True)
-        assert baseline.overrides == cplm.overrides and baseline.eval_args == cplm.eval_args
-        assert "data.synthetic=spamlang" in cplm.overrides and "model.hidden_size=64" in cplm.overrides
-        vocab = next(int(o.split("=")[1]) for o in cplm.overrides if o.startswith("model.vocab_size="))
-        assert vocab >= 64 * 64
+        assert baseline.settings[1:] == cplm.settings[1:] and baseline.evaluation == cplm.evaluation
+        assert "data.synthetic=spamlang" in cplm.overrides() and "model.hidden_size=64" in cplm.overrides()
+        assert dict(cplm.settings)["model.vocab_size"] >= 64 * 64
     for seed in (1234, 7):  # both halves of a pair get the seed
         pair = plan(Settings(experiments=("spamlang",), seed=seed), None)[:2]
-        assert all({f"run.seed={seed}", f"data.seed={seed}"} <= set(spec.overrides) for spec in pair)
-    extra = plan(Settings(experiments=("spamlang",), extra_overrides=("copy_head.lm_loss_weight=1",)), None)
-    assert all(spec.overrides[-1] == "copy_head.lm_loss_weight=1" for spec in extra)  # last: it wins
+        assert all({f"run.seed={seed}", f"data.seed={seed}"} <= set(spec.overrides()) for spec in pair)
+    extra = plan(Settings(experiments=("spamlang",), extra_settings=(("copy_head.lm_loss_weight", 1),)), None)
+    assert all(spec.overrides()[-1] == "copy_head.lm_loss_weight=1" for spec in extra)  # last: it wins
     ablate = load_tool("ablate")
     with pytest.raises(ValueError, match="other than copy_head.enabled"):
         ablate.settings_from_args(ablate.parse_args(["--output", "x", "--set", "copy_head.enabled=false"]))
@@ -48,37 +43,47 @@ def test_pairs_differ_only_in_the_copy_head(tmp_path: Path):
         plan(Settings(experiments=("corpus",)), tmp_path)
 
 
+def _one_run():
+    return plan(Settings(experiments=("spamlang",), spamlang_vocabs=(4096,), spamlang_ties=(False,)), None)[0]
+
+
 def test_finished_runs_are_reused_and_other_settings_refused(tmp_path: Path):
-    spec = plan(Settings(experiments=("spamlang",), spamlang_vocabs=(4096,), spamlang_ties=(False,)), None)[0]
+    from cplm_megatron.experiments.records import JOB_RECORD_VERSION, write_job_record
+
+    spec = _one_run()
+    launcher = Launcher(tmp_path)
     run_dir = tmp_path / "runs" / spec.name
     run_dir.mkdir(parents=True)
     for name in ("eval.json", "summary.json"):
         (run_dir / name).write_text("{}")
-    same = portable_commands({"train": train_command(spec, run_dir, 1)[1:], "eval": eval_command(spec, run_dir)[1:]},
-                             tmp_path)
-    assert not any(str(tmp_path) in arg for args in same.values() for arg in args)
-    assert "run.dir={output}/runs/" + spec.name in same["train"]
-    (run_dir / "job.json").write_text(json.dumps(same))
-    reused = run_job(spec, tmp_path, tp=1, threads=1)  # nothing launched: it would fail on the fake files
+    same = launcher.record(spec)
+    write_job_record(run_dir / "job.json", same)
+    assert str(tmp_path) not in (run_dir / "job.json").read_text()
+    assert json.loads((run_dir / "job.json").read_text())["version"] == JOB_RECORD_VERSION
+    reused = launcher.run_job(spec)  # nothing launched: it would fail on the fake files
     assert reused.error is None and reused.reused and reused.train_seconds == 0
     assert reused.status_line() == f"{spec.name}: reused (finished earlier with the same commands)"
     moved = tmp_path / "elsewhere"  # a study directory copied to another place (or machine) keeps its runs
     shutil.copytree(tmp_path / "runs", moved / "runs")
-    assert run_job(spec, moved, tp=1, threads=1).reused
-    (run_dir / "job.json").write_text(json.dumps({**same, "train": same["train"] + ["train.iters=1"]}))
-    refused = run_job(spec, tmp_path, tp=1, threads=1)
+    assert Launcher(moved).run_job(spec).reused
+    write_job_record(run_dir / "job.json", dataclasses.replace(same, settings={**same.settings, "train.iters": "1"}))
+    refused = launcher.run_job(spec)
     assert "made with other settings" in refused.error
     (run_dir / "job.json").write_text('{"train": [')  # a job record cut short
-    corrupt = run_job(spec, tmp_path, tp=1, threads=1)
+    corrupt = launcher.run_job(spec)
     assert corrupt.error.startswith(f"{run_dir / 'job.json'} is not a readable job record")
     assert f"remove {run_dir} to retrain that run" in corrupt.error
     (run_dir / "job.json").write_text("[]")
-    assert "is not a job record" in run_job(spec, tmp_path, tp=1, threads=1).error
+    assert "is not a job record" in launcher.run_job(spec).error
+    (run_dir / "job.json").write_text(json.dumps({**same.to_json(), "version": 99}))
+    newer = launcher.run_job(spec).error
+    assert "job record of version 99; this cplm_megatron reads versions 1 and 2" in newer
 
 
 def test_timing_counts_every_attempt_of_a_job(tmp_path: Path):
     """A job killed mid-training and run again records both attempts' seconds (the clock ticks while it runs)."""
-    from cplm_megatron.experiments.ablation import _JobClock, run_seconds
+    from cplm_megatron.experiments.launch import _JobClock
+    from cplm_megatron.experiments.records import run_seconds
 
     (tmp_path / "timing.json").write_text(json.dumps({"train_seconds": 100.0, "eval_seconds": 0.0, "attempts": 1,
                                                       "complete": False}))  # the killed attempt's last tick
@@ -94,15 +99,17 @@ def test_timing_counts_every_attempt_of_a_job(tmp_path: Path):
     assert run_seconds(tmp_path) == pytest.approx(final["train_seconds"] + final["eval_seconds"])
 
 
-@pytest.mark.parametrize("warm", [True, False], ids=["warm", "subprocess"])
-def test_a_failed_job_reports_its_logs_last_lines(tmp_path: Path, warm: bool):
+@pytest.mark.parametrize("backend", ["warm", "subprocess"])
+def test_a_failed_job_reports_its_logs_last_lines(tmp_path: Path, backend: str):
     """The study's progress output is often all a CI log keeps: a failure shows its cause, not only a path;
     its exit code is the trainer's own (2: bad input), in a warm process as in a fresh interpreter."""
-    spec = plan(Settings(experiments=("spamlang",), spamlang_vocabs=(4096,), spamlang_ties=(False,)), None)[0]
-    broken = dataclasses.replace(spec, overrides=(*spec.overrides, "model.nonsense=1"))
-    failed = run_job(broken, tmp_path, tp=1, threads=1, warm=warm)
+    broken = _one_run().with_settings(("model.nonsense", 1))
+    failed = Launcher(tmp_path, backend=backend).run_job(broken)
     assert failed.error.startswith("training failed (exit 2); see ")
     assert "| error: unknown config key 'model.nonsense'" in failed.status_line()
+    command = (tmp_path / "runs" / broken.name / "train.log").read_text().splitlines()[0].split()
+    assert command[:2] == ["$", sys.executable] and "--config" in command  # the module, nothing of a checkout
+    assert command[command.index("-m"):][:4] == ["-m", "cplm_megatron.pretrain", "--config", "tiny"]
 
 
 @pytest.mark.slow
@@ -220,8 +227,7 @@ def test_a_job_after_a_code_change_starts_in_a_fresh_interpreter(tmp_path: Path,
     later = time.time() + 5
     os.utime(source, (later, later))  # edited after the server preloaded the code
     assert warm.source_changed()
-    spec = plan(Settings(experiments=("spamlang",), spamlang_vocabs=(4096,), spamlang_ties=(False,)), None)[0]
-    broken = dataclasses.replace(spec, overrides=(*spec.overrides, "model.nonsense=1"))
-    failed = run_job(broken, tmp_path, tp=1, threads=1, warm=True)
-    log = (tmp_path / "runs" / spec.name / "train.log").read_text()
+    broken = _one_run().with_settings(("model.nonsense", 1))
+    failed = Launcher(tmp_path).run_job(broken)
+    log = (tmp_path / "runs" / broken.name / "train.log").read_text()
     assert "code changed since this tool started: a fresh interpreter" in log and "exit 2" in failed.error

@@ -16,7 +16,7 @@ def test_dry_run_prints_two_jobs_per_run_and_the_gpu_hours(stdlib_corpus, tmp_pa
     assert len(lines) == 8  # 4 runs x (training, evaluation)
     train, evaluate = lines[0], lines[1]
     assert "slurm/pretrain_135m.sh" in train and "--partition=h100" in train and "copy_head.enabled=false" in train
-    assert "--dependency=afterok:TRAIN_JOB_ID" in evaluate and "tools/evaluate.py" in evaluate and "--gpus=1" in evaluate
+    assert "--dependency=afterok:TRAIN_JOB_ID" in evaluate and "-m cplm_megatron.evaluate" in evaluate and "--gpus=1" in evaluate
     assert "cache" in evaluate  # the baseline's continuous-cache control
     # SmolLM2-135M, 1000 steps of the recipe's batch: a few GPU-hours at the assumed MFU, not zero
     hours = float(out.split("~")[1].split(" GPU-hours")[0])

@@ -1,0 +1,268 @@
+"""One launcher for every experiment: a run is trained by `python -m cplm_megatron.pretrain`, then evaluated by
+`python -m cplm_megatron.evaluate`, through a backend -- warm processes forked from a preloaded forkserver
+(warm.py; the default), a fresh interpreter (torchrun with `processes` > 1), or SLURM (sbatch; see
+`slurm_commands`). Nothing points into a checkout: an installed wheel runs a study.
+
+A run dir records its run in job.json (records.py): a finished run with the same record is reused, an unfinished
+one resumes (the trainer continues from its latest checkpoint), a different one is refused. Logs go to
+`<output>/runs/<name>/{train,eval}.log`, the evaluation to `eval.json`, the seconds of every attempt to timing.json.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from cplm_megatron.experiments.plan import Run
+from cplm_megatron.experiments.records import (
+    JOB_RECORD,
+    TIMING,
+    JobRecord,
+    RecordError,
+    read_job_record,
+    write_job_record,
+)
+
+PRETRAIN = "cplm_megatron.pretrain"
+EVALUATE = "cplm_megatron.evaluate"
+BACKENDS = ("warm", "subprocess")
+
+
+@dataclass(frozen=True)
+class Command:
+    """A module run as `python -m MODULE ARGV` in `processes` processes (torchrun's environment when > 1)."""
+
+    module: str
+    argv: tuple[str, ...]
+    processes: int = 1
+
+    def argv_list(self, python: str | None = None) -> list[str]:
+        """The command line of a fresh interpreter (torchrun when processes > 1): `python`, or this interpreter
+        with its flags (e.g. -S), as multiprocessing starts its helpers."""
+        head = [python] if python else [sys.executable, *subprocess._args_from_interpreter_flags()]
+        if self.processes > 1:
+            return [*head, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={self.processes}",
+                    "-m", self.module, *self.argv]
+        return [*head, "-m", self.module, *self.argv]
+
+
+def train_command(run: Run, run_dir: Path, processes: int = 1) -> Command:
+    """The trainer's command of a run (tensor parallel over `processes` processes when > 1)."""
+    sets = [f"run.dir={run_dir}", *run.overrides(), *([f"parallel.tp={processes}"] if processes > 1 else [])]
+    return Command(PRETRAIN, ("--config", run.recipe, "--set", *sets), processes)
+
+
+def eval_command(run: Run, run_dir: Path) -> Command:
+    """The evaluator's command of a run: its options, the run dir's checkpoints, eval.json beside them."""
+    return Command(EVALUATE, ("--checkpoint", str(run_dir), "--no-progress", "--output", str(run_dir / "eval.json"),
+                              *run.evaluation.args()))
+
+
+def slurm_commands(run: Run, run_dir: Path, logs: Path, sbatch_args: Sequence[str] = (),
+                   eval_sbatch_args: Sequence[str] = (), train_script: str | None = None, python: str = sys.executable,
+                   train_job: str = "TRAIN_JOB_ID") -> tuple[list[str], list[str]]:
+    """The SLURM backend: the sbatch lines of a run's training and of its evaluation, which starts after the
+    training job `train_job` succeeded. Training runs `train_script` (e.g. a checkout's slurm/pretrain_<size>.sh,
+    which holds the run's recipe, its #SBATCH directives and the requeue-on-preemption loop) with the run's
+    `--set` arguments, or else `srun python -m cplm_megatron.pretrain`."""
+    train = train_command(run, run_dir)
+    head = ["sbatch", "--parsable", f"--output={logs}/%x-%j.out"]
+    if train_script is not None:
+        train_line = [*head[:2], f"--job-name=study-{run.name}", *head[2:], *sbatch_args, train_script,
+                      *train.argv[2:]]
+    else:
+        train_line = [*head[:2], f"--job-name=study-{run.name}", *head[2:], *sbatch_args,
+                      f"--wrap=srun {shlex.join(train.argv_list(python))}"]
+    ev = eval_command(run, run_dir)
+    eval_line = [*head[:2], f"--job-name=study-eval-{run.name}", *head[2:], f"--dependency=afterok:{train_job}",
+                 "--nodes=1", "--ntasks=1", *sbatch_args, *eval_sbatch_args, f"--wrap={shlex.join(ev.argv_list(python))}"]
+    return train_line, eval_line
+
+
+def subprocess_env(threads: int) -> dict[str, str]:
+    """Each job's environment: `threads` intra-op threads (tiny models run fastest single-threaded)."""
+    return {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
+            "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": "offline", "PYTHONWARNINGS": "ignore"}
+
+
+def run_command(command: Command, log: Path, env: dict[str, str], backend: str = "warm") -> int:
+    """Run `command` with its output in `log` through `backend` ("warm": processes forked from the forkserver, or
+    a fresh interpreter when the project's code changed since it preloaded it; "subprocess": a fresh one)."""
+    from cplm_megatron.experiments.warm import source_changed, start_module
+
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown launcher backend {backend!r}; choose from {', '.join(BACKENDS)} (or SLURM: "
+                         "slurm_commands)")
+    with open(log, "w") as f:
+        f.write("$ " + shlex.join(command.argv_list()) + "\n")
+        if backend == "warm" and source_changed():  # the warm processes would run the code as it was at start
+            f.write("[jobs] the project's code changed since this tool started: a fresh interpreter for this job\n")
+            backend = "subprocess"
+        f.flush()
+        if backend == "subprocess":
+            return subprocess.run(command.argv_list(), check=False, stdout=f, stderr=subprocess.STDOUT,
+                                  env=env).returncode
+    return start_module(command.module, list(command.argv), command.processes, log, env=env,
+                        new_session=False).wait()
+
+
+@dataclass
+class JobResult:
+    """What one run's job did."""
+
+    spec: Run
+    run_dir: Path
+    train_seconds: float = 0.0
+    eval_seconds: float = 0.0
+    error: str | None = None
+    reused: bool = False  # finished earlier with the same record: nothing ran now
+
+    def status_line(self) -> str:
+        """'NAME: done (train S s, eval S s)', 'NAME: reused' or 'NAME: FAILED (...)' for progress output."""
+        if self.error:
+            return f"{self.spec.name}: FAILED ({self.error})"
+        if self.reused:
+            return f"{self.spec.name}: reused (finished earlier with the same commands)"
+        return f"{self.spec.name}: done (train {self.train_seconds:.0f} s, eval {self.eval_seconds:.0f} s)"
+
+
+def _tail(log: Path, lines: int = 8) -> str:
+    """The last lines of a failed job's log, indented, so the failure's cause shows where it is reported."""
+    text = log.read_text(errors="replace").splitlines()[-lines:] if log.is_file() else []
+    return "".join(f"\n    | {line}" for line in text)
+
+
+def _evaluated(run_dir: Path) -> bool:
+    """Whether a run dir holds a finished job's outputs (the trainer's run record and the evaluation)."""
+    return (run_dir / "eval.json").is_file() and (run_dir / "summary.json").is_file()
+
+
+class _JobClock:
+    """Writes the job's cumulative seconds to timing.json every `interval` s while a command runs, so a
+    job resumed after a kill still records the time of every attempt (not only the last one's)."""
+
+    def __init__(self, run_dir: Path, key: str, interval: float = 30.0):
+        self.path, self.key, self.interval = run_dir / TIMING, key, interval
+        record = json.loads(self.path.read_text()) if self.path.is_file() else {}
+        self.record = {"train_seconds": 0.0, "eval_seconds": 0.0, **record}
+        self.record["attempts"] = int(self.record.get("attempts", 0)) + (key == "train_seconds")
+        self.before = float(self.record[key])
+        self.start = time.perf_counter()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._tick, daemon=True)
+        self._thread.start()
+
+    def _tick(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.write(complete=False)
+
+    def seconds(self) -> float:
+        """This attempt's seconds so far."""
+        return time.perf_counter() - self.start
+
+    def write(self, complete: bool, seconds: float | None = None) -> None:
+        self.record[self.key] = self.before + (self.seconds() if seconds is None else seconds)
+        self.record["complete"] = complete
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.record) + "\n")
+        tmp.replace(self.path)
+
+    def stop(self, complete: bool = False) -> float:
+        """Stop ticking, write the record; returns this attempt's seconds."""
+        self._stop.set()
+        self._thread.join()
+        seconds = self.seconds()
+        self.write(complete, seconds)
+        return seconds
+
+
+@dataclass(frozen=True)
+class Launcher:
+    """Where and how runs are launched: under `output`, with data paths under `data_root` recorded relative to it,
+    `processes` processes per training run (tensor parallel), `threads` torch threads per process, `backend`."""
+
+    output: Path
+    data_root: Path | None = None
+    processes: int = 1
+    threads: int = 1
+    backend: str = "warm"
+
+    def run_dir(self, run: Run) -> Path:
+        return Path(self.output).resolve() / "runs" / run.name
+
+    def record(self, run: Run) -> JobRecord:
+        return JobRecord.of(run, self.processes, self.output, self.data_root)
+
+    def recorded_matches(self, run: Run) -> bool:
+        """Whether the run dir's job record (any version) is this run's, as launched here."""
+        recorded = read_job_record(self.run_dir(run) / JOB_RECORD)
+        return recorded.expanded(self.output, self.data_root) == self.record(run).expanded(self.output, self.data_root)
+
+    def is_finished(self, run: Run) -> bool:
+        """Whether `run` finished (evaluated) under `output` with the record it gets now."""
+        run_dir = self.run_dir(run)
+        return _evaluated(run_dir) and (run_dir / JOB_RECORD).is_file() and self.recorded_matches(run)
+
+    def run_job(self, run: Run) -> JobResult:
+        """Train `run`, then evaluate its checkpoints (reused when finished with the same record)."""
+        run_dir = self.run_dir(run)
+        result = JobResult(run, run_dir)
+        record_path = run_dir / JOB_RECORD
+        if record_path.is_file():
+            try:
+                same = self.recorded_matches(run)
+            except RecordError as e:
+                result.error = str(e)
+                return result
+            if not same:
+                result.error = (f"{run_dir} holds a run made with other settings (see {record_path}); remove it or "
+                                f"choose another --output")
+                return result
+            if _evaluated(run_dir):
+                result.reused = True
+                return result
+        elif run_dir.is_dir() and any(run_dir.iterdir()):
+            result.error = (f"{run_dir} exists but was not made by this tool (no job.json); remove it or choose "
+                            f"another --output")
+            return result
+        else:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            write_job_record(record_path, self.record(run))
+        env = subprocess_env(self.threads)
+        clock = _JobClock(run_dir, "train_seconds")
+        code = run_command(train_command(run, run_dir, self.processes), run_dir / "train.log", env, self.backend)
+        result.train_seconds = clock.stop()
+        if code != 0:
+            result.error = f"training failed (exit {code}); see {run_dir / 'train.log'}{_tail(run_dir / 'train.log')}"
+            return result
+        clock = _JobClock(run_dir, "eval_seconds")
+        code = run_command(eval_command(run, run_dir), run_dir / "eval.log", env, self.backend)
+        result.eval_seconds = clock.stop(complete=code == 0)
+        if code != 0:
+            result.error = f"evaluation failed (exit {code}); see {run_dir / 'eval.log'}{_tail(run_dir / 'eval.log')}"
+        return result
+
+    def run_all(self, runs: Sequence[Run], jobs: int = 2,
+                on_done: Callable[[JobResult], None] | None = None) -> list[JobResult]:
+        """Run every job, `jobs` at a time; RuntimeError naming the failed ones' logs."""
+        Path(self.output).mkdir(parents=True, exist_ok=True)
+        results: list[JobResult] = []
+        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+            futures = [pool.submit(self.run_job, run) for run in runs]
+            for future in futures:
+                result = future.result()
+                results.append(result)
+                if on_done is not None:
+                    on_done(result)
+        failed = [r.error for r in results if r.error]
+        if failed:
+            raise RuntimeError("jobs failed:\n  " + "\n  ".join(failed))
+        return results

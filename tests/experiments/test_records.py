@@ -1,0 +1,87 @@
+"""Job records: the committed CPU study's runs (job.json written by the command-line launcher before the typed
+runs) are migrated when read, match the runs the study plans now and are reused; the study's summary comes out
+byte for byte as committed; an ablation's torchrun record migrates too; an unknown version is refused."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from cplm_megatron.experiments.launch import Launcher
+from cplm_megatron.experiments.plan import AblationSettings, StudySettings, ablation_runs, corpus_dirs, study_runs
+from cplm_megatron.experiments.records import read_job_record
+from tests.data_fixtures import synthetic_tokenizer, write_synthetic_dataset
+from tests.harness import REPO
+
+STUDY = REPO / "benchmarks" / "results" / "study_cpu_v3"
+
+
+@pytest.fixture(scope="module")
+def data_root(tmp_path_factory) -> Path:
+    """A data root whose stdlib/train has the study's vocabulary and length (all the plan reads of it)."""
+    root = tmp_path_factory.mktemp("data")
+    docs = [list(range(1 + i, 300 + i)) for i in range(4)]
+    write_synthetic_dataset(root / "stdlib" / "train", docs, seq_len=256, tokenizer=synthetic_tokenizer(4096))
+    return root
+
+
+@pytest.fixture
+def study_copy(tmp_path) -> Path:
+    """The committed study's runs, copied (the tests never write into benchmarks/)."""
+    shutil.copytree(STUDY / "runs", tmp_path / "study" / "runs")
+    return tmp_path / "study"
+
+
+def test_the_committed_study_runs_are_migrated_and_reused(data_root, study_copy):
+    planned = {run.name: run for run in study_runs(StudySettings(), corpus_dirs(StudySettings(), data_root))}
+    launcher = Launcher(study_copy, data_root)
+    names = sorted(p.name for p in (study_copy / "runs").iterdir())
+    assert len(names) >= 14
+    for name in names:
+        path = study_copy / "runs" / name / "job.json"
+        assert "version" not in json.loads(path.read_text())  # written by the old launcher
+        record = read_job_record(path)
+        assert record == launcher.record(planned[name]), name
+        result = launcher.run_job(planned[name])
+        assert result.reused and result.error is None, result.error
+    moved = Launcher(study_copy, data_root.parent)  # the data elsewhere: the runs are not this plan's
+    assert not moved.is_finished(planned[names[0]])
+
+
+def test_the_committed_study_summary_comes_out_byte_for_byte(data_root, study_copy):
+    from cplm_megatron.experiments.study import write_study_summary
+
+    committed = (STUDY / "summary.json").read_text()
+    old = json.loads(committed)
+    runs = study_runs(StudySettings(), corpus_dirs(StudySettings(), data_root))
+    outcome = write_study_summary(study_copy, StudySettings(), data_root, runs, None, 1, 1, old["command"], None,
+                                  lambda _: None, 0.0)
+    summary = json.loads(outcome.summary_json.read_text())
+    assert summary["seconds_this_invocation"] > 0
+    summary["seconds_this_invocation"] = old["seconds_this_invocation"]  # the wall time of that invocation
+    assert json.dumps(summary, indent=2) + "\n" == committed
+
+
+def test_an_ablation_torchrun_record_migrates(tmp_path):
+    """A version-1 record of a TP=2 ablation run (torchrun, every checkpoint evaluated) is the same run launched
+    with 2 processes now, and differs from it launched with one."""
+    run = ablation_runs(AblationSettings(experiments=("spamlang",), spamlang_vocabs=(4096,), spamlang_ties=(False,)),
+                        None)[1]
+    sets = [f"run.dir={{output}}/runs/{run.name}", *run.overrides(), "parallel.tp=2"]
+    v1 = {"train": ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                    "{repo}/pretrain/pretrain_cplm.py", "--config", "{repo}/configs/tiny.yaml", "--set", *sets],
+          "eval": ["{repo}/tools/evaluate.py", "--checkpoint", f"{{output}}/runs/{run.name}", "--all-checkpoints",
+                   "--include-initial", "--no-progress", "--output", f"{{output}}/runs/{run.name}/eval.json",
+                   "--tasks", "spamlang,gradient", "--limit", "32", "--gradient-source", "spamlang",
+                   "--spamlang-length", "128"]}
+    path = tmp_path / "job.json"
+    path.write_text(json.dumps(v1))
+    record = read_job_record(path)
+    assert record.processes == 2 and record.recipe == "tiny"
+    assert record == Launcher(tmp_path, processes=2).record(run)
+    assert record != Launcher(tmp_path).record(run)
+    path.write_text(json.dumps({**v1, "eval": [*v1["eval"], "--bogus"]}))
+    with pytest.raises(ValueError, match="a job record this version can migrate \\(evaluation option '--bogus'\\)"):
+        read_job_record(path)
