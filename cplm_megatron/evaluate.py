@@ -98,7 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     results = run(args, tasks, options)
     output = Path(args.output)
     output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(json.dumps(results, indent=2) + "\n")
+    from cplm_megatron.evaluation.results import with_version
+
+    output.write_text(json.dumps(with_version(results), indent=2) + "\n")
     for entry in results.get("checkpoints", [results]):
         print(format_table(entry) + "\n")
     print(f"results: {output}")

@@ -3,8 +3,8 @@
 
   .venv/bin/python tools/scaling_report.py runs/scaling/h100/runs --output runs/scaling/h100/report
 
-A record is a training run's summary.json (written by rank 0 at the end of a run; see
-tools/scaling_study.py); every summary.json under RECORDS_DIR is read. Writes to --output:
+A record is a training run's run_record.json (written by rank 0 at the end of a run; a run from before the
+rename calls it summary.json; see tools/scaling_study.py); every one under RECORDS_DIR is read. Writes to --output:
   report.md                the runs table, scaling efficiency and copy-head (CPLM) overhead tables
   throughput_vs_nodes.png  tokens/s against node count, one line per model/layout/copy-head series
   scaling_efficiency.png   per-device throughput relative to the series' smallest run (100% = linear)
@@ -23,8 +23,8 @@ from pathlib import Path
 from statistics import mean
 
 from cplm_megatron.cli import exit_2_on
+from cplm_megatron.training.run_record import LEGACY_NAMES, RUN_RECORD, RunRecordError, parse_run_record
 
-RECORD_NAME = "summary.json"
 
 
 class ReportError(ValueError):
@@ -33,7 +33,7 @@ class ReportError(ValueError):
 
 @dataclass(frozen=True)
 class Record:
-    """One run's throughput record (a summary.json)."""
+    """One run's throughput record as a row of the report."""
 
     path: Path
     preset: str
@@ -74,41 +74,41 @@ class Record:
 
 
 def parse_record(path: Path, data: dict) -> Record:
-    """A Record from a summary.json's content; names the file and key when one is missing."""
+    """A report row from a run record's content (training/run_record.py reads it); names the file and key when
+    one is missing."""
     try:
-        layout = data["layout"]
-        return Record(
-            path=path, preset=str(data["preset"]), copy_head=bool(data["copy_head"]), nodes=int(data["nodes"]),
-            tp=int(layout["tp"]), pp=int(layout["pp"]), dp=int(layout["dp"]),
-            vpp=int(layout["vpp"]) if layout.get("vpp") else None, sp=bool(layout.get("sp", False)),
-            world_size=int(layout["world_size"]), device=str(data.get("device", "?")),
-            seq_len=int(data["seq_len"]), global_batch=int(data["global_batch"]),
-            iterations=int(data["iterations"]), tokens_per_sec=float(data["tokens_per_sec"]),
-            tflops_per_device=float(data["tflops_per_device"]), mfu=float(data["mfu"]),
-            step_time=float(data["step_time"]), peak_memory_gib=float(data["peak_memory_gib"]),
-            flops_per_token=float(data["flops_per_token"]), config_hash=str(data["config_hash"]),
-        )
-    except KeyError as e:
-        raise ReportError(f"{path}: missing key {e} (is it a training summary.json?)") from None
-    except (TypeError, ValueError) as e:
-        raise ReportError(f"{path}: malformed value ({e})") from None
+        run = parse_run_record(path, data)
+    except RunRecordError as e:
+        raise ReportError(str(e)) from None
+    if None in (run.tokens_per_sec, run.tflops_per_device, run.mfu, run.step_time):
+        raise ReportError(f"{path}: no throughput figures (the launch trained too few steps to time)")
+    lay = run.layout
+    return Record(path=path, preset=run.preset, copy_head=run.copy_head, nodes=run.nodes, tp=lay.tp, pp=lay.pp,
+                  dp=lay.dp, vpp=lay.vpp or None, sp=lay.sp, world_size=lay.world_size, device=run.device,
+                  seq_len=run.seq_len, global_batch=run.global_batch, iterations=run.iterations,
+                  tokens_per_sec=run.tokens_per_sec, tflops_per_device=run.tflops_per_device, mfu=run.mfu,
+                  step_time=run.step_time, peak_memory_gib=run.peak_memory_gib, flops_per_token=run.flops_per_token,
+                  config_hash=run.config_hash)
 
 
 def load_records(roots: Sequence[Path]) -> list[Record]:
-    """Every summary.json under the given directories, sorted by model, copy head, layout, nodes."""
+    """Every run record (run_record.json, or a legacy summary.json) under the given directories, sorted by model,
+    copy head, layout, nodes."""
     records = []
     for root in roots:
         if not root.is_dir():
             raise ReportError(f"records directory {root} does not exist")
-        for path in sorted(root.rglob(RECORD_NAME)):
+        paths = {p.parent: p for p in sorted(root.rglob(LEGACY_NAMES[RUN_RECORD]))}
+        paths.update({p.parent: p for p in sorted(root.rglob(RUN_RECORD))})  # the current name wins
+        for path in (paths[d] for d in sorted(paths)):
             try:
                 data = json.loads(path.read_text())
             except json.JSONDecodeError as e:
                 raise ReportError(f"{path}: not valid JSON ({e})") from None
             records.append(parse_record(path, data))
     if not records:
-        raise ReportError(f"no {RECORD_NAME} under {', '.join(map(str, roots))}; did the runs finish? "
-                          "(each run writes it at the end; check the study's logs/)")
+        raise ReportError(f"no {RUN_RECORD} (or summary.json) under {', '.join(map(str, roots))}; did the runs "
+                          "finish? (each run writes it at the end; check the study's logs/)")
     size = {}  # model size order: the smallest FLOPs/token among a preset's records
     for r in records:
         size[r.preset] = min(size.get(r.preset, r.flops_per_token), r.flops_per_token)
@@ -293,7 +293,7 @@ def write_report(roots: Sequence[Path], output: Path) -> Path:
 @exit_2_on(ReportError)
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("records", nargs="+", type=Path, help="directories searched (recursively) for summary.json")
+    p.add_argument("records", nargs="+", type=Path, help="directories searched (recursively) for run records")
     p.add_argument("--output", type=Path, required=True, help="directory for report.md and the PNG plots")
     args = p.parse_args(argv)
     report = write_report(args.records, args.output)

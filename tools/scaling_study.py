@@ -8,7 +8,7 @@ Each job is slurm/pretrain_<size>.sh (its recipe and #SBATCH directives) with --
 (so runs never share a node) and a short --time, and these overrides: run.dir=<output>/runs/<name>,
 the layout (parallel.tp/pp/vpp/sp), copy_head.enabled, train.iters (tokens unset), no periodic
 evaluation or checkpoints; then your own --set overrides. At the end each run writes
-<run.dir>/summary.json (layout, tokens/s, TFLOP/s, MFU, step time, peak memory, config hash): the
+<run.dir>/run_record.json (layout, tokens/s, TFLOP/s, MFU, step time, peak memory, config hash): the
 study's records. <output>/study.json lists the jobs; combinations whose record exists are not
 resubmitted. Aggregate with:
   .venv/bin/python tools/scaling_report.py <output>/runs --output <output>/report
@@ -31,6 +31,7 @@ from pathlib import Path
 
 from cplm_megatron.cli import exit_2_on
 from cplm_megatron.experiments.cluster_study import ClusterStudyError, recipe_of
+from cplm_megatron.training.run_record import has_run_record
 
 REPO = Path(__file__).resolve().parents[1]
 SIZES = ("135m", "360m", "1p7b", "7b", "13b")  # slurm/pretrain_<size>.sh
@@ -208,7 +209,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     previous = None
     for combo in combos:
         run_dir = output / "runs" / combo.name
-        if (run_dir / "summary.json").is_file():
+        if has_run_record(run_dir):
             print(f"[scaling_study] {combo.name}: record exists, not resubmitted")
             continue
         cmd = sbatch_command(combo, output, args, previous if args.chain else None)
@@ -231,7 +232,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.wait:
         return 0
     wait_for_jobs([str(j["job_id"]) for j in jobs], args.poll)
-    missing = [j for j in jobs if not (Path(str(j["run_dir"])) / "summary.json").is_file()]
+    missing = [j for j in jobs if not has_run_record(Path(str(j["run_dir"])))]
     for j in missing:
         print(f"[scaling_study] {j['name']} (job {j['job_id']}) wrote no record; see {j['log']}", file=sys.stderr)
     return 1 if missing else 0

@@ -8,8 +8,8 @@ figures of the README's GPU table.
 
 WORK_DIR holds the steps' files: plan.tsv (the planned steps and budgets, in order), steps.tsv (name, budget,
 exit code or "interrupted", seconds; one row as each step ends), env.json, compat.json, kernel_check.json,
-copy_kernel.json, train_<slot>_<variant>_<loss>.json + .yaml + .metrics.jsonl (the trainer's summary.json, or
-summary_stopped_early.json when its budget stopped it, resolved config and per-step metrics: the figures come
+copy_kernel.json, train_<slot>_<variant>_<loss>.json + .yaml + .metrics.jsonl (the trainer's run_record.json, or
+run_record_stopped_early.json when its budget stopped it, resolved config and per-step metrics: the figures come
 from the per-step times after the warm-up steps),
 lm_head_loss.json. The summary runs after every step and from the script's EXIT trap, so it imports no torch
 (the memory estimate of Megatron's LM-head path is torch-free) and reads partial files as they are.

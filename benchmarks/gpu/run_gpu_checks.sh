@@ -215,7 +215,7 @@ train() {  # train SLOT VARIANT LOSS PRESET SEQ MICRO ITERS: one pretrain_cplm.p
     schedule.warmup_iters=2 checkpoint.enabled=false optimizer.distributed=false \
     optimizer.overlap_grad_reduce=false optimizer.overlap_param_gather=false logging.wandb=false \
     precision.dtype=bf16 parallel.timeout_minutes=2
-  for record in summary.json summary_stopped_early.json; do
+  for record in run_record.json run_record_stopped_early.json summary.json summary_stopped_early.json; do
     [ -f "$run/$record" ] && cp "$run/$record" "$WORK/$name.json" && break
   done
   cp "$run/metrics.jsonl" "$WORK/$name.metrics.jsonl" 2>/dev/null

@@ -142,7 +142,9 @@ def _tail(log: Path, lines: int = 8) -> str:
 
 def _evaluated(run_dir: Path) -> bool:
     """Whether a run dir holds a finished job's outputs (the trainer's run record and the evaluation)."""
-    return (run_dir / "eval.json").is_file() and (run_dir / "summary.json").is_file()
+    from cplm_megatron.training.run_record import has_run_record
+
+    return (run_dir / "eval.json").is_file() and has_run_record(run_dir)
 
 
 class _JobClock:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cplm_megatron.evaluation.results import read_eval_results
 from cplm_megatron.experiments.plan import Evaluation, Run
 
 JOB_RECORD = "job.json"
@@ -217,6 +218,4 @@ def load_run(spec: Run, output: Path) -> RunResults:
         if not path.is_file():
             raise FileNotFoundError(f"{path} is missing: run {spec.name} did not finish (see {run_dir}/*.log)")
     metrics = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
-    evaluated = json.loads(eval_path.read_text())
-    checkpoints = evaluated.get("checkpoints", [evaluated])  # every checkpoint, or the last checkpoint alone
-    return RunResults(spec, metrics, sorted(checkpoints, key=lambda e: e["iteration"]))
+    return RunResults(spec, metrics, read_eval_results(eval_path).checkpoints)

@@ -253,12 +253,13 @@ class Trainer:
             self._release_lock()
 
     def _write_summary(self, stopped_early: bool = False, trained: bool = True) -> None:
-        """RUN_DIR/summary.json: one throughput record of this launch (scaling studies aggregate these); a launch
-        stopped early (exit 75) writes summary_stopped_early.json instead (its run is not finished). A launch that
-        trained nothing (a relaunch of a finished run) keeps an existing record as it was."""
-        import json
-
+        """RUN_DIR/run_record.json (training/run_record.py): one throughput record of this launch (scaling studies
+        aggregate these); a launch stopped early (exit 75) writes run_record_stopped_early.json instead (its run
+        is not finished). A launch that trained nothing (a relaunch of a finished run) keeps an existing record
+        as it was (under either of its names)."""
         import torch.distributed as dist
+
+        from cplm_megatron.training.run_record import Layout, RunRecord, run_record_path, write_run_record
 
         peak = torch.tensor([peak_memory_gib()], dtype=torch.float64)
         if dist.get_backend() == "nccl":
@@ -266,30 +267,30 @@ class Trainer:
         dist.all_reduce(peak, op=dist.ReduceOp.MAX)
         if not self.is_logger:
             return
-        name = "summary_stopped_early.json" if stopped_early else "summary.json"
-        if not trained and (self.run_dir / name).exists():
-            print(f"[train] {self.run_dir / name} kept as it was: this launch trained no iteration", flush=True)
+        existing = run_record_path(self.run_dir, stopped_early)
+        if not trained and existing is not None:
+            print(f"[train] {existing} kept as it was: this launch trained no iteration", flush=True)
             return
         speed = self.speed.metrics(self.state.iteration)
-        record = {
-            "preset": self.cfg.model.preset,
-            "copy_head": self.cfg.copy_head.enabled,
-            "layout": {"tp": self.layout.tp, "pp": self.layout.pp, "cp": self.layout.cp, "dp": self.layout.dp,
-                       "vpp": self.layout.vpp, "sp": self.layout.sp, "world_size": self.layout.world_size},
-            "nodes": int(os.environ.get("SLURM_JOB_NUM_NODES", os.environ.get("SLURM_NNODES", "1"))),
-            "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
-            "seq_len": self.cfg.train.seq_len,
-            "global_batch": self.cfg.train.global_batch,
-            "iterations": self.state.iteration,
-            "tokens_per_sec": speed.get("tokens_per_sec"),
-            "tflops_per_device": speed.get("tflops_per_device"),
-            "mfu": speed.get("mfu"),
-            "step_time": speed.get("step_time"),
-            "peak_memory_gib": float(peak.item()),
-            "flops_per_token": self.speed.flops_per_token,
-            "config_hash": self.cfg.hash(),
-        }
-        (self.run_dir / name).write_text(json.dumps({**record, "stopped_early": stopped_early}, indent=2))
+        write_run_record(self.run_dir, RunRecord(
+            preset=self.cfg.model.preset,
+            copy_head=self.cfg.copy_head.enabled,
+            layout=Layout(tp=self.layout.tp, pp=self.layout.pp, cp=self.layout.cp, dp=self.layout.dp,
+                          vpp=self.layout.vpp, sp=self.layout.sp, world_size=self.layout.world_size),
+            nodes=int(os.environ.get("SLURM_JOB_NUM_NODES", os.environ.get("SLURM_NNODES", "1"))),
+            device=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+            seq_len=self.cfg.train.seq_len,
+            global_batch=self.cfg.train.global_batch,
+            iterations=self.state.iteration,
+            tokens_per_sec=speed.get("tokens_per_sec"),
+            tflops_per_device=speed.get("tflops_per_device"),
+            mfu=speed.get("mfu"),
+            step_time=speed.get("step_time"),
+            peak_memory_gib=float(peak.item()),
+            flops_per_token=self.speed.flops_per_token,
+            config_hash=self.cfg.hash(),
+            stopped_early=stopped_early,
+        ))
 
     def _log(self, result) -> None:
         m = result.metrics

@@ -278,7 +278,7 @@ def test_a_killed_step_and_a_stopped_script_still_leave_every_result(tmp_path: P
 @pytest.mark.slow
 def test_a_trainer_stopped_early_still_writes_its_throughput_record(tmp_path: Path):
     """Exit 75 (the check's budget sends SIGTERM; train.exit_after_iters takes the same path): the launch's
-    record lands in summary_stopped_early.json (summary.json stays the mark of a finished run)."""
+    record lands in run_record_stopped_early.json (run_record.json stays the mark of a finished run)."""
     from cplm_megatron.training.signals import RESUME_EXIT_CODE
     from tests.training import pretrain_utils as pu
 
@@ -288,6 +288,6 @@ def test_a_trainer_stopped_early_still_writes_its_throughput_record(tmp_path: Pa
                       "train.log_interval=1", "train.eval_interval=0", "logging.wandb=false",
                       "checkpoint.enabled=false"])
     assert proc.returncode == RESUME_EXIT_CODE, proc.stdout[-3000:] + proc.stderr[-3000:]
-    record = json.loads((run_dir / "summary_stopped_early.json").read_text())
+    record = json.loads((run_dir / "run_record_stopped_early.json").read_text())
     assert record["stopped_early"] and record["iterations"] == 3 and record["tokens_per_sec"] > 0
-    assert not (run_dir / "summary.json").exists()
+    assert not (run_dir / "run_record.json").exists()

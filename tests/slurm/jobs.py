@@ -119,7 +119,10 @@ def median_step_seconds(run_dir: Path) -> float:
 
 
 def read_summary(run_dir: Path) -> dict:
-    return json.loads((run_dir / "summary.json").read_text())
+    """The run's record (training/run_record.py) as its JSON content."""
+    from cplm_megatron.training.run_record import read_run_record
+
+    return read_run_record(run_dir).to_json()
 
 
 def latest_checkpoint(run_dir: Path) -> Path:

@@ -91,13 +91,16 @@ def test_report_without_pairs_says_so_and_skips_that_plot(tmp_path: Path):
 
 
 def test_bad_records_name_the_file_and_the_problem(tmp_path: Path, capsys):
-    with pytest.raises(ReportError, match="no summary.json under"):
+    with pytest.raises(ReportError, match=r"no run_record.json \(or summary.json\) under"):
         load_records([tmp_path])
     path = write_summary(tmp_path / "x", "small", True, 1, 1000.0, 1e9)
     data = json.loads(path.read_text())
     del data["tokens_per_sec"]
     path.write_text(json.dumps(data))
     with pytest.raises(ReportError, match=r"x/summary.json: missing key 'tokens_per_sec'"):
+        load_records([tmp_path])
+    (path.parent / "run_record.json").write_text(json.dumps({**data, "version": 9}))  # the current name wins
+    with pytest.raises(ReportError, match=r"x/run_record.json is a run record of version 9; this cplm_megatron reads"):
         load_records([tmp_path])
     assert main([str(tmp_path / "missing"), "--output", str(tmp_path / "out")]) == 2
     assert "does not exist" in capsys.readouterr().err

@@ -38,7 +38,7 @@ def test_uninterrupted_run_logs_and_checkpoints(reference):
     assert "| MFU" in reference["stdout"] and "ETA" in reference["stdout"]
     assert read_latest(run_dir / "checkpoints").name == f"iter_{ITERS:07d}"
     assert len(list_checkpoints(run_dir / "checkpoints")) == 2  # checkpoint.keep
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = json.loads((run_dir / "run_record.json").read_text())
     assert summary["iterations"] == ITERS and summary["tokens_per_sec"] > 0 and summary["config_hash"]
     evals = [r for r in pu.metrics(run_dir) if "val_loss" in r]
     assert [r["iteration"] for r in evals] == [5, 10] and all(r["val_ppl"] > 1 for r in evals)
