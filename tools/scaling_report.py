@@ -26,7 +26,6 @@ from cplm_megatron.cli import exit_2_on
 from cplm_megatron.training.run_record import LEGACY_NAMES, RUN_RECORD, RunRecordError, parse_run_record
 
 
-
 class ReportError(ValueError):
     """A records directory or record that cannot be reported on."""
 
