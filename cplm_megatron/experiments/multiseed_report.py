@@ -10,12 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-
 from cplm_megatron.experiments.plan import SCALES
+from cplm_megatron.experiments.reporting import band, interval, plt, pm, save
 
 README_BEGIN = "<!-- study-table:begin (generated from benchmarks/results/study_cpu_v3/summary.json) -->"
 README_END = "<!-- study-table:end -->"
@@ -23,25 +19,10 @@ ARM_COLORS = {"baseline": "tab:blue", "mixture": "tab:gray", "aux0.5": "tab:oran
               "decoupled": "tab:green", "aux1+copy": "tab:purple", "sentinel": "tab:brown", "sentinel+aux1": "tab:pink"}
 
 
-def _pm(stats: dict[str, Any], digits: int = 3) -> str:
-    """'mean ± std' ('–' when missing; no ± for a single value)."""
-    if stats.get("mean") is None:
-        return "–"
-    if stats.get("std") is None:
-        return f"{stats['mean']:.{digits}f}"
-    return f"{stats['mean']:.{digits}f} ± {stats['std']:.{digits}f}"
-
-
-def _paired(stats: dict[str, Any], digits: int = 3) -> str:
-    if stats.get("mean") is None:
-        return "–"
-    return f"{stats['mean']:+.{digits}f} ± {stats['std'] or 0:.{digits}f} ({stats['better_in']}/{stats['seeds']})"
-
-
 def _efficiency(stats: dict[str, Any], seeds: int) -> str:
     if stats["n"] == 0:
         return f"not reached (0/{seeds})"
-    text = _pm(stats, 2)
+    text = pm(stats, 2)
     return text if stats["n"] == seeds else f"{text} (reached in {stats['n']}/{seeds})"
 
 
@@ -64,16 +45,16 @@ def headline_table(summary: dict[str, Any]) -> str:
         scale_label = f"{name} (hidden {m['hidden']}, {m['layers']} layers, V {m['vocab']})"
         cache = scale.get("cache_control")
         if cache:
-            lines.append(f"| {scale_label} | baseline+cache (control) | {_pm(cache['mean_std']['val_loss'])} | "
+            lines.append(f"| {scale_label} | baseline+cache (control) | {pm(cache['mean_std']['val_loss'])} | "
                          f"{_wins(cache['paired_vs_baseline']['val_loss'])} | – | – | – | – | – |")
         for arm, data in scale["arms"].items():
             ms = data["mean_std"]
             marker = " **(default)**" if arm == summary["decision"]["default"] else ""
             base = "–" if arm == "baseline" else _wins(scale.get("vs_baseline", {}).get(arm))
             vs_cache = "–" if arm == "baseline" else _wins(scale.get("vs_cache", {}).get(arm))
-            lines.append(f"| {scale_label} | {arm}{marker} | {_pm(ms['val_loss'])} | {base} | {vs_cache} | "
-                         f"{_pm(ms['lm_val_loss'])} | {_pm(ms['copy_accuracy'])} | "
-                         f"{_pm(ms.get('passkey_first_token_accuracy', {}))} | "
+            lines.append(f"| {scale_label} | {arm}{marker} | {pm(ms['val_loss'])} | {base} | {vs_cache} | "
+                         f"{pm(ms['lm_val_loss'])} | {pm(ms['copy_accuracy'])} | "
+                         f"{pm(ms.get('passkey_first_token_accuracy', {}))} | "
                          f"{_efficiency(ms['efficiency'], len(scale['seeds']))} |")
     return "\n".join(lines)
 
@@ -83,7 +64,7 @@ def _wins(stats: dict[str, Any] | None) -> str:
     if not stats or stats.get("mean") is None:
         return "–"
     per_seed = list(stats.get("per_seed", {}).values())
-    return f"{_interval(stats)} ({sum(d < 0 for d in per_seed)}/{len(per_seed)})"
+    return f"{interval(stats)} ({sum(d < 0 for d in per_seed)}/{len(per_seed)})"
 
 
 def readme_block(summary: dict[str, Any]) -> str:
@@ -115,20 +96,11 @@ def _gradient_table(scale: dict[str, Any]) -> list[str]:
              "cos(g_copy, g_lm) |", "|---|---:|---:|---:|---:|---:|---:|"]
     for arm, data in scale["arms"].items():
         ms = data["mean_std"]
-        get = (lambda k, d=3, ms=ms: _pm(ms.get(k, {}), d))  # noqa: E731
+        get = (lambda k, d=3, ms=ms: pm(ms.get(k, {}), d))  # noqa: E731
         lines.append(f"| {arm} | {get('logit_grad_outside_span', 4)} | {get('logit_grad_outside_span_chance', 4)} | "
                      f"{get('retained_over_chance', 2)} | {get('copy_grad_share')} | {get('copy_grad_projection')} | "
                      f"{get('copy_lm_grad_cosine')} |")
     return lines
-
-
-def _interval(stats: dict[str, Any] | None) -> str:
-    """'+m [lo, hi] (n seeds)' of a paired t-interval ('–' when missing)."""
-    if not stats or stats.get("mean") is None:
-        return "–"
-    if stats.get("ci_low") is None:
-        return f"{stats['mean']:+.3f} (no interval: {stats.get('n', 0)} seed)"
-    return f"{stats['mean']:+.3f} [{stats['ci_low']:+.3f}, {stats['ci_high']:+.3f}]"
 
 
 def _controls_table(scale: dict[str, Any]) -> list[str]:
@@ -139,14 +111,14 @@ def _controls_table(scale: dict[str, Any]) -> list[str]:
              "alone / mean gate |", "|---|---:|---:|---:|---:|---:|---:|"]
     seeds = len(scale["seeds"])
     if cache:
-        lines.append(f"| baseline+cache (evaluation only) | {_pm(cache['mean_std']['val_loss'])} | "
-                     f"{_interval(cache['paired_vs_baseline']['val_loss'])} | – | – | – | – |")
+        lines.append(f"| baseline+cache (evaluation only) | {pm(cache['mean_std']['val_loss'])} | "
+                     f"{interval(cache['paired_vs_baseline']['val_loss'])} | – | – | – | – |")
     for arm, data in scale["arms"].items():
         ms = data["mean_std"]
-        base = "–" if arm == "baseline" else _interval(data["paired_vs_baseline"]["val_loss"])
-        vs_cache = _interval(scale.get("vs_cache", {}).get(arm))
-        copy_cells = " / ".join(_pm(ms.get(k, {})) for k in ("copy_accuracy", "copy_head_accuracy", "copy_mean_gate"))
-        lines.append(f"| {arm} | {_pm(ms['val_loss'])} | {base} | {vs_cache} | {_efficiency(ms['efficiency'], seeds)} | "
+        base = "–" if arm == "baseline" else interval(data["paired_vs_baseline"]["val_loss"])
+        vs_cache = interval(scale.get("vs_cache", {}).get(arm))
+        copy_cells = " / ".join(pm(ms.get(k, {})) for k in ("copy_accuracy", "copy_head_accuracy", "copy_mean_gate"))
+        lines.append(f"| {arm} | {pm(ms['val_loss'])} | {base} | {vs_cache} | {_efficiency(ms['efficiency'], seeds)} | "
                      f"{_efficiency(ms.get('efficiency_flops', {'n': 0}), seeds)} | {copy_cells} |")
     return lines
 
@@ -163,7 +135,7 @@ def _comparisons_table(scale: dict[str, Any]) -> list[str]:
         docs = stats.get("document_interval_per_seed", {})
         seeds = "; ".join(f"s{seed}: {d:+.3f}" + (f" [{docs[seed][1]:+.3f}, {docs[seed][2]:+.3f}]" if docs.get(seed)
                                                   else "") for seed, d in stats["per_seed"].items())
-        lines.append(f"| {name} | {seeds or '–'} | {_interval(stats)} |")
+        lines.append(f"| {name} | {seeds or '–'} | {interval(stats)} |")
     return lines
 
 
@@ -173,8 +145,8 @@ def _passkey_table(scale: dict[str, Any]) -> list[str]:
     for arm, data in scale["arms"].items():
         by_length = data["passkey_by_length"]
         lines.append(f"| {arm} | " + " | ".join(
-            f"{_pm(by_length[str(n)].get('first_token_accuracy', {}), 2)} "
-            f"({_pm(by_length[str(n)]['token_accuracy'], 2)})" for n in lengths) + " |")
+            f"{pm(by_length[str(n)].get('first_token_accuracy', {}), 2)} "
+            f"({pm(by_length[str(n)]['token_accuracy'], 2)})" for n in lengths) + " |")
     return lines
 
 
@@ -247,7 +219,7 @@ def write_study_report(output: Path, summary: dict[str, Any], spamlang: list[dic
                   f"{m['iters']} steps ({scale['tokens'] / 1e6:.2f}M tokens), seeds {scale['seeds']}", "",
                   f"Baseline val loss (mean over seeds) at {at} of training; it improved by "
                   f"{100 * flat['relative_improvement_last_quarter']:.1f}% over the last quarter (the WSD schedule's "
-                  f"decay covers the last 20%). Baseline copy accuracy: {_pm(scale.get('baseline_copy_accuracy', {}))}"
+                  f"decay covers the last 20%). Baseline copy accuracy: {pm(scale.get('baseline_copy_accuracy', {}))}"
                   f" (0 means the comparison is a copy mechanism against none learned yet).", "",
                   "Controls, intervals and costs:", "", *_controls_table(scale), "",
                   "Paired comparisons:", "", *_comparisons_table(scale), "",
@@ -282,15 +254,6 @@ def _per_scale_figure(summary: dict[str, Any], rows: int, height: float):
     return fig, axes, names
 
 
-def _band(ax, xs, per_seed: list[list[float]], color: str, label: str) -> None:
-    import numpy as np
-
-    values = np.array(per_seed)
-    mean, std = values.mean(axis=0), values.std(axis=0, ddof=1) if len(per_seed) > 1 else 0 * values[0]
-    ax.plot(xs, mean, color=color, label=label)
-    ax.fill_between(xs, mean - std, mean + std, color=color, alpha=0.2)
-
-
 def _plot_curves(output: Path, summary: dict[str, Any]) -> Path:
     fig, axes, names = _per_scale_figure(summary, 2, 4.0)
     for col, name in enumerate(names):
@@ -300,14 +263,14 @@ def _plot_curves(output: Path, summary: dict[str, Any]) -> Path:
             for arm, data in scale["arms"].items():
                 curves = [fig["val_curve"] for fig in data["per_seed"].values()]
                 xs = [p["tokens"] / 1e6 for p in curves[0]]
-                _band(ax, xs, [[p[key] for p in c] for c in curves], ARM_COLORS.get(arm, "black"), arm)
+                band(ax, xs, [[p[key] for p in c] for c in curves], ARM_COLORS.get(arm, "black"), arm)
             ax.set_title(f"{name}: {'val loss (full distribution)' if key == 'val_loss' else 'LM-head val loss'}")
             ax.set_xlabel("training tokens (M)")
             ax.set_ylabel("nats/token")
             lows = [data["mean_std"][key]["mean"] for data in scale["arms"].values()]
             ax.set_ylim(min(lows) - 0.3, min(lows) + 2.5)
             ax.legend(fontsize=8)
-    return _save(fig, output / "val_loss_curves.png")
+    return save(fig, output / "val_loss_curves.png")
 
 
 def _plot_train_nll(output: Path, summary: dict[str, Any]) -> Path:
@@ -322,16 +285,16 @@ def _plot_train_nll(output: Path, summary: dict[str, Any]) -> Path:
                 continue
             xs = [p["tokens"] / 1e6 for p in curves[0]]
             color = ARM_COLORS.get(arm, "black")
-            _band(axes[0][col], xs, [[p["nll"] for p in c] for c in curves], color, arm)
+            band(axes[0][col], xs, [[p["nll"] for p in c] for c in curves], color, arm)
             if arm != "baseline":
-                _band(axes[1][col], xs, [[p["lm_loss"] for p in c] for c in curves], color, f"{arm}: LM head CE")
+                band(axes[1][col], xs, [[p["lm_loss"] for p in c] for c in curves], color, f"{arm}: LM head CE")
         axes[0][col].set_title(f"{name}: training NLL of the output distribution (mixture for CPLM)")
         axes[1][col].set_title(f"{name}: CPLM objective's auxiliary term (the LM head's own CE)")
         for ax in axes[:, col]:
             ax.set_xlabel("training tokens (M)")
             ax.set_ylabel("nats/token")
             ax.legend(fontsize=8)
-    return _save(fig, output / "train_nll_curves.png")
+    return save(fig, output / "train_nll_curves.png")
 
 
 def _plot_final(output: Path, summary: dict[str, Any]) -> Path:
@@ -349,7 +312,7 @@ def _plot_final(output: Path, summary: dict[str, Any]) -> Path:
             present = [s["mean"] for s in stats if s["mean"] is not None]
             if key.endswith("loss") and present:
                 ax.set_ylim(min(present) - 0.5, max(present) + 0.3)
-    return _save(fig, output / "final_metrics.png")
+    return save(fig, output / "final_metrics.png")
 
 
 def _plot_passkey(output: Path, summary: dict[str, Any]) -> Path:
@@ -368,12 +331,4 @@ def _plot_passkey(output: Path, summary: dict[str, Any]) -> Path:
         ax.set_title(f"{name}: passkey first-key-token accuracy ({chance})")
         ax.set_xlabel("context length (trained at 256)")
         ax.legend(fontsize=8)
-    return _save(fig, output / "passkey_by_length.png")
-
-
-def _save(fig, path: Path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
+    return save(fig, output / "passkey_by_length.png")

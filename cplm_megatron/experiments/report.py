@@ -6,18 +6,13 @@ Plots: loss_curves.png, copy_accuracy.png (copy and SpamLang accuracy vs steps),
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-
 from cplm_megatron.experiments.records import RunResults
+from cplm_megatron.experiments.reporting import fmt, grid, plt, prob, save
 
 SPAMLANG_TARGET = 0.99
 
@@ -60,17 +55,6 @@ def pair_up(runs: Sequence[RunResults]) -> list[PairSummary]:
     return pairs
 COLORS = {False: "tab:blue", True: "tab:red"}
 NAMES = {False: "baseline", True: "CPLM"}
-
-
-def _fmt(value: float | None, digits: int = 4) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "–"
-    return f"{value:.{digits}f}"
-
-
-def _prob(value: float | None) -> str:
-    """Probabilities with 3 significant digits (1/V-sized values stay visible)."""
-    return "–" if value is None else f"{value:.3g}"
 
 
 def _metric(run: RunResults, task: str, metric: str, entry: dict | None = None) -> float | None:
@@ -153,14 +137,14 @@ def spamlang_section(pairs: Sequence[PairSummary]) -> list[str]:
             f"| {c['vocab']} | {c['vocab'] // c['hidden']} | {'tied' if c['tied'] else 'untied'} "
             f"| {_steps(c['cplm_steps_to_99'], c['iters'])} / {_steps(c['baseline_steps_to_99'], c['iters'])} "
             f"| {_stays(c['cplm_stays_99_from'], c['iters'])} / {_stays(c['baseline_stays_99_from'], c['iters'])} "
-            f"| {_fmt(c['baseline_accuracy_at_cplm_step'])} "
-            f"| {_fmt(c['cplm_accuracy'][last])} / {_fmt(c['baseline_accuracy'].get(last))} "
-            f"| {_fmt(c['cplm_final_loss'], 3)} / {_fmt(c['baseline_final_loss'], 3)} "
-            f"| {_prob(c['cplm_final_target_prob'])} / {_prob(c['baseline_final_target_prob'])} |")
+            f"| {fmt(c['baseline_accuracy_at_cplm_step'])} "
+            f"| {fmt(c['cplm_accuracy'][last])} / {fmt(c['baseline_accuracy'].get(last))} "
+            f"| {fmt(c['cplm_final_loss'], 3)} / {fmt(c['baseline_final_loss'], 3)} "
+            f"| {prob(c['cplm_final_target_prob'])} / {prob(c['baseline_final_target_prob'])} |")
     lines += _per_step_table(claims, "Accuracy at every evaluated step (CPLM / baseline):", "accuracy",
-                             lambda value: _fmt(value, 3))
+                             lambda value: fmt(value, 3))
     lines += _per_step_table(claims, "Mean probability of the right symbol at every evaluated step (CPLM / baseline):",
-                             "target_prob", _prob)
+                             "target_prob", prob)
     lines += ["", ("Reading: at every position t >= 1 all copy candidates propose the repeated symbol, so the copy "
               "distribution is a point mass on it and the CPLM's argmax is right from initialization as soon as "
               "g_t > (1 - g_t) max_v p_LM(v) (the gate starts at sigmoid(-2) = 0.12); training then raises the gate, "
@@ -188,12 +172,12 @@ def corpus_section(pairs: Sequence[PairSummary]) -> list[str]:
         for run in (pair.baseline, pair.cplm):
             _, losses = run.nll_curve()
             lines.append(
-                f"| {NAMES[run.spec.copy_head]} | {_fmt(losses[-1] if losses else None, 3)} "
-                f"| {_fmt(_metric(run, 'val', 'val_loss'), 3)} | {_fmt(_metric(run, 'val', 'val_ppl'), 1)} "
-                f"| {_fmt(_metric(run, 'copy', 'copy_accuracy'), 3)} | {_fmt(_metric(run, 'passkey', 'passkey_accuracy'), 3)} "
-                f"({_fmt(_metric(run, 'passkey', 'passkey_token_accuracy'), 3)}) "
-                f"| {_fmt(_metric(run, 'gradient', 'logit_grad_outside_span'))} "
-                f"| {_fmt(_metric(run, 'gradient', 'copy_grad_share'), 3)} |")
+                f"| {NAMES[run.spec.copy_head]} | {fmt(losses[-1] if losses else None, 3)} "
+                f"| {fmt(_metric(run, 'val', 'val_loss'), 3)} | {fmt(_metric(run, 'val', 'val_ppl'), 1)} "
+                f"| {fmt(_metric(run, 'copy', 'copy_accuracy'), 3)} | {fmt(_metric(run, 'passkey', 'passkey_accuracy'), 3)} "
+                f"({fmt(_metric(run, 'passkey', 'passkey_token_accuracy'), 3)}) "
+                f"| {fmt(_metric(run, 'gradient', 'logit_grad_outside_span'))} "
+                f"| {fmt(_metric(run, 'gradient', 'copy_grad_share'), 3)} |")
         lines.append("")
         for run in (pair.baseline, pair.cplm):
             details = run.final["tasks"].get("passkey", {}).get("details")
@@ -209,7 +193,7 @@ def _passkey_markdown(details: dict[str, Any]) -> str:
     cell = {(c["length"], c["depth"]): c for c in details["grid"]}
     rows = ["| context length | " + " | ".join(f"depth {d:g}" for d in depths) + " |",
             "|---:|" + "---:|" * len(depths)]
-    rows += [f"| {L} | " + " | ".join(f"{_fmt(cell[(L, d)]['accuracy'], 2)} ({_fmt(cell[(L, d)]['token_accuracy'], 2)})"
+    rows += [f"| {L} | " + " | ".join(f"{fmt(cell[(L, d)]['accuracy'], 2)} ({fmt(cell[(L, d)]['token_accuracy'], 2)})"
                                       for d in depths) + " |" for L in details["lengths"]]
     return "\n".join(rows)
 
@@ -217,28 +201,12 @@ def _passkey_markdown(details: dict[str, Any]) -> str:
 # -------------------------------------------------------------------------------------- plots
 
 
-def _save(fig, path: Path) -> Path:
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
-
-
-def _grid(n: int):
-    cols = min(3, n)
-    rows = math.ceil(n / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 3.4 * rows), squeeze=False)
-    for ax in axes.flat[n:]:
-        ax.set_visible(False)
-    return fig, list(axes.flat[:n])
-
-
 def plot_losses(pairs: Sequence[PairSummary], path: Path) -> Path | None:
     """Training NLL of the output distribution (the mixture for CPLM) and validation loss vs step, one panel per
     pair; CPLM's LM-head cross entropy (its objective's auxiliary term) apart, dotted."""
     if not pairs:
         return None
-    fig, axes = _grid(len(pairs))
+    fig, axes = grid(len(pairs))
     for ax, pair in zip(axes, pairs):
         for run in (pair.baseline, pair.cplm):
             name, color = NAMES[run.spec.copy_head], COLORS[run.spec.copy_head]
@@ -252,7 +220,7 @@ def plot_losses(pairs: Sequence[PairSummary], path: Path) -> Path | None:
                 ax.plot(its, vals, ":", color=color, label=f"{name} LM head alone (aux. term)")
         ax.set(title=pair.group, xlabel="step", ylabel="nats/token")
         ax.legend(fontsize=7)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def plot_accuracy(pairs: Sequence[PairSummary], path: Path) -> Path | None:
@@ -261,7 +229,7 @@ def plot_accuracy(pairs: Sequence[PairSummary], path: Path) -> Path | None:
     panels += [(p, "spamlang", "spamlang_accuracy") for p in pairs if p.cplm.spec.experiment == "spamlang"]
     if not panels:
         return None
-    fig, axes = _grid(len(panels))
+    fig, axes = grid(len(panels))
     for ax, (pair, task, metric) in zip(axes, panels):
         for run in (pair.baseline, pair.cplm):
             its, vals = run.eval_curve(task, metric)
@@ -270,7 +238,7 @@ def plot_accuracy(pairs: Sequence[PairSummary], path: Path) -> Path | None:
             ax.axhline(SPAMLANG_TARGET, color="gray", lw=0.8, ls=":")
         ax.set(title=f"{pair.group}: {metric}", xlabel="step", ylabel="accuracy", ylim=(-0.03, 1.03))
         ax.legend(fontsize=7)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def plot_passkey(pairs: Sequence[PairSummary], path: Path) -> Path | None:
@@ -279,7 +247,7 @@ def plot_passkey(pairs: Sequence[PairSummary], path: Path) -> Path | None:
     runs = [run for p in pairs for run in (p.baseline, p.cplm) if "passkey" in run.final["tasks"]]
     if not runs:
         return None
-    fig, axes = _grid(len(runs))
+    fig, axes = grid(len(runs))
     for ax, run in zip(axes, runs):
         details = run.final["tasks"]["passkey"]["details"]
         cells = {(c["length"], c["depth"]): c for c in details["grid"]}
@@ -294,7 +262,7 @@ def plot_passkey(pairs: Sequence[PairSummary], path: Path) -> Path | None:
                         color="w" if c["token_accuracy"] < 0.5 else "k", fontsize=7)
         ax.set(title=f"{run.spec.group} {NAMES[run.spec.copy_head]}", xlabel="needle depth", ylabel="context length")
         fig.colorbar(image, ax=ax, label="key-token accuracy")
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def plot_gradients(pairs: Sequence[PairSummary], path: Path) -> Path | None:
@@ -319,7 +287,7 @@ def plot_gradients(pairs: Sequence[PairSummary], path: Path) -> Path | None:
               ylabel="share", ylim=(0, 1))
     for ax in (left, right):
         ax.legend(fontsize=6)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 # -------------------------------------------------------------------------------------- report

@@ -50,7 +50,7 @@ def test_the_committed_study_runs_are_migrated_and_reused(data_root, study_copy)
     assert not moved.is_finished(planned[names[0]])
 
 
-def test_the_committed_study_summary_comes_out_byte_for_byte(data_root, study_copy):
+def test_the_committed_study_summary_and_report_come_out_byte_for_byte(data_root, study_copy):
     from cplm_megatron.experiments.study import write_study_summary
 
     committed = (STUDY / "summary.json").read_text()
@@ -62,6 +62,7 @@ def test_the_committed_study_summary_comes_out_byte_for_byte(data_root, study_co
     assert summary["seconds_this_invocation"] > 0
     summary["seconds_this_invocation"] = old["seconds_this_invocation"]  # the wall time of that invocation
     assert json.dumps(summary, indent=2) + "\n" == committed
+    assert outcome.report.read_text() == (STUDY / "report.md").read_text()  # the report toolkit changed nothing
 
 
 def test_an_ablation_torchrun_record_migrates(tmp_path):
