@@ -1,4 +1,5 @@
-"""tools/scaling_report.py (cplm_megatron/experiments/scaling_report.py) on synthetic run records with hand-computed expectations."""
+"""tools/scaling_report.py (cplm_megatron/experiments/scaling_report.py) on synthetic run records with
+hand-computed expectations."""
 from __future__ import annotations
 
 import json

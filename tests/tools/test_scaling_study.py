@@ -1,10 +1,12 @@
-"""tools/scaling_study.py: layouts, the study grid and the sbatch commands (no submission)."""
+"""tools/scaling_study.py (cplm_megatron/experiments/scaling_sweep.py): layouts, the study grid and the sbatch
+commands (no submission)."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
 
+from tests.harness import REPO
 from tools.scaling_study import (
     Combination,
     StudyError,
@@ -48,15 +50,16 @@ def test_sbatch_command_runs_the_size_script_with_the_study_overrides_then_the_u
                        "--ntasks-per-node", "2", "--sbatch-arg=--partition=h100", "--set", "train.lr=1e-4"])
     combo = Combination("7b", 2, SweepLayout(2, 1, None, True), False)
     cmd = sbatch_command(combo, tmp_path, args, dependency="41")
-    script = cmd.index(str(combo.script))
-    assert combo.script.is_file() and combo.script.name == "pretrain_7b.sh"
+    script_path = combo.script(REPO / "slurm")
+    script = cmd.index(str(script_path))
+    assert script_path.is_file() and script_path.name == "pretrain_7b.sh"
     assert set(cmd[1:script]) == {"--parsable", "--job-name=scal-7b-n2-tp2pp1sp-base", "--nodes=2", "--time=00:30:00",
                                   f"--output={tmp_path}/logs/%x-%j.out", "--ntasks-per-node=2", "--exclusive",
                                   "--dependency=afterany:41", "--partition=h100"}
     assert cmd[script + 1:] == [
         "--set", f"run.dir={tmp_path}/runs/7b-n2-tp2pp1sp-base", "copy_head.enabled=false", "parallel.tp=2",
         "parallel.pp=1", "parallel.vpp=null", "parallel.sp=true", "train.tokens=null", "train.iters=7",
-        "train.eval_interval=0", "checkpoint.interval=0", "--set", "train.lr=1e-4"]
+        "train.eval_interval=0", "checkpoint.interval=0", "train.lr=1e-4"]
 
 
 def test_dry_run_prints_commands_and_skips_runs_with_records(tmp_path: Path, capsys):
