@@ -16,7 +16,6 @@ Finished steps are reused when the command is repeated.
 from __future__ import annotations
 
 import argparse
-import json
 import subprocess
 import sys
 import time
@@ -24,7 +23,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from cplm_megatron.cli import quiet_known_warnings
-from cplm_megatron.training.run_config import load_run_config
+from cplm_megatron.experiments.demo import generate_sample, write_summary
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -39,57 +38,6 @@ def run(cmd: List[str], what: str) -> None:
     proc = subprocess.run(cmd, cwd=REPO)
     if proc.returncode != 0:
         raise SystemExit(f"demo: {what} failed with exit code {proc.returncode}")
-
-
-def generate_sample(hf_dir: Path, prompt: str, max_new_tokens: int = 64) -> str:
-    """Sampled continuation (seeded: temperature 0.8, top-k 40) from the export; the KV cache holds the copy keys."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(hf_dir, trust_remote_code=True)
-    model = AutoModelForCausalLM.from_pretrained(hf_dir, trust_remote_code=True, dtype=torch.float32)
-    ids = tok(prompt, return_tensors="pt")
-    torch.manual_seed(0)
-    out = model.generate(**ids, max_new_tokens=max_new_tokens, do_sample=True, temperature=0.8, top_k=40,
-                         pad_token_id=tok.eos_token_id)
-    return tok.decode(out[0], skip_special_tokens=True)
-
-
-def spamlang_lines(claims: List[dict]) -> List[str]:
-    """One line per SpamLang pair: the CPLM's steps to 99% beside the baseline's accuracy."""
-    lines = []
-    for c in claims:
-        base = c["baseline_steps_to_99"]
-        lines.append(
-            f"SpamLang vocab {c['vocab']} (hidden {c['hidden']}, {'tied' if c['tied'] else 'untied'}): CPLM >= 99% "
-            f"at step {c['cplm_steps_to_99']}, p(target) {c['cplm_final_target_prob']:.2f} after {c['iters']} steps; "
-            f"baseline accuracy {c['baseline_accuracy_at_cplm_step']:.2f} at that step, "
-            + (f">= 99% at step {base}" if base is not None else f"not >= 99% within {c['iters']} steps")
-            + f", p(target) {c['baseline_final_target_prob']:.1e}")
-    return lines
-
-
-def headline(results: dict) -> List[dict]:
-    """Baseline and CPLM side by side on the corpus: the last checkpoint's val loss, copy and passkey accuracy."""
-    rows = []
-    for name, model in (("corpus-baseline", "baseline"), ("corpus-cplm", "CPLM")):
-        tasks = results["runs"][name]["evaluations"][-1]["tasks"]
-        rows.append({"model": model, "val_loss": tasks["val"]["metrics"]["val_loss"],
-                     "copy_accuracy": tasks["copy"]["metrics"]["copy_accuracy"],
-                     "passkey_accuracy": tasks["passkey"]["metrics"]["passkey_accuracy"],
-                     "passkey_token_accuracy": tasks["passkey"]["metrics"]["passkey_token_accuracy"]})
-    return rows
-
-
-def headline_lines(rows: List[dict], copy_head: dict) -> List[str]:
-    """The summary's leading table (and the copy head's training objective, the recipe default)."""
-    lines = [f"{'model':<9} {'val loss':>9} {'copy acc.':>10} {'passkey (key tokens)':>21}"]
-    for r in rows:
-        lines.append(f"{r['model']:<9} {r['val_loss']:>9.3f} {r['copy_accuracy']:>10.3f} "
-                     f"{r['passkey_accuracy']:>10.3f} ({r['passkey_token_accuracy']:.3f})")
-    lines.append(f"(CPLM objective, the recipe default: copy_head.lm_loss_weight={copy_head['lm_loss_weight']}, "
-                 f"copy_head.decouple_lm={str(copy_head['decouple_lm']).lower()})")
-    return lines
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -130,26 +78,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(sample)
 
     banner("5. summary")
-    results = json.loads((ablation / "results.json").read_text())
-    rows = headline(results)
-    copy_head = load_run_config(str(REPO / "configs" / "tiny.yaml")).copy_head
-    table = headline_lines(rows, {"lm_loss_weight": copy_head.lm_loss_weight, "decouple_lm": copy_head.decouple_lm})
-    summary = {
-        "headline": rows,
-        "report": str(ablation / "report.md"),
-        "hf_model": str(hf_dir),
-        "prompt": prompt,
-        "sample": sample,
-        "spamlang": spamlang_lines(results.get("spamlang", [])),
-        "minutes": round((time.time() - start) / 60, 1),
-    }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
-    print("\n".join(table) + "\n")
-    print(f"report:   {summary['report']}")
-    print(f"HF model: {summary['hf_model']}  (AutoModelForCausalLM.from_pretrained(..., trust_remote_code=True))")
-    for line in summary["spamlang"]:
-        print(line)
-    print(f"done in {summary['minutes']} min; summary: {out / 'summary.json'}")
+    print("\n".join(write_summary(out, ablation, hf_dir, prompt, sample, (time.time() - start) / 60)))
     return 0
 
 
