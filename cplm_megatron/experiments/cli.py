@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import shlex
 import sys
 from pathlib import Path
@@ -46,6 +45,7 @@ from cplm_megatron.experiments.plan import (
     AblationSettings,
     StudySettings,
 )
+from cplm_megatron.experiments.records import read_study_summary
 from cplm_megatron.experiments.study import SpamLangSettings, run_ablation, run_recipe_study, summarize_study
 
 
@@ -174,7 +174,7 @@ def _main(argv: list[str] | None) -> int:
     args = parse_args(argv)
     argv = sys.argv[1:] if argv is None else argv
     if args.study_table:
-        print(readme_block(json.loads(Path(args.study_table).read_text())))
+        print(readme_block(read_study_summary(Path(args.study_table))))
         return 0
     if not args.output:
         raise ValueError("--output DIR is required (where the runs, report.md and plots go)")

@@ -218,6 +218,7 @@ def collect(output: Path, command: str = "", log: Callable[[str], None] = print)
     """Aggregate the evaluated runs of a submitted study: OUTPUT/summary.json, report.md and the plots."""
     from cplm_megatron.experiments.multiseed_report import write_study_report
     from cplm_megatron.experiments.multiseed_summary import summarize
+    from cplm_megatron.experiments.records import write_study_summary_json
 
     output = Path(output).resolve()
     study = _read_study(output)
@@ -231,7 +232,7 @@ def collect(output: Path, command: str = "", log: Callable[[str], None] = print)
                         planned=[(r.scale, r.arm, r.seed) for r in planned])
     summary.update(command=command, where="a SLURM cluster", settings=study["settings"],
                    gpu_hours_estimated=sum(r.gpu_hours for r in planned))
-    (output / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_study_summary_json(output / "summary.json", summary)
     write_study_report(output, summary)
     log(f"[study-cluster] default: {summary['decision']['default']}"
         f"{' (provisional)' if summary['decision']['provisional'] else ''}; report: {output / 'report.md'}")

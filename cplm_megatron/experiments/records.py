@@ -164,6 +164,33 @@ def write_job_record(path: Path, record: JobRecord) -> None:
     Path(path).write_text(json.dumps(record.to_json(), indent=2) + "\n")
 
 
+STUDY_SUMMARY_VERSION = 1  # a study's summary.json; files without a version (written before it) are version 1
+
+
+def write_study_summary_json(path: Path, summary: dict[str, Any]) -> Path:
+    """A study's aggregate (its summary.json), with the format's version first."""
+    Path(path).write_text(json.dumps({"version": STUDY_SUMMARY_VERSION, **summary}, indent=2) + "\n")
+    return Path(path)
+
+
+def read_study_summary(path: Path) -> dict[str, Any]:
+    """A study's summary.json; RecordError naming the file when it is unreadable, of another version or not a
+    study's aggregate."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise RecordError(f"{path} is not a readable study summary ({e}); summarize the study again "
+                          "(tools/ablate.py --study --summarize-only)") from None
+    if not isinstance(data, dict) or not {"scales", "decision"} <= set(data):
+        raise RecordError(f"{path} is not a study's summary (no scales/decision); a run's throughput record is "
+                          "run_record.json")
+    if data.get("version", 1) != STUDY_SUMMARY_VERSION:
+        raise RecordError(f"{path} is a study summary of version {data['version']}; this cplm_megatron reads version "
+                          f"{STUDY_SUMMARY_VERSION}: summarize the study again with it")
+    return data
+
+
 def run_seconds(run_dir: Path) -> float | None:
     """Training + evaluation seconds of a finished job, every attempt counted (None when it recorded none)."""
     path = Path(run_dir) / TIMING

@@ -21,7 +21,7 @@ from cplm_megatron.experiments.launch import JobResult, Launcher
 from cplm_megatron.experiments.multiseed_report import write_study_report
 from cplm_megatron.experiments.multiseed_summary import summarize
 from cplm_megatron.experiments.plan import ARMS, AblationSettings, Run, StudySettings, ablation_runs, ensure_corpora, study_runs
-from cplm_megatron.experiments.records import RunResults, load_run, run_seconds
+from cplm_megatron.experiments.records import RunResults, load_run, run_seconds, write_study_summary_json
 from cplm_megatron.experiments.report import pair_up, spamlang_claims, write_report
 
 
@@ -151,7 +151,6 @@ def write_study_summary(output: Path, settings: StudySettings, data_root: Path, 
                    runs_with_timing=sum(t is not None for t in recorded), jobs=jobs,
                    settings=dataclasses.asdict(settings), spamlang=claims)
     summary["wall_seconds"] = summary["run_seconds_total"] / max(1, jobs)
-    summary_json = output / "summary.json"
-    summary_json.write_text(json.dumps(summary, indent=2) + "\n")
+    summary_json = write_study_summary_json(output / "summary.json", summary)
     report = write_study_report(output, summary, claims)
     return StudyOutcome(report, summary_json, summary)

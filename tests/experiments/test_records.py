@@ -11,7 +11,7 @@ import pytest
 
 from cplm_megatron.experiments.launch import Launcher
 from cplm_megatron.experiments.plan import AblationSettings, StudySettings, ablation_runs, corpus_dirs, study_runs
-from cplm_megatron.experiments.records import read_job_record
+from cplm_megatron.experiments.records import RecordError, read_job_record, read_study_summary
 from tests.data_fixtures import synthetic_tokenizer, write_synthetic_dataset
 from tests.harness import REPO
 
@@ -55,13 +55,16 @@ def test_the_committed_study_summary_and_report_come_out_byte_for_byte(data_root
 
     committed = (STUDY / "summary.json").read_text()
     old = json.loads(committed)
+    assert committed == json.dumps(old, indent=2) + "\n"  # so comparing the parsed bodies compares the bytes
     runs = study_runs(StudySettings(), corpus_dirs(StudySettings(), data_root))
     outcome = write_study_summary(study_copy, StudySettings(), data_root, runs, None, 1, 1, old["command"], None,
                                   lambda _: None, 0.0)
-    summary = json.loads(outcome.summary_json.read_text())
-    assert summary["seconds_this_invocation"] > 0
+    summary = read_study_summary(outcome.summary_json)
+    assert summary["seconds_this_invocation"] > 0 and next(iter(summary)) == "version"
     summary["seconds_this_invocation"] = old["seconds_this_invocation"]  # the wall time of that invocation
-    assert json.dumps(summary, indent=2) + "\n" == committed
+    # the one difference: the summary now starts with "version": 1 (a summary written before has none)
+    assert json.dumps({k: v for k, v in summary.items() if k != "version"}, indent=2) == \
+        json.dumps({k: v for k, v in old.items() if k != "version"}, indent=2)
     assert outcome.report.read_text() == (STUDY / "report.md").read_text()  # the report toolkit changed nothing
 
 
@@ -86,3 +89,14 @@ def test_an_ablation_torchrun_record_migrates(tmp_path):
     path.write_text(json.dumps({**v1, "eval": [*v1["eval"], "--bogus"]}))
     with pytest.raises(ValueError, match="a job record this version can migrate \\(evaluation option '--bogus'\\)"):
         read_job_record(path)
+
+
+def test_study_summaries_are_read_by_version(tmp_path):
+    assert read_study_summary(STUDY / "summary.json")["decision"]["default"]  # written before the version: 1
+    path = tmp_path / "summary.json"
+    path.write_text(json.dumps({**json.loads((STUDY / "summary.json").read_text()), "version": 2}))
+    with pytest.raises(RecordError, match="summary.json is a study summary of version 2; this cplm_megatron reads"):
+        read_study_summary(path)
+    path.write_text(json.dumps({"preset": "tiny", "iterations": 20}))  # a run's record under the old name
+    with pytest.raises(RecordError, match="is not a study's summary .* run_record.json"):
+        read_study_summary(path)
