@@ -18,12 +18,11 @@ from __future__ import annotations
 import json
 import re
 import shlex
-import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
-from cplm_megatron.experiments.launch import slurm_commands
+from cplm_megatron.experiments.launch import sbatch, slurm_commands
 from cplm_megatron.experiments.plan import ACTIVE_ARMS, ARMS, Evaluation, Run
 from cplm_megatron.experiments.records import load_run
 
@@ -156,14 +155,6 @@ def plan(settings: ClusterStudySettings, output: Path) -> list[tuple[Run, Cluste
     return runs
 
 
-def _sbatch(cmd: Sequence[str], cwd: Path) -> str:
-    result = subprocess.run(list(cmd), cwd=cwd, capture_output=True, text=True, check=False)
-    if result.returncode != 0:
-        raise ClusterStudyError(f"sbatch failed ({result.returncode}): {result.stderr.strip()}\n  command: "
-                                f"{shlex.join(cmd)}")
-    return result.stdout.strip().split(";")[0]
-
-
 def job_commands(run: Run, record: ClusterRun, settings: ClusterStudySettings, output: Path,
                  train_job: str = "TRAIN_JOB_ID") -> tuple[list[str], list[str]]:
     """The two sbatch command lines of a run: training, then its evaluation after the training job succeeded."""
@@ -195,8 +186,9 @@ def submit(settings: ClusterStudySettings, output: Path, dry_run: bool = False,
         (output / "logs").mkdir(parents=True, exist_ok=True)
         Path(run.run_dir).mkdir(parents=True, exist_ok=True)
         write_job_record(Path(run.run_dir) / JOB_RECORD, JobRecord.of(spec, 1, output, None))
-        run.jobs["train"] = _sbatch(train, checkout)
-        run.jobs["eval"] = _sbatch(job_commands(spec, run, settings, output, run.jobs["train"])[1], checkout)
+        run.jobs["train"] = sbatch(train, checkout, ClusterStudyError)
+        run.jobs["eval"] = sbatch(job_commands(spec, run, settings, output, run.jobs["train"])[1], checkout,
+                                  ClusterStudyError)
         log(f"[study-cluster] {run.name}: training job {run.jobs['train']}, evaluation job {run.jobs['eval']} "
             f"(~{run.gpu_hours:.1f} GPU-hours)")
     if not dry_run:

@@ -87,6 +87,15 @@ def slurm_commands(run: Run, run_dir: Path, logs: Path, sbatch_args: Sequence[st
     return train_line, eval_line
 
 
+def sbatch(cmd: Sequence[str], cwd: Path, error: type[Exception] = ValueError) -> str:
+    """Submit an `sbatch --parsable` line from `cwd` (where the scripts find slurm/launch.sh); the job id, or `error`
+    with sbatch's message and the command."""
+    result = subprocess.run(list(cmd), cwd=cwd, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise error(f"sbatch failed ({result.returncode}): {result.stderr.strip()}\n  command: {shlex.join(cmd)}")
+    return result.stdout.strip().split(";")[0]
+
+
 def subprocess_env(threads: int) -> dict[str, str]:
     """Each job's environment: `threads` intra-op threads (tiny models run fastest single-threaded)."""
     return {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),

@@ -30,6 +30,7 @@ from itertools import product
 from pathlib import Path
 
 from cplm_megatron.experiments.cluster_study import recipe_of
+from cplm_megatron.experiments.launch import sbatch
 from cplm_megatron.experiments.plan import Evaluation, Run, Value
 from cplm_megatron.training.run_record import has_run_record
 
@@ -137,14 +138,6 @@ def sbatch_command(combo: Combination, output: Path, args: argparse.Namespace, d
     return cmd + list(train_command(run, output / "runs" / combo.name).argv[2:])  # the script holds the recipe
 
 
-def submit(cmd: Sequence[str], cwd: Path) -> str:
-    """Run sbatch --parsable from `cwd` (the checkout whose slurm/launch.sh the scripts find); returns the job id."""
-    result = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, check=False)
-    if result.returncode != 0:
-        raise StudyError(f"sbatch failed ({result.returncode}): {result.stderr.strip()}\n  command: {' '.join(cmd)}")
-    return result.stdout.strip().split(";")[0]
-
-
 def wait_for_jobs(job_ids: Sequence[str], poll_seconds: float) -> None:
     """Block until none of `job_ids` is queued or running; prints progress as jobs finish."""
     pending = set(job_ids)
@@ -221,7 +214,7 @@ def run_sweep(argv: Sequence[str] | None, slurm_dir: Path) -> int:
             print(" ".join(cmd))
             continue
         (output / "logs").mkdir(parents=True, exist_ok=True)
-        previous = submit(cmd, Path(slurm_dir).resolve().parent)
+        previous = sbatch(cmd, Path(slurm_dir).resolve().parent, StudyError)
         print(f"[scaling_study] submitted {combo.name}: job {previous}", flush=True)
         jobs.append({"name": combo.name, "size": combo.size, "nodes": combo.nodes, "layout": combo.layout.name,
                      "copy_head": combo.copy_head, "job_id": previous, "run_dir": str(run_dir),
