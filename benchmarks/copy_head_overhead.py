@@ -34,7 +34,7 @@ CPU_MODELS = ["tiny", "135m-shaped-2l"]
 def _build(model_name: str, copy: bool, seq: int, dtype: str = "fp32"):
     import torch
 
-    from cplm_megatron.model.builder import PrecisionConfig, build_model
+    from cplm_megatron.model.builder import PrecisionConfig, build_run, model_run
     from cplm_megatron.model.config import load_preset
     from cplm_megatron.model.copy_head import CopyHeadConfig
     from cplm_megatron.model.layout import init_distributed
@@ -44,8 +44,8 @@ def _build(model_name: str, copy: bool, seq: int, dtype: str = "fp32"):
     cfg = load_preset(spec.pop("preset"), max_position_embeddings=max(seq, 2048), **spec)
     init_distributed(ParallelConfig(), cfg, seed=1)
     set_seed(1)
-    [model] = build_model(cfg, CopyHeadConfig(enabled=copy), ParallelConfig(), PrecisionConfig(dtype=dtype),
-                          max_seq_len=seq)
+    model = build_run(model_run(cfg, CopyHeadConfig(enabled=copy), precision=PrecisionConfig(dtype=dtype),
+                                seq_len=seq)).model
     g = torch.Generator().manual_seed(0)
     device = next(model.parameters()).device
     tokens = torch.randint(0, cfg.vocab_size, (1, seq + 1), generator=g)

@@ -53,3 +53,16 @@ def exit_2_on(*errors: type) -> Callable:
         return run
 
     return wrap
+
+
+def positive_int(text: str) -> int:
+    """An argparse type: an integer >= 1 (sizes, counts and parallel degrees)."""
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer (>= 1), got {value}")
+    return value

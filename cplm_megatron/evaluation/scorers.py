@@ -89,17 +89,11 @@ _DERIVED_DATA_KEYS = ("seq_len", "micro_batch", "global_batch")
 
 
 def _build(cfg):
-    """A tp = pp = 1 CPLMGPTModel for a run config (no FP8 at evaluation; a GPU-only LM-head loss becomes
-    its CPU twin, same values)."""
-    from dataclasses import replace
+    """A tp = pp = 1 CPLMGPTModel for a run config (builder.single_process_run: no FP8 at evaluation; a GPU-only
+    LM-head loss becomes its CPU twin, same values)."""
+    from cplm_megatron.model.builder import build_run, single_process_run
 
-    from cplm_megatron.model.builder import PrecisionConfig, build_model
-    from cplm_megatron.model.lm_head_loss import runnable_here
-    from cplm_megatron.parallel.distributed import ParallelConfig
-
-    model_cfg = replace(cfg.model, lm_head_loss=runnable_here(cfg.model.lm_head_loss))
-    (model,) = build_model(model_cfg, cfg.copy_head, ParallelConfig(), PrecisionConfig(dtype=cfg.precision.dtype))
-    return model
+    return build_run(single_process_run(cfg)).model
 
 
 @dataclass

@@ -137,15 +137,14 @@ def write_weights_checkpoint(
 
     Copy-head parameters absent from `tensors` keep Megatron's fresh initialization (seeded by `seed`).
     """
-    from cplm_megatron.model.builder import build_model
-    from cplm_megatron.parallel.config import ParallelConfig
+    from cplm_megatron.model.builder import build_run, model_run
     from cplm_megatron.training.checkpointing import Checkpointer, TrainState
 
     root = Path(root)
     if root.exists() and (not root.is_dir() or any(root.iterdir())):
         raise FileExistsError(f"output {root} exists and is not an empty directory; remove it or choose another")
     with single_process_megatron(model, seed, backend="gloo"):
-        [chunk] = build_model(model, copy_head, ParallelConfig())
+        chunk = build_run(model_run(model, copy_head)).model
         fresh = fill_model(chunk, tensors)
         if fresh:
             log.info("copy head freshly initialized (Megatron init, seed %d): %s", seed, ", ".join(fresh))

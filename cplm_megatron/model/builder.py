@@ -1,4 +1,7 @@
-"""Build Megatron-Core `CPLMGPTModel` chunks from the model, copy-head, parallel and precision configs.
+"""`build_run`: the one place a run's model is assembled (Megatron-Core `CPLMGPTModel` chunks from the model,
+copy-head, parallel, precision and recompute sections; the backbone's own parts come from its spec,
+cplm_megatron/model/backbones/). Everything that builds a model (trainer, scorers, HF converter, model_info,
+benchmarks, tests) calls it.
 
 The local (pure megatron-core) layer spec is used on CPU; the Transformer Engine spec when TE and
 CUDA are present (required for FP8). TE is imported lazily and never on CPU.
@@ -6,8 +9,8 @@ CUDA are present (required for FP8). TE is imported lazily and never on CPU.
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import dataclass
-from typing import List, Literal, Optional
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, List, Literal, Optional, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -17,6 +20,9 @@ from cplm_megatron.model.backbones import backbone
 from cplm_megatron.model.config import ModelConfig
 from cplm_megatron.model.copy_head import CopyHeadConfig
 from cplm_megatron.parallel.config import ParallelConfig
+
+if TYPE_CHECKING:
+    from cplm_megatron.parallel.distributed import RankLayout
 
 
 @dataclass
@@ -159,21 +165,105 @@ def transformer_config(
     return TransformerConfig(**kwargs)
 
 
-def build_model(
+@dataclass(frozen=True)
+class SequenceShape:
+    """The `train.*` field build_run reads: the sequence length (rows of a learned position table)."""
+
+    seq_len: int
+
+
+class RunSpec(Protocol):
+    """What build_run reads of a run: a `RunConfig` (training/run_config.py), or `model_run` of a model alone."""
+
+    model: ModelConfig
+    copy_head: CopyHeadConfig
+    parallel: ParallelConfig
+    precision: PrecisionConfig
+    recompute: RecomputeConfig
+    train: Any  # .seq_len
+
+
+@dataclass
+class ModelRun:
+    """A run of a model alone (no data, no optimizer): converters, model_info, benchmarks, tests."""
+
+    model: ModelConfig
+    copy_head: CopyHeadConfig
+    parallel: ParallelConfig
+    precision: PrecisionConfig
+    recompute: RecomputeConfig
+    train: SequenceShape
+
+
+def model_run(
     model: ModelConfig,
-    copy_head: Optional[CopyHeadConfig],
-    parallel: ParallelConfig,
+    copy_head: Optional[CopyHeadConfig] = None,
+    parallel: Optional[ParallelConfig] = None,
     precision: Optional[PrecisionConfig] = None,
     recompute: Optional[RecomputeConfig] = None,
-    max_seq_len: Optional[int] = None,
-) -> List["torch.nn.Module"]:
-    """This rank's model chunks (one per virtual pipeline stage); Megatron parallel state must exist."""
+    seq_len: Optional[int] = None,
+) -> ModelRun:
+    """`model` (+ the copy head; None: the baseline) as build_run takes it: TP = PP = 1, fp32 and no
+    recomputation unless given; `seq_len` defaults to model.max_position_embeddings."""
+    return ModelRun(model, copy_head or CopyHeadConfig(enabled=False), parallel or ParallelConfig(),
+                    precision or PrecisionConfig(), recompute or RecomputeConfig(),
+                    SequenceShape(seq_len or model.max_position_embeddings))
+
+
+def single_process_run(cfg: RunSpec) -> ModelRun:
+    """The run `cfg` as one process loads it to score or convert it: TP = PP = CP = 1, its dtype without FP8, no
+    recomputation, and a GPU-only LM-head loss as its CPU twin where Triton cannot run (same values)."""
+    from cplm_megatron.model.lm_head_loss import runnable_here
+
+    model = replace(cfg.model, lm_head_loss=runnable_here(cfg.model.lm_head_loss))
+    return model_run(model, cfg.copy_head, precision=PrecisionConfig(dtype=cfg.precision.dtype),
+                     seq_len=cfg.train.seq_len)
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """The tokenizer facts a model is built for: token ids are < `size` (the tokenizer's vocabulary); the
+    embedding and output layer have `padded` rows (layout-independent, so checkpoints reshard)."""
+
+    size: int
+    padded: int
+
+
+@dataclass(frozen=True)
+class BuiltRun:
+    """What build_run assembled for this process."""
+
+    chunks: List["torch.nn.Module"]  # CPLMGPTModel per virtual pipeline stage (Float16Module-wrapped in bf16/fp16)
+    layout: RankLayout  # this rank's place in the layout they were built for
+    vocab: Vocabulary
+    copy_head: Optional[CopyHeadConfig]  # None: the baseline (exactly the plain backbone)
+    use_te: bool  # Transformer Engine layer spec (else megatron-core's local one)
+    attention: str  # the core attention: te | sdpa | megatron
+
+    @property
+    def model(self) -> "torch.nn.Module":
+        """The one model chunk (no virtual pipeline stages)."""
+        if len(self.chunks) != 1:
+            raise ValueError(f"the run has {len(self.chunks)} model chunks (virtual pipeline stages); use .chunks")
+        return self.chunks[0]
+
+
+def build_run(cfg: RunSpec, layout: Optional[RankLayout] = None) -> BuiltRun:
+    """The one place a run's model is assembled (trainer, scorers, converters, model_info, benchmarks).
+
+    `cfg`: a RunConfig, `model_run(...)` or `single_process_run(run_config)`. The Megatron parallel state must
+    exist and have cfg.parallel's sizes (`init_distributed`, or `single_process_megatron` in one process);
+    `layout` is the one init_distributed returned (read from the parallel state when not given). Builds under
+    the caller's RNG state and device context (e.g. `torch.device("meta")`)."""
     from megatron.core import parallel_state as ps
 
     from cplm_megatron.model.cplm_gpt import CPLMGPTModel
+    from cplm_megatron.parallel.distributed import rank_layout
 
-    te = use_te_spec(model, precision)
-    config = transformer_config(model, parallel, precision, recompute, te)
+    model, parallel = cfg.model, cfg.parallel
+    layout = layout or rank_layout(parallel)
+    te = use_te_spec(model, cfg.precision)
+    config = transformer_config(model, parallel, cfg.precision, cfg.recompute, te)
     spec = layer_spec(model, te)
     vpp = parallel.vpp
     chunks = []
@@ -183,14 +273,14 @@ def build_model(
             config=config,
             transformer_layer_spec=spec,
             vocab_size=model.padded_vocab_size,
-            max_sequence_length=max_seq_len or model.max_position_embeddings,
+            max_sequence_length=cfg.train.seq_len,
             pre_process=ps.is_pipeline_first_stage(ignore_virtual=False, vp_stage=stage),
             post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=stage),
             parallel_output=True,
             share_embeddings_and_output_weights=model.tie_embeddings,
             position_embedding_type=model.position_embedding,
             rotary_base=int(model.rope_theta),
-            copy_head=copy_head,
+            copy_head=cfg.copy_head,
             lm_head_loss=model.lm_head_loss,
             vp_stage=stage,
         )
@@ -203,4 +293,6 @@ def build_model(
 
             chunk = Float16Module(config, chunk)
         chunks.append(chunk)
-    return chunks
+    head = cfg.copy_head if cfg.copy_head is not None and cfg.copy_head.enabled else None
+    return BuiltRun(chunks, layout, Vocabulary(model.vocab_size, model.padded_vocab_size), head, te,
+                    attention_impl(model, te))

@@ -188,9 +188,16 @@ def init_process_groups(parallel: ParallelConfig, seed: int = 1234, env: Optiona
             context_parallel_size=parallel.cp,
         )
     set_seed(seed)
+    return _rank_layout(parallel, env.rank, env.world_size, dp)
+
+
+def _rank_layout(parallel: ParallelConfig, rank: int, world_size: int, dp: int) -> RankLayout:
+    from megatron.core import parallel_state as ps
+
+    cuda = torch.cuda.is_available()
     return RankLayout(
-        rank=env.rank,
-        world_size=env.world_size,
+        rank=rank,
+        world_size=world_size,
         tp=parallel.tp,
         pp=parallel.pp,
         dp=dp,
@@ -202,6 +209,24 @@ def init_process_groups(parallel: ParallelConfig, seed: int = 1234, env: Optiona
         device=torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu"),
         cp=parallel.cp,
     )
+
+
+def rank_layout(parallel: ParallelConfig) -> RankLayout:
+    """This process's place in the existing torch.distributed + Megatron parallel state (set up by
+    `init_distributed` or `single_process_megatron`), which must have `parallel`'s sizes."""
+    from megatron.core import parallel_state as ps
+
+    if not (dist.is_initialized() and ps.model_parallel_is_initialized()):
+        raise RuntimeError("no Megatron parallel state: call cplm_megatron.model.layout.init_distributed first "
+                           "(or build inside `with single_process_megatron():` for one process)")
+    have = (ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size(),
+            ps.get_context_parallel_world_size())
+    want = (parallel.tp, parallel.pp, parallel.cp)
+    if have != want:
+        raise RuntimeError("Megatron's parallel state has tp, pp, cp = {}, {}, {} but the run asks for {}, {}, {}"
+                           .format(*have, *want))
+    world_size = dist.get_world_size()
+    return _rank_layout(parallel, dist.get_rank(), world_size, check_world(world_size, parallel))
 
 
 def destroy_distributed() -> None:

@@ -14,6 +14,7 @@ from typing import Dict, Optional
 import torch
 
 from cplm_megatron.model.accounting import CopyHeadShape, train_flops_per_token
+from cplm_megatron.model.builder import Vocabulary
 from cplm_megatron.training.checkpointing import Checkpointer, TrainState, layout_text
 from cplm_megatron.training.loop import Cadence, NonFiniteGuard, NonFiniteLossError, StopPolicy  # noqa: F401
 from cplm_megatron.training.metrics_log import MetricsLogger, format_line, rank0_print
@@ -30,17 +31,17 @@ def copy_shape(cfg: RunConfig) -> Optional[CopyHeadShape]:
     return CopyHeadShape.of(cfg.copy_head)
 
 
-def build_data(cfg: RunConfig, dp_rank: int, dp_size: int):
-    """(training micro-batch iterator, validation loader or None) for this DP rank."""
+def build_data(cfg: RunConfig, vocab: Vocabulary, dp_rank: int, dp_size: int):
+    """(training micro-batch iterator, validation loader or None) for this DP rank; `vocab`: what the model was
+    built for (build_run): synthetic ids below its size, a dataset's tokenizer checked against its rows."""
     from cplm_megatron.errors import ConfigError
 
-    vocab = cfg.model.padded_vocab_size
     if cfg.data.synthetic:
         from cplm_megatron.data.synthetic import SyntheticLoader, synthetic_val_batches
 
         d, t = cfg.data, cfg.train
-        train = SyntheticLoader(d.synthetic, t.seq_len, cfg.model.vocab_size, t.micro_batch, dp_rank, dp_size, d.seed)
-        val = synthetic_val_batches(d.synthetic, t.eval_iters, t.micro_batch, t.seq_len, cfg.model.vocab_size,
+        train = SyntheticLoader(d.synthetic, t.seq_len, vocab.size, t.micro_batch, dp_rank, dp_size, d.seed)
+        val = synthetic_val_batches(d.synthetic, t.eval_iters, t.micro_batch, t.seq_len, vocab.size,
                                     dp_rank, dp_size) if t.eval_interval else None
         return train, val
     if not cfg.data.streams:
@@ -48,10 +49,10 @@ def build_data(cfg: RunConfig, dp_rank: int, dp_size: int):
                           "data.streams=data/stdlib/train after `make data`) or set data.synthetic")
     from cplm_megatron.data.loader import build_train_loader, build_val_loader  # imports streaming
 
-    train = build_train_loader(cfg.data, dp_rank, dp_size, model_vocab_size=vocab)
+    train = build_train_loader(cfg.data, dp_rank, dp_size, model_vocab_size=vocab.padded)
     val = None
     if cfg.train.eval_interval and cfg.data.val_streams:
-        val = build_val_loader(cfg.data, dp_rank, dp_size, model_vocab_size=vocab)
+        val = build_val_loader(cfg.data, dp_rank, dp_size, model_vocab_size=vocab.padded)
     return train, val
 
 
@@ -102,7 +103,7 @@ class Trainer:
         """Every check first (config vs world, resume plan, machine, model, data, the checkpoint's data
         position), then the first write to run.dir (checkpoint.overwrite's delete, a rollback's set-aside,
         config.yaml): a refused launch leaves run.dir as it was."""
-        from cplm_megatron.model.builder import build_model, use_te_spec
+        from cplm_megatron.model.builder import build_run, use_te_spec
         from cplm_megatron.model.layout import init_distributed
         from cplm_megatron.parallel.distributed import detect_env
         from cplm_megatron.training.optimizer import build_optimizer, build_scheduler, wrap_ddp
@@ -119,14 +120,13 @@ class Trainer:
         self._take_lock()  # before anything is written to run.dir
         self.is_logger = self.layout.rank == 0
         self.total_iters = cfg.train.total_iters()
-        chunks = build_model(cfg.model, cfg.copy_head, cfg.parallel, cfg.precision, cfg.recompute,
-                             max_seq_len=cfg.train.seq_len)
-        self.chunks = wrap_ddp(chunks, cfg.optimizer, bf16=cfg.precision.dtype == "bf16")
+        self.built = build_run(cfg, self.layout)
+        self.chunks = wrap_ddp(self.built.chunks, cfg.optimizer, bf16=cfg.precision.dtype == "bf16")
         t = cfg.train
         self.optimizer = build_optimizer(self.chunks, cfg.optimizer, cfg.precision.dtype, t.lr, t.min_lr)
         self.scheduler = build_scheduler(self.optimizer, cfg.optimizer, cfg.schedule, self.total_iters, t.lr, t.min_lr)
         setup_model_config(self.chunks, self.optimizer)
-        self.train_data, self.val_data = build_data(cfg, self.layout.dp_rank, self.layout.dp)
+        self.train_data, self.val_data = build_data(cfg, self.built.vocab, self.layout.dp_rank, self.layout.dp)
         self.num_micro = cfg.data.num_microbatches(self.layout.dp)
         resumed_from = plan.checkpoint.iteration if plan.resumed else None
         self.checkpointer = Checkpointer(self.run_dir / "checkpoints", cfg.checkpoint.keep,

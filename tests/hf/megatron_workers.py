@@ -77,7 +77,7 @@ def build(cfg: RunConfig) -> list[torch.nn.Module]:
     """Parallel state for `cfg`'s layout (re-made when it changes) + its model chunks (eval mode)."""
     from megatron.core import parallel_state as ps
 
-    from cplm_megatron.model.builder import build_model
+    from cplm_megatron.model.builder import build_run, model_run
     from cplm_megatron.model.layout import init_distributed
 
     if ps.model_parallel_is_initialized() and (
@@ -85,8 +85,8 @@ def build(cfg: RunConfig) -> list[torch.nn.Module]:
         ps.get_virtual_pipeline_model_parallel_world_size(),
     ) != (cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.vpp):
         ps.destroy_model_parallel()  # same processes and process group, another TP/PP layout
-    init_distributed(cfg.parallel, cfg.model, cfg.run.seed)
-    chunks = build_model(cfg.model, cfg.copy_head, cfg.parallel, cfg.precision, max_seq_len=SEQ_LEN)
+    layout = init_distributed(cfg.parallel, cfg.model, cfg.run.seed)
+    chunks = build_run(model_run(cfg.model, cfg.copy_head, cfg.parallel, cfg.precision, seq_len=SEQ_LEN), layout).chunks
     for chunk in chunks:
         chunk.eval()
     return chunks

@@ -81,13 +81,13 @@ def _core_cases(config, tp: int) -> Dict:
 
 def _model_case(parallel: ParallelConfig, impl: str, masking: bool, precision=None, recompute=None) -> Dict:
     """Per-token losses and every parameter's gradient of the tiny backbone with core attention ``impl``."""
-    from cplm_megatron.model.builder import build_model
+    from cplm_megatron.model.builder import build_run, model_run
     from cplm_megatron.model.document_mask import document_ids_mask
     from cplm_megatron.parallel.distributed import set_seed
 
     cfg = load_preset("tiny", attention_impl=impl)
     set_seed(7)  # the same weights for every case
-    [model] = build_model(cfg, None, parallel, precision, recompute, max_seq_len=S)
+    model = build_run(model_run(cfg, None, parallel, precision, recompute, seq_len=S)).model
     x, y, pos, doc = _batch(cfg.vocab_size)
     mask = document_ids_mask(doc) if masking else None  # what the step passes
     loss = model(x, pos if masking else torch.arange(S)[None].expand(B, S), mask, labels=y)

@@ -13,12 +13,12 @@ COPY = dict(heads=2, head_dim=16, impl="chunked", block_size=16)
 
 
 def _model(parallel: ParallelConfig, copy: CopyHeadConfig | None, seed: int = 7, **overrides):
-    from cplm_megatron.model.builder import build_model
+    from cplm_megatron.model.builder import build_run, model_run
     from cplm_megatron.model.layout import init_distributed
 
     cfg = load_preset("tiny", **overrides)
     init_distributed(parallel, cfg, seed=seed)
-    chunks = build_model(cfg, copy, parallel, max_seq_len=256)
+    chunks = build_run(model_run(cfg, copy, parallel, seq_len=256)).chunks
     return cfg, chunks
 
 

@@ -30,7 +30,7 @@ def spread_batches(n: int, vocab: int) -> List[Dict[str, torch.Tensor]]:
 
 
 def _build(model_cfg, copy: Optional[CopyHeadConfig], parallel: ParallelConfig, dtype: str):
-    from cplm_megatron.model.builder import PrecisionConfig, build_model
+    from cplm_megatron.model.builder import PrecisionConfig, build_run, model_run
     from cplm_megatron.parallel.distributed import set_seed
     from cplm_megatron.training.optimizer import (
         OptimizerConfig,
@@ -42,7 +42,7 @@ def _build(model_cfg, copy: Optional[CopyHeadConfig], parallel: ParallelConfig, 
     from cplm_megatron.training.step import setup_model_config
 
     set_seed(SEED)  # identical initial weights for every implementation
-    chunks = build_model(model_cfg, copy, parallel, PrecisionConfig(dtype=dtype), max_seq_len=256)
+    chunks = build_run(model_run(model_cfg, copy, parallel, PrecisionConfig(dtype=dtype), seq_len=256)).chunks
     opt_cfg = OptimizerConfig()
     chunks = wrap_ddp(chunks, opt_cfg, bf16=dtype == "bf16")
     optimizer = build_optimizer(chunks, opt_cfg, dtype, lr=1e-3, min_lr=1e-3)

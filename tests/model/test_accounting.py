@@ -27,7 +27,7 @@ def _profile(rank: int, copy: bool):
     from deepspeed.profiling.flops_profiler import FlopsProfiler
 
     from cplm_megatron.model.accounting import CopyHeadShape, forward_flops_per_token
-    from cplm_megatron.model.builder import build_model
+    from cplm_megatron.model.builder import build_run, model_run
     from cplm_megatron.model.config import load_preset
     from cplm_megatron.model.copy_head import CopyHeadConfig
     from cplm_megatron.model.layout import init_distributed
@@ -36,7 +36,7 @@ def _profile(rank: int, copy: bool):
     m = load_preset("tiny")
     init_distributed(ParallelConfig(), m)
     head = CopyHeadConfig(heads=4, head_dim=32, impl="naive") if copy else CopyHeadConfig(enabled=False)
-    [model] = build_model(m, head, ParallelConfig(), max_seq_len=256)
+    model = build_run(model_run(m, head, seq_len=256)).model
     b, s = 2, 256
     x = torch.randint(0, m.vocab_size, (b, s + 1))
     prof = FlopsProfiler(model)

@@ -99,9 +99,7 @@ def _build_all(rank: int) -> dict:
 
     from cplm_megatron.model.accounting import CopyHeadShape
     from cplm_megatron.model.config import available_presets
-    from tests.data_fixtures import load_tool
-
-    count_built_params = load_tool("model_info").count_built_params
+    from cplm_megatron.model.info import count_built_params
     out = {}
     for name in available_presets():
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

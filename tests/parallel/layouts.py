@@ -31,7 +31,7 @@ def fixed_batches(n: int, micro_batch: int, seq_len: int, vocab: int, seed: int 
 def build(parallel: ParallelConfig, preset: str = "tiny", copy: Optional[CopyHeadConfig] = None,
           distributed_optimizer: bool = False, seed: int = 1234, **model_overrides):
     """init_distributed + model + DDP + optimizer + scheduler for one process."""
-    from cplm_megatron.model.builder import build_model
+    from cplm_megatron.model.builder import build_run, model_run
     from cplm_megatron.model.layout import init_distributed
     from cplm_megatron.training.optimizer import (
         OptimizerConfig,
@@ -44,7 +44,7 @@ def build(parallel: ParallelConfig, preset: str = "tiny", copy: Optional[CopyHea
 
     model_cfg = load_preset(preset, **model_overrides)
     layout = init_distributed(parallel, model_cfg, seed=seed)
-    chunks = build_model(model_cfg, copy, parallel, max_seq_len=256)
+    chunks = build_run(model_run(model_cfg, copy, parallel, seq_len=256), layout).chunks
     opt_cfg = OptimizerConfig(distributed=distributed_optimizer)
     chunks = wrap_ddp(chunks, opt_cfg, bf16=False)
     optimizer = build_optimizer(chunks, opt_cfg, "fp32", lr=1e-3, min_lr=1e-3)

@@ -69,6 +69,22 @@ def test_context_parallel_layout_and_its_errors():
     assert proc.returncode == 2 and "--seq-len 250 is not divisible by 2 x --cp = 4" in proc.stderr
 
 
+def test_pp_x_cp_is_refused_with_the_trainers_error():
+    """The trainer refuses PP x CP before any process group (model/layout.py: check_context_parallel); model_info
+    used to report such a layout. Both now give the one error line of the trainer's check."""
+    from cplm_megatron.errors import ConfigError
+    from cplm_megatron.model.config import load_preset
+    from cplm_megatron.model.layout import check_context_parallel
+    from cplm_megatron.parallel.config import ParallelConfig
+
+    with pytest.raises(ConfigError) as trainer:
+        check_context_parallel(ParallelConfig(pp=2, cp=2), load_preset("tiny"), 256)
+    proc = run("--preset", "tiny", "--pp", "2", "--cp", "2", "--seq-len", "256")
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [f"error: {trainer.value}"], proc.stderr
+    proc = run("--preset", "tiny", "--cp", "2", "--seq-len", "256", "--attention", "megatron")
+    assert proc.returncode == 2 and "needs model.attention_impl=sdpa" in proc.stderr
+
+
 @pytest.mark.parametrize("option", ["--seq-len", "--micro-batch", "--gpus", "--tp", "--dp"])
 def test_negative_or_zero_sizes_are_refused(option):
     """Issue 30: negative sequence length, micro batch and GPU counts used to give a report."""

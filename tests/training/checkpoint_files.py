@@ -22,15 +22,14 @@ def tiny_config(run_dir: Path, *overrides: str) -> RunConfig:
 def write_checkpoints(cfg: RunConfig, iterations: Iterable[int]) -> Path:
     """Checkpoints (weights, RNG, config; no optimizer) at `iterations` under run.dir/checkpoints, via the
     trainer's Checkpointer in a one-process group; returns the checkpoint root."""
-    from cplm_megatron.model.builder import build_model
+    from cplm_megatron.model.builder import build_run, model_run
     from cplm_megatron.model.layout import single_process_megatron
-    from cplm_megatron.parallel.config import ParallelConfig
     from cplm_megatron.training.checkpointing import Checkpointer, TrainState
 
     iterations = list(iterations)
     root = Path(cfg.run.dir) / "checkpoints"
     with single_process_megatron(cfg.model, cfg.run.seed):
-        [chunk] = build_model(cfg.model, cfg.copy_head, ParallelConfig())
+        chunk = build_run(model_run(cfg.model, cfg.copy_head)).model
         saver = Checkpointer(root, keep=len(iterations), log=lambda message: None)
         for iteration in iterations:
             saver.save([chunk], None, None, TrainState(iteration=iteration), None, cfg.to_dict())

@@ -15,14 +15,13 @@ pytestmark = pytest.mark.mcore  # the outcome depends on megatron-core (both CI 
 
 
 def _save(cfg, root: Path, iterations, keep: int, resumed_from=None) -> None:
-    from cplm_megatron.model.builder import build_model
+    from cplm_megatron.model.builder import build_run, model_run
     from cplm_megatron.model.layout import single_process_megatron
-    from cplm_megatron.parallel.config import ParallelConfig
     from cplm_megatron.training.checkpointing import Checkpointer, TrainState
     from cplm_megatron.training.preflight import checkpoint_size
 
     with single_process_megatron(cfg.model, cfg.run.seed):
-        [chunk] = build_model(cfg.model, cfg.copy_head, ParallelConfig())
+        chunk = build_run(model_run(cfg.model, cfg.copy_head)).model
         saver = Checkpointer(root, keep=keep, log=lambda message: None, resumed_from=resumed_from,
                              checkpoint_size=checkpoint_size(cfg))
         for iteration in iterations:
