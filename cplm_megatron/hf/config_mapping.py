@@ -1,9 +1,10 @@
 """Config mapping between the Megatron side (`ModelConfig`, `CopyHeadConfig`) and Hugging Face configs.
 
 Each family's own mapping is its backbone spec's (cplm_megatron/model/backbones/): export gives its HF config
-(LlamaConfig, GPT2Config, Qwen3Config), or `CPLMConfig` when the copy head is on (Llama family only); import
-reads the HF `model_type`s a family declares (llama, mistral without a sliding window, cplm, qwen3). Anything
-the other side cannot express exactly is a `ConversionError` naming the field, never a silent approximation.
+(LlamaConfig, GPT2Config, Qwen3Config), or `CPLMConfig` when the copy head is on (its `cplm_backbone` the family's
+HF model_type: llama, qwen3); import reads the HF `model_type`s a family declares (llama, mistral without a sliding
+window, qwen3), and cplm as the family of its `cplm_backbone`. Anything the other side cannot express exactly is
+a `ConversionError` naming the field, never a silent approximation.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from transformers import PretrainedConfig
 
 from cplm_megatron.errors import ConfigError
 from cplm_megatron.hf.configuration_cplm import CPLMConfig
-from cplm_megatron.model.backbones import backbone, importable_model_types, importer
+from cplm_megatron.model.backbones import backbone, importable_model_types, importer, registry
 from cplm_megatron.model.backbones.base import ConversionError
 from cplm_megatron.model.backbones.llama import rope_of  # noqa: F401 - re-exported
 from cplm_megatron.model.config import ModelConfig, load_preset
@@ -23,7 +24,7 @@ from cplm_megatron.model.copy_head import CopyHeadConfig
 
 log = logging.getLogger(__name__)
 
-IMPORTABLE_MODEL_TYPES = tuple(importable_model_types())
+IMPORTABLE_MODEL_TYPES = (*importable_model_types(), CPLMConfig.model_type)
 # Backbone fields a preset must share with the imported HF config (weights or numerics depend on them).
 PRESET_FIELDS = (
     "family", "num_layers", "hidden_size", "num_attention_heads", "kv_heads", "ffn_hidden_size", "head_dim",
@@ -40,9 +41,10 @@ def check_exportable(model: ModelConfig, copy_head: CopyHeadConfig | None) -> No
         raise ConversionError(f"unsupported architecture: {err}") from err
     spec.check_exportable(model)
     if copy_head is not None and not spec.cplm_export:
+        families = ", ".join(sorted(name for name, other in registry().items() if other.cplm_export))
         raise ConversionError(
-            "unsupported architecture: the Copy-Paste head is exported with the Llama-family "
-            f"CPLMForCausalLM only; this {model.family}-family checkpoint has copy_head.enabled=true"
+            f"unsupported architecture: the Copy-Paste head is exported (CPLMForCausalLM) with the {families} "
+            f"families; this {model.family}-family checkpoint has copy_head.enabled=true"
         )
 
 
@@ -61,13 +63,15 @@ def hf_config_from_megatron(
     return CPLMConfig(
         copy_heads=copy_head.heads, copy_head_dim=copy_head.head_dim, copy_qk_norm=copy_head.qk_norm,
         copy_norm_eps=copy_head.norm_eps, copy_gate_bias_init=copy_head.gate_bias_init,
-        copy_mixing=copy_head.mixing, **spec.hf_config_fields(model),
+        copy_mixing=copy_head.mixing, cplm_backbone=spec.hf_model_type(), **spec.hf_config_fields(model),
     )
 
 
 def model_config_from_hf(hf: PretrainedConfig, source: str) -> ModelConfig:
     """A Megatron `ModelConfig` equal to an HF config some family imports; `source` names its file in errors."""
     model_type = getattr(hf, "model_type", None)
+    if model_type == CPLMConfig.model_type:
+        model_type = getattr(hf, "cplm_backbone", "llama")  # exports before cplm_backbone existed were Llama's
     spec = importer(model_type)
     if spec is None:
         raise ConversionError(

@@ -1,14 +1,22 @@
-"""Hugging Face config for Copy-Paste Language Models: a Llama config plus the copy-head fields.
+"""Hugging Face config for Copy-Paste Language Models: the backbone's config fields plus the copy-head fields.
 
 Self-contained on purpose: this file is copied into every exported checkpoint directory and loaded
 there with ``trust_remote_code=True``, so it may import only ``transformers``.
 """
 
-from transformers import LlamaConfig
+from transformers import AutoConfig, LlamaConfig
+
+# Fields of a backbone config that describe the file, not the decoder (never copied from the backbone's defaults).
+_NOT_BACKBONE_FIELDS = ("model_type", "transformers_version", "architectures", "auto_map")
 
 
 class CPLMConfig(LlamaConfig):
-    """LlamaConfig + Copy-Paste head: ``copy_heads`` x ``copy_head_dim`` query/key heads and a gate.
+    """A decoder's config + Copy-Paste head: ``copy_heads`` x ``copy_head_dim`` query/key heads and a gate.
+
+    ``cplm_backbone``: the transformers ``model_type`` of the decoder (``llama``, the default and what exports
+    without the field hold; ``qwen3``, ...). For another backbone than Llama the config holds that family's fields
+    with its defaults and derived values (e.g. Qwen3's ``layer_types``), read through ``AutoConfig.for_model``, so
+    the family's own decoder (``Qwen3Model``) builds from it; the class stays a ``LlamaConfig`` for old exports.
 
     ``copy_mixing``: the mixing variant (``mixing.py``: gate, constant, sentinel). ``copy_eod_token_id``: the
     end-of-document id (default: ``eos_token_id``); with ``copy_reset_at_eod`` (default on) copy
@@ -29,6 +37,7 @@ class CPLMConfig(LlamaConfig):
         copy_mixing: str = "gate",
         copy_eod_token_id: int | None = None,
         copy_reset_at_eod: bool = True,
+        cplm_backbone: str = "llama",
         **kwargs,
     ) -> None:
         if not (isinstance(copy_heads, int) and copy_heads > 0):
@@ -52,4 +61,20 @@ class CPLMConfig(LlamaConfig):
                              f"got {copy_eod_token_id!r}")
         self.copy_eod_token_id = copy_eod_token_id
         self.copy_reset_at_eod = bool(copy_reset_at_eod)
+        if not (isinstance(cplm_backbone, str) and cplm_backbone):
+            raise ValueError(f"CPLMConfig: cplm_backbone must be a transformers model_type, got {cplm_backbone!r}")
+        self.cplm_backbone = cplm_backbone
+        if cplm_backbone != "llama":
+            kwargs = backbone_fields(cplm_backbone, kwargs)
         super().__init__(**kwargs)
+
+
+def backbone_fields(model_type: str, fields: dict) -> dict:
+    """`fields` completed with the defaults and derived values of `model_type`'s config class."""
+    try:
+        base = AutoConfig.for_model(model_type, **{k: v for k, v in fields.items() if k not in _NOT_BACKBONE_FIELDS})
+    except ValueError as err:
+        raise ValueError(f"CPLMConfig: cplm_backbone={model_type!r} is not a model type transformers knows: {err}") \
+            from err
+    completed = {k: v for k, v in base.to_dict().items() if k not in _NOT_BACKBONE_FIELDS}
+    return {**fields, **completed}

@@ -1,4 +1,8 @@
-"""Hugging Face model code for Copy-Paste Language Models: a Llama backbone + the Copy-Paste head.
+"""Hugging Face model code for Copy-Paste Language Models: a decoder backbone + the Copy-Paste head.
+
+The backbone is the transformers decoder of ``config.cplm_backbone`` (a ``model_type``: ``llama`` by default,
+``qwen3``, ...), found through transformers' own AutoModel mapping (``Qwen3Model`` for ``qwen3``): any decoder
+whose forward returns final-normed ``last_hidden_state`` and a KV cache, as the Llama-derived families do.
 
 Self-contained on purpose: this file is copied into every exported checkpoint directory and loaded
 there with ``trust_remote_code=True``; it imports only torch, transformers and its siblings
@@ -41,13 +45,31 @@ from transformers.models.llama.modeling_llama import (
 from .configuration_cplm import CPLMConfig
 from .mixing import CopyStats, MixtureWeights, mix_log_probs, mixing_rule, mixture_weights
 
-# transformers renamed the cache argument `past_key_values` -> `cache` (5.2x); use what is installed.
-_CACHE_KWARG = "cache" if "cache" in inspect.signature(LlamaModel.forward).parameters else "past_key_values"
 _OUTPUT_CACHE_FIELD = (
     "cache" if "cache" in {f.name for f in dataclasses.fields(CausalLMOutputWithPast)} else "past_key_values"
 )
 _CACHE_NAMES = ("cache", "past_key_values")
 COPY_STATE_ATTR = "cplm_copy_state"
+
+
+def decoder_class(model_type: str) -> type:
+    """The transformers decoder (base model) class of `model_type`: LlamaModel, Qwen3Model, ..."""
+    if model_type == "llama":
+        return LlamaModel
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_MAPPING_NAMES
+
+    name = MODEL_MAPPING_NAMES.get(model_type)
+    cls = getattr(transformers, name, None) if isinstance(name, str) else None
+    if cls is None:
+        raise ValueError(f"CPLMForCausalLM: cplm_backbone={model_type!r} has no decoder class in this transformers "
+                         f"({transformers.__version__})")
+    return cls
+
+
+def _cache_kwarg(decoder: type) -> str:
+    """transformers renamed the cache argument `past_key_values` -> `cache` (5.2x); use what is installed."""
+    return "cache" if "cache" in inspect.signature(decoder.forward).parameters else "past_key_values"
 
 
 @dataclasses.dataclass
@@ -288,16 +310,20 @@ def _validity_mask(attention_mask: torch.Tensor | None, batch_size: int, total_l
 
 
 class CPLMForCausalLM(LlamaForCausalLM):
-    """Llama causal LM whose output distribution mixes the LM head with the Copy-Paste head."""
+    """Causal LM whose output distribution mixes the LM head with the Copy-Paste head; the decoder is
+    ``config.cplm_backbone``'s (``decoder_class``; the Llama one by default)."""
 
     config_class = CPLMConfig
     _supports_static_cache = False  # the copy-key state lives beside a dynamic cache only
     _can_compile_fullgraph = False
 
     def __init__(self, config: CPLMConfig) -> None:
-        # Build the Llama modules here (not via LlamaForCausalLM.__init__) so post_init runs once, with the head.
+        # Build the modules here (not via LlamaForCausalLM.__init__) so post_init runs once, with the head.
         LlamaPreTrainedModel.__init__(self, config)
-        self.model = LlamaModel(config)
+        decoder = decoder_class(getattr(config, "cplm_backbone", "llama"))
+        self.model = decoder(config)
+        self._no_split_modules = list(getattr(decoder, "_no_split_modules", None) or [])
+        self._cache_kwarg = _cache_kwarg(decoder)
         self.vocab_size = config.vocab_size
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.copy_head = CPLMCopyHead(config)
@@ -350,7 +376,7 @@ class CPLMForCausalLM(LlamaForCausalLM):
             attention_mask=attention_mask,
             position_ids=position_ids,
             use_cache=use_cache,
-            **{_CACHE_KWARG: cache},
+            **{self._cache_kwarg: cache},
             **kwargs,
         )
         hidden = outputs.last_hidden_state  # final-normed, [b, n, hidden]

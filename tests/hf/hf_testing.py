@@ -27,6 +27,11 @@ BACKBONE = {
     "pad_token_id": PAD_ID,
 }
 COPY_HEAD = {"copy_heads": 3, "copy_head_dim": 16}
+# A Qwen3 decoder under the copy head (CPLMConfig's cplm_backbone): qk-norm, head_dim != hidden/heads, RoPE base 1e6
+QWEN3 = {"cplm_backbone": "qwen3", "head_dim": 24, "rope_theta": 1_000_000.0, "rms_norm_eps": 1e-6}
+# fp32 log-probs (|log p| <~ 7, hidden 64, intermediate 128) over a KV cache vs over the whole prefix: attention
+# and copy sums in other orders, random-walk rounding ~sqrt(128) * 2^-24 * 7 ~ 5e-6 -> 1e-5
+STEP_ATOL = 1e-5
 UNIT_ROUNDOFF = {torch.float32: 2.0**-24, torch.bfloat16: 2.0**-8}
 
 

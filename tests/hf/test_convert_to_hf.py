@@ -31,7 +31,12 @@ pytestmark = [pytest.mark.mcore, pytest.mark.mcore_latest]  # the HF export of e
 # ffn 384, 4 layers, vocab ~4096): other summation orders in every matmul and softmax plus separately computed
 # RoPE tables (angles < 64 rad rounded at 2^-24) give ~1e-5 relative on |logits|, |log p| <~ 10 -> 1e-4
 ATOL = 1e-4
-CPLM = ["model.preset=tiny", "copy_head.heads=3", "copy_head.head_dim=16", "copy_head.qk_norm=true"]
+# one fp32 model over a KV cache vs over the whole prefix (tiny-qwen3: ffn 384, |log p| <~ 10): attention and copy
+# sums in other orders, random-walk rounding ~sqrt(384) * 2^-24 * 10 ~ 1e-5 -> 5e-5 (measured 2e-6)
+GENERATION_ATOL = 5e-5
+COPY_HEAD = ["copy_head.heads=3", "copy_head.head_dim=16", "copy_head.qk_norm=true"]
+CPLM = ["model.preset=tiny", *COPY_HEAD]
+CPLM_QWEN3 = ["model.preset=tiny-qwen3", *COPY_HEAD]  # qk-norm, head_dim 48 != 128/4, untied, RoPE base 1e6
 PADDED_VOCAB = 4000  # not a multiple of 128: the 96 padded rows must be dropped
 LLAMA_UNTIED = ["model.preset=tiny", "model.tie_embeddings=false", f"model.vocab_size={PADDED_VOCAB}",
                 "copy_head.enabled=false"]
@@ -69,6 +74,7 @@ def saved(tmp_path_factory: pytest.TempPathFactory, data_root: Path) -> dict:
         # one sentinel per copy head (gate [3, d]); the mixture reads each head's candidate lse on both sides
         "cplm_sentinel_tp2": variant(CPLM + ["copy_head.mixing=sentinel", "parallel.tp=2"], "log_probs", seed=9),
         "llama_untied_pp2": variant(LLAMA_UNTIED + ["parallel.pp=2"], "logits", seed=6, vocab=PADDED_VOCAB),
+        "cplm_qwen3_tp2": variant(CPLM_QWEN3 + ["parallel.tp=2"], "log_probs", seed=10),
     }
     results = run_distributed(mw.save_and_score, 2, variants, str(root))
     scores = {name: next(r[name] for r in results if r[name] is not None) for name in variants}
@@ -107,6 +113,33 @@ def test_cplm_logits_equal_megatron_mixture_log_probs(saved: dict, name: str, tm
     diff = max_diff(model, saved, name, 4096)
     print(f"{name}: max |HF - Megatron| mixture log-prob = {diff:.3g}")
     assert diff <= ATOL
+
+
+@pytest.mark.slow
+def test_qwen3_cplm_exports_loads_and_generates_with_the_cache_as_without(saved: dict, tmp_path: Path,
+                                                                         tokenizer_dir: Path) -> None:
+    """A Qwen3-backbone CPLM saved at TP=2 exports as CPLMForCausalLM over transformers' Qwen3Model (the backbone
+    spec's HF class; cplm_backbone: qwen3), loads with trust_remote_code, computes Megatron's mixture log-probs, and
+    generates greedily with the KV cache as without it."""
+    name = "cplm_qwen3_tp2"
+    model = export(saved, name, tmp_path, tokenizer_dir)
+    assert (type(model).__name__, type(model.model).__name__, model.config.cplm_backbone) == (
+        "CPLMForCausalLM", "Qwen3Model", "qwen3")
+    assert (model.config.head_dim, model.config.tie_word_embeddings, model.config.copy_eod_token_id) == (
+        48, False, mw.EOD_ID)
+    diff = max_diff(model, saved, name, 4096)
+    print(f"{name}: max |HF - Megatron| mixture log-prob = {diff:.3g}")
+    assert diff <= ATOL
+    prompt = saved["variants"][name]["batches"][0][:, :12]
+    runs = [model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=8, do_sample=False,
+                           use_cache=cache, return_dict_in_generate=True, output_logits=True,
+                           pad_token_id=model.generation_config.pad_token_id) for cache in (True, False)]
+    cached, uncached = runs
+    # integer tokens: argmaxes of log-probs that agree within GENERATION_ATOL (no closer tie in these prompts)
+    assert torch.equal(cached.sequences, uncached.sequences) and cached.sequences.shape[1] > prompt.shape[1] + 1
+    gap = (torch.stack(cached.logits) - torch.stack(uncached.logits)).abs().max().item()
+    print(f"{name}: max |cached - uncached| step log-prob = {gap:.3g}")
+    assert gap <= GENERATION_ATOL
 
 
 @pytest.mark.slow
@@ -165,7 +198,8 @@ def test_not_a_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_gpt2_checkpoint_with_copy_head_is_a_clear_error(saved: dict, tmp_path: Path, tokenizer_dir: Path) -> None:
-    with pytest.raises(ConversionError, match="Copy-Paste head is exported with the Llama-family"):
+    with pytest.raises(ConversionError, match=r"Copy-Paste head is exported \(CPLMForCausalLM\) with the llama, "
+                                              "qwen3 families; this gpt2-family"):
         convert_to_hf(saved["root"] / "gpt2_with_copy_head", tmp_path / "hf", tokenizer=tokenizer_dir)
     assert not (tmp_path / "hf").exists()
 

@@ -2,15 +2,12 @@
 
 import pytest
 import torch
-from hf_testing import BOS_EOS_ID, PAD_ID, cplm_config, llama_config_like, repetitive_ids, tiny_cplm
+from hf_testing import BOS_EOS_ID, PAD_ID, STEP_ATOL, cplm_config, llama_config_like, repetitive_ids, tiny_cplm
 from transformers import DynamicCache, LlamaForCausalLM
 
 from cplm_megatron.hf.modeling_cplm import COPY_STATE_ATTR, CPLMForCausalLM
 
 NEW_TOKENS = 10
-# fp32 log-probs (|log p| <~ 7, hidden 64, intermediate 128) over a cache vs over the whole prefix: attention
-# and copy sums in other orders, random-walk rounding ~sqrt(128) * 2^-24 * 7 ~ 5e-6 -> 1e-5
-STEP_ATOL = 1e-5
 
 
 @pytest.fixture(scope="module")

@@ -12,10 +12,13 @@ import transformers
 from hf_testing import (
     BOS_EOS_ID,
     PAD_ID,
+    QWEN3,
+    STEP_ATOL,
     VOCAB_SIZE,
     assert_logits_are_the_models,
     cplm_config,
     llama_config_like,
+    randomize_norms,
     repetitive_ids,
     tiny_cplm,
 )
@@ -44,6 +47,13 @@ def saved_tensors(model_dir: Path) -> dict[str, torch.Tensor]:
     return tensors
 
 
+def tiny_qwen3_cplm() -> torch.nn.Module:
+    """A CPLM over a Qwen3 decoder, untied, every norm (q/k norms included) away from 1."""
+    model = tiny_cplm(cplm_config(**QWEN3, copy_qk_norm=True), seed=7, gate_bias=1.0)
+    randomize_norms(model, seed=7)
+    return model
+
+
 def tiny_gpt2() -> GPT2LMHeadModel:
     torch.manual_seed(5)
     config = GPT2Config(vocab_size=VOCAB_SIZE, n_embd=64, n_layer=2, n_head=4, n_positions=128,
@@ -53,7 +63,8 @@ def tiny_gpt2() -> GPT2LMHeadModel:
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path) -> dict:
-    """Export six variants, reload all of them in one fresh offline process; return models, dirs, results."""
+    """Export seven variants, reload all of them in one fresh offline process (the Qwen3 CPLM also generates
+    there); return models, dirs, results."""
     root = tmp_path_factory.mktemp("export")
     torch.manual_seed(0)
     plain_llama = LlamaForCausalLM(llama_config_like(cplm_config(tie_word_embeddings=True))).eval()
@@ -62,6 +73,7 @@ def exported(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path) -> d
         "cplm_tied_sharded": tiny_cplm(cplm_config(tie_word_embeddings=True), seed=2),
         "cplm_bf16": tiny_cplm(cplm_config(), seed=3),
         "cplm_constant": tiny_cplm(cplm_config(copy_mixing="constant"), seed=6, gate_bias=1.0),
+        "cplm_qwen3": tiny_qwen3_cplm(),
         "llama": plain_llama,
         "gpt2": tiny_gpt2(),
     }
@@ -72,7 +84,8 @@ def exported(tmp_path_factory: pytest.TempPathFactory, tokenizer_dir: Path) -> d
                                          **options.get(name, {}))
     input_ids = repetitive_ids(2, 12, seed=4)
     input_ids[:, 6] = BOS_EOS_ID  # a document boundary: the reloaded code resets copy candidates there too
-    request = {"dirs": [str(d) for d in dirs.values()], "input_ids": input_ids, "text": TEXT}
+    request = {"dirs": [str(d) for d in dirs.values()], "input_ids": input_ids, "text": TEXT,
+               "generate": {str(dirs["cplm_qwen3"]): repetitive_ids(2, 7, seed=1)}}
     torch.save(request, root / "request.pt")
     proc = subprocess.run(
         [sys.executable, str(LOADER), str(root / "request.pt"), str(root / "result.pt")],
@@ -105,6 +118,25 @@ def test_cplm_reloads_with_remote_code_and_identical_logits(exported: dict, toke
         BOS_EOS_ID, BOS_EOS_ID, PAD_ID)
     assert result["token_ids"] == AutoTokenizer.from_pretrained(str(tokenizer_dir))(TEXT).input_ids
     assert set(saved_tensors(model_dir)) == set(model.state_dict())
+
+
+def test_qwen3_cplm_reloads_with_remote_code_and_generates_with_the_cache_as_without(exported: dict) -> None:
+    """CPLMForCausalLM over the backbone spec's decoder (cplm_backbone: qwen3 -> Qwen3Model), reloaded with
+    trust_remote_code in a fresh process: the model's log-probs, and greedy generation with the KV cache (copy-key
+    state beside it) equal to generation without."""
+    model, model_dir, result = (exported[k]["cplm_qwen3"] for k in ("models", "dirs", "results"))
+    assert (result["class"], result["decoder"]) == ("CPLMForCausalLM", "Qwen3Model")
+    config = json.loads((model_dir / "config.json").read_text())
+    assert (config["model_type"], config["cplm_backbone"], config["head_dim"]) == ("cplm", "qwen3", 24)
+    assert config["layer_types"] == ["full_attention"] * 2 and config["rope_theta"] == 1_000_000.0
+    tensors = saved_tensors(model_dir)
+    assert set(tensors) == set(model.state_dict())  # untied: lm_head.weight too
+    assert sum("q_norm" in k or "k_norm" in k for k in tensors) == 2 * 2 + 2  # 2 layers' q/k norms + the copy head's
+    assert_logits_are_the_models(result["logits"], model, exported["input_ids"])
+    cached, uncached = result["generated"]["cached"], result["generated"]["uncached"]
+    # integer tokens: argmaxes of log-probs that agree within STEP_ATOL (no closer tie in this prompt)
+    assert torch.equal(cached["sequences"], uncached["sequences"]) and cached["sequences"].shape[1] > 7 + 1
+    torch.testing.assert_close(cached["logits"], uncached["logits"], atol=STEP_ATOL, rtol=0)
 
 
 def test_exported_directory_serves_as_tokenizer_dir(exported: dict, tmp_path: Path) -> None:

@@ -5,15 +5,18 @@ import math
 import pytest
 import torch
 from hf_testing import (
+    BACKBONE,
     BOS_EOS_ID,
     PAD_ID,
+    QWEN3,
     VOCAB_SIZE,
     cplm_config,
     llama_config_like,
+    randomize_norms,
     repetitive_ids,
     tiny_cplm,
 )
-from transformers import LlamaForCausalLM
+from transformers import LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
 from cplm_megatron.hf.configuration_cplm import CPLMConfig
 from cplm_megatron.hf.modeling_cplm import CPLMForCausalLM
@@ -214,6 +217,22 @@ def test_parameter_names_shapes_and_init() -> None:
     no_norm = CPLMForCausalLM(cplm_config(copy_gate_bias_init=-3.5))
     assert not any("norm" in name for name, _ in no_norm.copy_head.named_parameters())
     assert no_norm.copy_head.gate.bias.item() == -3.5
+
+
+def test_qwen3_backbone_is_transformers_qwen3_decoder() -> None:
+    """cplm_backbone=qwen3: the decoder is transformers' Qwen3Model built from the CPLM config (qk-norm, head_dim 24,
+    RoPE base 1e6, Qwen3's derived layer_types); with the same weights its LM logits are Qwen3ForCausalLM's, bitwise
+    (the same modules on the same inputs)."""
+    model = tiny_cplm(cplm_config(**QWEN3), seed=4)
+    randomize_norms(model, seed=4)
+    assert type(model.model).__name__ == "Qwen3Model" and model.config.layer_types == ["full_attention"] * 2
+    plain = Qwen3ForCausalLM(Qwen3Config(**BACKBONE, **{k: v for k, v in QWEN3.items() if k != "cplm_backbone"}))
+    plain.load_state_dict({k: v for k, v in model.state_dict().items() if not k.startswith("copy_head.")})
+    ids = repetitive_ids(2, 9, seed=3)
+    with torch.no_grad():
+        assert torch.equal(model.lm_head(model.model(ids).last_hidden_state), plain.eval()(ids).logits)
+    with pytest.raises(ValueError, match="cplm_backbone='nope' is not a model type transformers knows"):
+        cplm_config(cplm_backbone="nope")
 
 
 @pytest.mark.parametrize(

@@ -4,8 +4,9 @@
 - Megatron's logits at TP=1 equal HF's (two independent fp32 implementations; the only check that Megatron's
   q/k layernorm is HF's q_norm/k_norm, placed before RoPE).
 - The round trip gives the original tensors bitwise and the reloaded Qwen3ForCausalLM identical logits.
-- Fast: a Qwen3-0.6B-shaped HF config imports as the qwen3-0.6b preset; unsupported Qwen3 variants and the
-  copy head's export are one clear error each.
+- Fast: a Qwen3-0.6B-shaped HF config imports as the qwen3-0.6b preset; with the copy head the export config is a
+  CPLMConfig over Qwen3 (cplm_backbone) that imports back as the same model; unsupported Qwen3 variants are one
+  clear error each. (The CPLM export's numerics and generation: test_hf_export.py, test_convert_to_hf.py.)
 """
 
 import dataclasses
@@ -116,6 +117,10 @@ def test_export_config_is_qwen3s() -> None:
     assert type(hf) is Qwen3Config and hf.layer_types == ["full_attention"] * m.num_layers
     assert (hf.head_dim, hf.num_key_value_heads, hf.tie_word_embeddings) == (48, 2, False)
     assert model_config_from_hf(hf, "x") == dataclasses.replace(m, preset="")
+    cplm = hf_config_from_megatron(m, CopyHeadConfig(heads=3, head_dim=16))
+    assert (cplm.model_type, cplm.cplm_backbone, cplm.copy_heads) == ("cplm", "qwen3", 3)
+    assert (cplm.head_dim, cplm.layer_types, cplm.rope_parameters) == (hf.head_dim, hf.layer_types, hf.rope_parameters)
+    assert model_config_from_hf(cplm, "x") == dataclasses.replace(m, preset="")  # imports as the qwen3 family
 
 
 def test_unsupported_qwen3_variants_are_clear_errors() -> None:
@@ -124,7 +129,9 @@ def test_unsupported_qwen3_variants_are_clear_errors() -> None:
                                          max_window_layers=0), "config.json")
     with pytest.raises(ConversionError, match="attention_bias=True"):
         model_config_from_hf(Qwen3Config(**QWEN3_BACKBONE, attention_bias=True), "config.json")
-    with pytest.raises(ConversionError, match="CPLMForCausalLM only; this qwen3-family checkpoint"):
-        check_exportable(load_preset("tiny-qwen3"), CopyHeadConfig())
+    check_exportable(load_preset("tiny-qwen3"), CopyHeadConfig())  # CPLMForCausalLM over Qwen3Model
+    with pytest.raises(ConversionError, match=r"exported \(CPLMForCausalLM\) with the llama, qwen3 families; this "
+                                              "gpt2-family checkpoint"):
+        check_exportable(load_preset("tiny-gpt2"), CopyHeadConfig())
     with pytest.raises(ConversionError, match="unknown model.family 'mamba'; known families: gpt2, llama, qwen3"):
         check_exportable(load_preset("tiny").__class__(family="mamba"), None)

@@ -126,7 +126,9 @@ class BackboneSpec:
     required: Mapping[str, Any] = {}
     qk_norm: bool = False  # RMSNorm of each query/key head before RoPE (head_dim weights per layer, twice)
     hf_model_types: tuple[str, ...] = ()  # HF `model_type`s convert_from_hf reads as this family
-    cplm_export: bool = False  # whether the copy head exports with this backbone (CPLMForCausalLM)
+    # whether the copy head exports with this backbone: CPLMForCausalLM (hf/modeling_cplm.py) builds the decoder of
+    # the HF class's model_type from a Llama-style config (CPLMConfig) that holds the family's own fields
+    cplm_export: bool = False
 
     # ---------------------------------------------------------------- Megatron-Core
     def transformer_config_kwargs(self, model: ModelConfig) -> dict[str, Any]:
@@ -179,6 +181,14 @@ class BackboneSpec:
 
     def hf_model_class(self) -> type:
         """The transformers class an export without the copy head loads as."""
+        raise NotImplementedError
+
+    def hf_model_type(self) -> str:
+        """The transformers `model_type` of `hf_model_class` (a CPLM export's `cplm_backbone`)."""
+        return self.hf_model_class().config_class.model_type
+
+    def hf_config_fields(self, model: ModelConfig) -> dict[str, Any]:
+        """The HF config's fields as keyword arguments (a CPLM export's CPLMConfig takes them: `cplm_export`)."""
         raise NotImplementedError
 
     def hf_config(self, model: ModelConfig, positions: int | None = None) -> Any:

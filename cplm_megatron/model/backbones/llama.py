@@ -48,7 +48,7 @@ class LlamaSpec(BackboneSpec):
     family = "llama"
     required = {"position_embedding": "rope", "normalization": "RMSNorm", "activation": "swiglu",
                 "add_bias_linear": False}
-    hf_model_types = ("llama", "mistral", "cplm")
+    hf_model_types = ("llama", "mistral")  # and "cplm" with cplm_backbone "llama" (config_mapping)
     cplm_export = True
     # per-layer tensors copied as they are: HF name (under model.layers.{i}.) -> Megatron key
     LAYER_TENSORS = {"input_layernorm.weight": INPUT_NORM + "weight",

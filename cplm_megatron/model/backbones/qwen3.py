@@ -1,6 +1,6 @@
 """The Qwen3 family (dense Qwen3-0.6B ... -32B shapes): the Llama decoder plus an RMSNorm over each query and key
 head before RoPE (qk-norm), GQA, head_dim independent of hidden/heads, RoPE base 1e6, tied or untied embeddings.
-HF side: Qwen3ForCausalLM, both ways (the copy head exports with the Llama-family CPLM only).
+HF side: Qwen3ForCausalLM, both ways; with the copy head CPLMForCausalLM over Qwen3Model (cplm_backbone: qwen3).
 
 Megatron-Core builds qk-norm with `qk_layernorm=True` (SelfAttention normalizes q/k per head over head_dim, as
 HF's `q_norm`/`k_norm`, before rotary), and with tensor parallelism sums their gradients over the TP group
@@ -22,7 +22,6 @@ class Qwen3Spec(LlamaSpec):
     family = "qwen3"
     qk_norm = True
     hf_model_types = ("qwen3",)
-    cplm_export = False  # CPLMForCausalLM (hf/modeling_cplm.py) is a Llama decoder
     LAYER_TENSORS = {**LlamaSpec.LAYER_TENSORS,
                      "self_attn.q_norm.weight": Q_NORM + "weight",
                      "self_attn.k_norm.weight": K_NORM + "weight"}
