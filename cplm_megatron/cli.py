@@ -15,22 +15,39 @@ _EXPECTED = (
     r"full scope is deprecated.*",  # megatron-core's own TransformerConfig default (cuda graphs, unused)
     r"MimoModelConfig is experimental.*",  # megatron-core >= 0.19 at import; we build no MIMO model
 )
-# megatron-core >= 0.19 logs this from every GPTModel built (each PP/VPP chunk, every rank 0 start); the head's
-# move off GPTModel is tracked in docs/design.md ("HybridModel"), so it is noise on a user's stderr here.
+# megatron-core >= 0.19 logs this (rank 0) from every GPTModel built: each PP/VPP chunk, each model a process builds.
 _GPT_DEPRECATION = "GPTModel IS DEPRECATED"
+GPT_DEPRECATION_NOTE = (
+    "[compat] GPTModel is deprecated in megatron-core {version} (bug fixes only; HybridModel replaces it): "
+    "CPLMGPTModel still builds on it (setup.py: megatron-core < 0.20); how the head moves to HybridModel: "
+    "docs/design.md"
+)
+_gpt_deprecation_shown = False
 
 
-def _drop_gpt_deprecation(record: logging.LogRecord) -> bool:
-    return _GPT_DEPRECATION not in record.getMessage()
+def _gpt_deprecation_once(record: logging.LogRecord) -> bool:
+    """Logging filter: megatron-core's GPTModel deprecation is shown once per process, as one `[compat]` info line
+    on stderr (the first time a GPTModel is built: after a launch's input checks), never again; other records
+    pass."""
+    global _gpt_deprecation_shown
+    if _GPT_DEPRECATION not in record.getMessage():
+        return True
+    if not _gpt_deprecation_shown:
+        _gpt_deprecation_shown = True
+        from importlib import metadata
+
+        print(GPT_DEPRECATION_NOTE.format(version=metadata.version("megatron-core")), file=sys.stderr, flush=True)
+    return False
 
 
 def quiet_known_warnings() -> None:
-    """Hide megatron-core's expected 'Apex/TE not installed' warnings (call before importing megatron)."""
+    """Hide megatron-core's expected 'Apex/TE not installed' warnings (call before importing megatron); its
+    per-model GPTModel deprecation log (>= 0.19) becomes one `[compat]` line per process."""
     for pattern in _EXPECTED:
         warnings.filterwarnings("ignore", message=pattern, category=UserWarning)
     gpt_logger = logging.getLogger("megatron.core.models.gpt.gpt_model")
-    if _drop_gpt_deprecation not in gpt_logger.filters:
-        gpt_logger.addFilter(_drop_gpt_deprecation)
+    if _gpt_deprecation_once not in gpt_logger.filters:
+        gpt_logger.addFilter(_gpt_deprecation_once)
 
 
 BAD_INPUT_EXIT_CODE = 2  # every entry point's "bad input" code (README: Exit codes)

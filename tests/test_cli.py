@@ -24,3 +24,38 @@ def test_the_named_errors_are_one_line_and_exit_2_others_propagate(capsys):
     with pytest.raises(KeyError):
         main(["bug"])
     assert main.__name__ == "main"
+
+
+def _build_twice(rank: int) -> None:
+    """Two tiny models in one process, as an entry point builds them (quiet_known_warnings first)."""
+    from cplm_megatron.cli import quiet_known_warnings
+    from cplm_megatron.model.builder import build_run, model_run
+    from cplm_megatron.model.config import load_preset
+    from cplm_megatron.model.layout import single_process_megatron
+
+    quiet_known_warnings()
+    model = load_preset("tiny", num_layers=1)
+    with single_process_megatron(model):
+        for _ in range(2):
+            build_run(model_run(model))
+
+
+@pytest.mark.mcore  # and so mcore_latest: megatron-core 0.19 logs the deprecation from every GPTModel built
+def test_gpt_model_deprecation_is_one_compat_line_per_process():
+    """megatron-core >= 0.19 logs 'GPTModel IS DEPRECATED' from every GPTModel built (each PP/VPP chunk, each model
+    of a process): an entry point shows it once, as one `[compat]` info line (which the bad-input contract's one
+    `error:` line check leaves aside), and never megatron's own line; 0.16-0.18 say nothing."""
+    from importlib import metadata
+
+    from packaging.version import Version
+
+    from tests import harness
+
+    out = harness.run_captured(_build_twice, 1)
+    assert out.returncode == 0, out.stderr[-3000:]
+    notes = [line for line in out.stderr.splitlines() if "GPTModel" in line]
+    deprecated = Version(metadata.version("megatron-core")) >= Version("0.19")
+    assert len(notes) == (1 if deprecated else 0), out.stderr[-3000:]
+    if deprecated:
+        assert notes[0].startswith("[compat] GPTModel is deprecated in megatron-core 0.19"), notes
+        assert "IS DEPRECATED" not in out.stderr
