@@ -5,8 +5,8 @@
   q/k layernorm is HF's q_norm/k_norm, placed before RoPE).
 - The round trip gives the original tensors bitwise and the reloaded Qwen3ForCausalLM identical logits.
 - Fast: a Qwen3-0.6B-shaped HF config imports as the qwen3-0.6b preset; with the copy head the export config is a
-  CPLMConfig over Qwen3 (cplm_backbone) that imports back as the same model; unsupported Qwen3 variants are one
-  clear error each. (The CPLM export's numerics and generation: test_hf_export.py, test_convert_to_hf.py.)
+  CPLMConfig over Qwen3 (cplm_backbone) that imports back as the same model, and an HF Qwen3 CPLM's tensors map to
+  Megatron and back bitwise with its trained copy head; unsupported Qwen3 variants are one clear error each. (The CPLM export's numerics and generation: test_hf_export.py, test_convert_to_hf.py.)
 """
 
 import dataclasses
@@ -15,7 +15,7 @@ from pathlib import Path
 import megatron_workers as mw
 import pytest
 import torch
-from hf_testing import BACKBONE, VOCAB_SIZE, randomize_norms
+from hf_testing import BACKBONE, QWEN3, VOCAB_SIZE, cplm_config, randomize_norms, tiny_cplm
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, Qwen3Config, Qwen3ForCausalLM
 
@@ -23,6 +23,7 @@ from cplm_megatron.hf.config_mapping import (
     ConversionError,
     check_exportable,
     check_preset_matches,
+    copy_head_config_from_hf,
     hf_config_from_megatron,
     model_config_from_hf,
 )
@@ -121,6 +122,26 @@ def test_export_config_is_qwen3s() -> None:
     assert (cplm.model_type, cplm.cplm_backbone, cplm.copy_heads) == ("cplm", "qwen3", 3)
     assert (cplm.head_dim, cplm.layer_types, cplm.rope_parameters) == (hf.head_dim, hf.layer_types, hf.rope_parameters)
     assert model_config_from_hf(cplm, "x") == dataclasses.replace(m, preset="")  # imports as the qwen3 family
+
+
+def test_a_qwen3_cplm_maps_both_ways_with_its_trained_copy_head() -> None:
+    """An HF CPLM over Qwen3 (what convert_to_hf writes) imports as the qwen3 family with its copy head, and its
+    tensors map to Megatron's and back bitwise (q/k norms of the decoder and of the copy head included)."""
+    from cplm_megatron.hf.weight_mapping import hf_to_megatron, megatron_to_hf
+
+    hf = tiny_cplm(cplm_config(**QWEN3, copy_qk_norm=True), seed=5)
+    randomize_norms(hf, seed=5)
+    model = model_config_from_hf(hf.config, "config.json")
+    copy = copy_head_config_from_hf(hf.config, enabled=True)
+    assert (model.family, model.head_dim, model.rope_theta, model.tie_embeddings) == ("qwen3", 24, 1e6, False)
+    assert (copy.heads, copy.head_dim, copy.qk_norm) == (3, 16, True)
+    state = {k: v.detach().clone() for k, v in hf.state_dict().items()}
+    tensors = hf_to_megatron(state, model, copy)
+    assert tensors["decoder.layers.self_attention.q_layernorm.weight"].shape == (2, 24)
+    back = megatron_to_hf(tensors, model, copy)
+    assert set(back) == set(state)
+    for key, value in back.items():
+        assert torch.equal(value, state[key]), key  # bitwise: the mapping only reshapes and copies
 
 
 def test_unsupported_qwen3_variants_are_clear_errors() -> None:
