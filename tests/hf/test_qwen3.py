@@ -6,7 +6,8 @@
 - The round trip gives the original tensors bitwise and the reloaded Qwen3ForCausalLM identical logits.
 - Fast: a Qwen3-0.6B-shaped HF config imports as the qwen3-0.6b preset; with the copy head the export config is a
   CPLMConfig over Qwen3 (cplm_backbone) that imports back as the same model, and an HF Qwen3 CPLM's tensors map to
-  Megatron and back bitwise with its trained copy head; unsupported Qwen3 variants are one clear error each. (The CPLM export's numerics and generation: test_hf_export.py, test_convert_to_hf.py.)
+  Megatron and back bitwise with its trained copy head; unsupported Qwen3 variants are one clear error each.
+  (The CPLM export's numerics and generation: test_hf_export.py, test_convert_to_hf.py.)
 """
 
 import dataclasses
