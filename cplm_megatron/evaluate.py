@@ -112,6 +112,7 @@ def run(args: argparse.Namespace, tasks: list[str], options: EvalOptions) -> dic
     from cplm_megatron.evaluation.scorers import (
         HFScorer,
         MegatronScorer,
+        cp_note,
         single_process_megatron,
     )
 
@@ -124,6 +125,9 @@ def run(args: argparse.Namespace, tasks: list[str], options: EvalOptions) -> dic
     with single_process_megatron():
         # a run still training may prune the checkpoint while it loads: then the newest complete one is used
         scorer = read_live(Path(args.checkpoint), lambda ref: MegatronScorer.load(ref.path), say=_say)
+        note = cp_note(scorer)
+        if note:
+            _say(note)
         return evaluate(scorer, tasks, options)
 
 

@@ -80,7 +80,7 @@ def evaluate_checkpoints(run_dir: str | Path, tasks: Sequence[str], options: Eva
     include_initial: start with the untrained model (iteration 0, rebuilt from the run's seed)."""
     from tqdm import tqdm
 
-    from cplm_megatron.evaluation.scorers import MegatronScorer, single_process_megatron
+    from cplm_megatron.evaluation.scorers import MegatronScorer, cp_note, single_process_megatron
     from cplm_megatron.training.checkpoint_lookup import all_checkpoints, is_committed
 
     refs = all_checkpoints(run_dir)
@@ -98,5 +98,8 @@ def evaluate_checkpoints(run_dir: str | Path, tasks: Sequence[str], options: Eva
                 print(f"[evaluate] {path.name} was removed while being read (pruned by the run still training): "
                       f"skipped", file=sys.stderr, flush=True)
                 continue
+            note = cp_note(scorer)
+            if note:
+                print(note, file=sys.stderr, flush=True)
             curve.append(evaluate(scorer, tasks, options))
     return {"run": str(run_dir), "checkpoints": curve}

@@ -11,6 +11,12 @@ document, attention and positions too when the run used document masking. The HF
 candidates at EOD but attends over its whole input, so `HFScorer` (whose batches carry document ids)
 runs each document segment of a row as its own sequence: the computation of a document-masked run.
 
+Context parallelism: a Megatron checkpoint is scored at CP=1, whatever `parallel.cp` trained it. CP splits
+the sequence, not the weights, so the checkpoint loads whole into this one process; the tasks need the
+mixture's full distribution, which the model computes at CP=1 only. `cp_note` is the line saying so, and
+tests/parallel/test_context_parallel.py checks that a CP=2 checkpoint scores (and exports) to the numbers
+its own CP=2 forward gives.
+
 Vocabulary: Megatron's output layer has `model.padded_vocab_size` rows and its softmax includes the
 padding rows; HF exports drop them. The backends agree exactly when model.vocab_size is a multiple
 of model.vocab_pad_multiple (128), as for the project's tokenizers; otherwise the Megatron numbers
@@ -158,6 +164,11 @@ class MegatronScorer:
     def document_masking(self) -> bool:
         return bool(self.config.data.document_masking)
 
+    @property
+    def trained_cp(self) -> int:
+        """The context-parallel size the checkpoint was trained with (it is scored at CP=1)."""
+        return int(self.config.parallel.cp)
+
     def model_inputs(self, batch: Batch) -> dict[str, Any]:
         """The model call arguments the trainer would build for this batch."""
         from cplm_megatron.training.step import model_inputs
@@ -167,6 +178,16 @@ class MegatronScorer:
     @torch.no_grad()
     def log_probs(self, batch: Batch) -> torch.Tensor:
         return self.model(**self.model_inputs(batch), output="log_probs_gathered").float()
+
+
+def cp_note(scorer: Scorer) -> str | None:
+    """The log line for a checkpoint trained under context parallelism (scored at CP=1); None otherwise."""
+    cp = getattr(scorer, "trained_cp", 1)
+    if cp == 1:
+        return None
+    return (f"[evaluate] {scorer.description}: trained at parallel.cp={cp}, scored at cp=1 in this one process "
+            f"(context parallelism splits the sequence, not the weights; the tasks' full distribution is computed "
+            f"at cp=1 only)")
 
 
 # ---------------------------------------------------------------------------------------------- HF

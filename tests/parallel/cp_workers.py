@@ -109,3 +109,36 @@ def cp2_cases(rank: int) -> Dict:
     head = {mixing: head_run(mixing, inputs, pos) for mixing in ("gate", "sentinel")}
     fused = {case: head_run(case[0], inputs, pos, "fused", case[1], FUSED_HEAD) for case in FUSED_CASES}
     return dict(positions=pos, dp=layout.dp, head=head, fused=fused, attention=_attention_cases(rank))
+
+
+def checkpoint_val_nll(rank: int, checkpoint: str, data: str, batch_size: int, limit: int) -> Dict:
+    """A checkpoint at CP=2 as the trainer runs it (its saved config, `build_model`, `model_inputs`' split):
+    this rank's summed mixture NLL and token count over the batches the val task scores (fp64 sums)."""
+    from dataclasses import replace
+    from pathlib import Path
+
+    from cplm_megatron.evaluation.options import EvalOptions
+    from cplm_megatron.evaluation.scorers import saved_run_config
+    from cplm_megatron.evaluation.tasks.val import open_val_loader, val_batches
+    from cplm_megatron.model.builder import build_model
+    from cplm_megatron.model.layout import init_distributed
+    from cplm_megatron.training.step import model_inputs
+    from cplm_megatron.training.weights import load_weights
+
+    cfg = saved_run_config(Path(checkpoint))
+    parallel = replace(cfg.parallel, cp=2, backend="gloo")
+    init_distributed(parallel, cfg.model, cfg.run.seed)
+    [model] = build_model(cfg.model, cfg.copy_head, parallel, cfg.precision, max_seq_len=cfg.train.seq_len)
+    load_weights([model], checkpoint)
+    model.eval()
+    masking = bool(cfg.data.document_masking)
+    loader = open_val_loader([data], batch_size, masking, cfg.model.vocab_size)
+    nll = count = 0.0
+    with torch.no_grad():
+        for batch in val_batches(loader, EvalOptions(batch_size=batch_size, limit=limit)):
+            inputs = model_inputs(batch, torch.device("cpu"), masking)
+            _, copy_out = model(**inputs, output="loss_and_copy")
+            mask = inputs["loss_mask"].double()
+            nll += float((copy_out.metrics()["mix_loss"].double() * mask).sum())
+            count += float(mask.sum())
+    return dict(nll=nll, count=count, tokens=int(inputs["input_ids"].shape[1]))

@@ -158,7 +158,8 @@ def _train(corpus, run_dir, nproc: int, cp: int, masking: str, **extra):
 def test_tiny_recipe_at_cp2_trains_like_cp1_and_resumes_across_cp_layouts(stdlib_corpus, tmp_path):
     """Document masking on: CP=2 (iterations 1-2) -> checkpoint -> CP=1 (3-4) -> checkpoint -> CP=2 (5-6) gives
     the per-iteration losses of one uninterrupted CP=1 run (CP peers read the same micro-batches and split them;
-    checkpoints are layout-free)."""
+    checkpoints are layout-free). The last checkpoint (saved at CP=2) scores and exports to its CP=2 forward's
+    validation loss."""
     from tests.training import pretrain_utils as pu
 
     ref = _train(stdlib_corpus, tmp_path / "ref", 1, 1, "true")
@@ -180,6 +181,49 @@ def test_tiny_recipe_at_cp2_trains_like_cp1_and_resumes_across_cp_layouts(stdlib
     assert last.returncode == 0 and "resumed from" in last.stdout, last.stdout[-3000:] + last.stderr[-3000:]
     assert "at iteration 4 (new layout); saved at tp=1 pp=1 dp=1 cp=1, running at tp=1 pp=1 dp=1 cp=2" in last.stdout
     pu.assert_losses_match(run_dir, reference, range(1, CP_ITERS + 1))
+    # the last launch's checkpoint (saved at CP=2) for scoring and export: the same run, no extra training
+    _assert_cp2_checkpoint_scores_and_exports_like_its_cp2_forward(run_dir / "checkpoints" / f"iter_{CP_ITERS:07d}",
+                                                                   stdlib_corpus, tmp_path)
+
+
+# val samples scored: 2 batches of 4 x 256 tokens (the corpus's seq_len), ~2000 tokens of the mixture's NLL
+VAL_BATCH, VAL_LIMIT = 4, 8
+# CP=2 vs CP=1 Megatron (fp32): the same weights and tokens; only the summation orders of attention and of the copy
+# scores over the gathered keys differ, ~1e-6 relative per token (test_sdpa_attention_at_cp2_equals_the_full_sequence
+# holds 1e-5 on sequences of 32), and the loss is a mean over ~2000 tokens -> 1e-5 relative. HF vs Megatron: test_scorers.py's BACKEND_ATOL (1e-4 on
+# log-probs of |log p| <~ 10) -> metrics within 1e-4 relative, as tests/evaluation/test_scorers.py compares them.
+CP_SCORE_REL, HF_SCORE_REL = 1e-5, 1e-4
+
+
+def _assert_cp2_checkpoint_scores_and_exports_like_its_cp2_forward(checkpoint, corpus, tmp_path):
+    """A checkpoint saved at CP=2: tools/evaluate.py (which scores at CP=1 and says so) and the HF export of it
+    (tools/convert_to_hf.py, then tools/evaluate.py --hf) give the validation loss of the model's own CP=2 forward
+    (2 gloo processes, the trainer's model and batch split) over the same samples."""
+    from tests import harness
+    from tests.parallel.cp_workers import checkpoint_val_nll
+
+    assert json.loads((checkpoint / "cplm_state.json").read_text())["layout"]["cp"] == 2
+    ranks = harness.run_distributed(checkpoint_val_nll, 2, str(checkpoint), str(corpus.val_dir), VAL_BATCH, VAL_LIMIT)
+    assert ranks[0]["tokens"] * 2 == corpus.val.seq_len  # each rank held half of every sequence
+    cp2_loss = sum(r["nll"] for r in ranks) / sum(r["count"] for r in ranks)
+    common = ("--tasks", "val", "--data", str(corpus.val_dir), "--batch-size", str(VAL_BATCH), "--limit",
+              str(VAL_LIMIT), "--no-progress")
+    scored = harness.run_tool_warm("evaluate", "--checkpoint", str(checkpoint), "--output", str(tmp_path / "m.json"),
+                                   *common)
+    assert scored.returncode == 0, scored.stdout[-3000:] + scored.stderr[-3000:]
+    assert "trained at parallel.cp=2, scored at cp=1" in scored.stderr, scored.stderr[-3000:]
+    exported = harness.run_tool_warm("convert_to_hf", "--checkpoint", str(checkpoint), "--output",
+                                     str(tmp_path / "hf"), "--tokenizer", str(corpus.tokenizer_dir))
+    assert exported.returncode == 0, exported.stdout[-3000:] + exported.stderr[-3000:]
+    hf = harness.run_tool_warm("evaluate", "--hf", str(tmp_path / "hf"), "--output", str(tmp_path / "hf.json"),
+                               *common)
+    assert hf.returncode == 0, hf.stdout[-3000:] + hf.stderr[-3000:]
+    megatron_val = json.loads((tmp_path / "m.json").read_text())["tasks"]["val"]
+    hf_val = json.loads((tmp_path / "hf.json").read_text())["tasks"]["val"]
+    assert megatron_val["details"]["tokens"] == sum(r["count"] for r in ranks)
+    assert megatron_val["metrics"]["val_loss"] == pytest.approx(cp2_loss, rel=CP_SCORE_REL)
+    for metric, value in megatron_val["metrics"].items():  # every val metric of the export = the checkpoint's
+        assert hf_val["metrics"][metric] == pytest.approx(value, rel=HF_SCORE_REL), metric
 
 
 @pytest.mark.slow
