@@ -361,8 +361,13 @@ def plan_layouts(m: ModelConfig, c: Optional[CopyHeadShape], gpus: int, seq_len:
                  document_masking: bool = False) -> list:
     """Every layout of ``gpus`` GPUs (distributed optimizer; SP with TP) with each recomputation,
     LM-head loss and offload option, as dicts with the per-GPU estimate and whether it fits in
-    ``usable_gib``; the least costly first: no offload before offload, then fewest extra FLOPs, then
-    the least model parallelism."""
+    ``usable_gib``; the least costly first: no offload before offload, then fewest extra FLOPs, then the least
+    model parallelism (tp x pp x cp), then pipeline-free before pipelined, then the lowest estimated time per
+    sequence (`step_time.seconds_per_sequence`: FLOPs at a sustained rate + TP/CP traffic; so at equal degree,
+    TP or CP by which moves fewer bytes: CP's K/V gather when its 2 x kv_heads x head_dim per token undercuts
+    SP's four [T, h] collectives per layer)."""
+    from cplm_megatron.model.step_time import seconds_per_sequence
+
     rows = []
     grids = [(tp, pp, cp) for tp in (1, 2, 4, 8) for pp in (1, 2, 4, 8) for cp in (1, 2, 4, 8)
              if gpus % (tp * pp * cp) == 0 and seq_len % (2 * cp) == 0 and (cp == 1 or attention != "megatron")
@@ -383,11 +388,13 @@ def plan_layouts(m: ModelConfig, c: Optional[CopyHeadShape], gpus: int, seq_len:
                     rows.append({**asdict(layout), "sp": layout.sp, "total_gib": total,
                                  "fits": total <= usable_gib,
                                  "extra_flops_pct": 100 * extra_flops_fraction(m, seq_len, c, layout),
+                                 "seconds_per_sequence": seconds_per_sequence(
+                                     m, c, seq_len, micro_batch, tp, cp, pp, dp, recompute, loss, param_bytes),
                                  "lm_head_loss_gib": mem["lm_head_loss_gib"],
                                  "optimizer_host_gib": mem["optimizer_host_gib"]})
-    # least model parallelism first; at equal degree, no context parallelism (its K/V all-gather) first
+    # least model parallelism first; at equal degree, no pipeline (its bubble is not estimated), then the fastest
     rows.sort(key=lambda r: (r["offload_fraction"], round(r["extra_flops_pct"], 6), r["tp"] * r["pp"] * r["cp"],
-                             r["cp"], r["pp"]))
+                             r["pp"], r["seconds_per_sequence"], r["cp"]))
     return rows
 
 
