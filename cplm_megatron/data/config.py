@@ -58,7 +58,7 @@ class DataConfig:
     # local datasets are decompressed in place (next to their .zstd shards; needs write access).
     cache_dir: str | None = None
     verify_shards: bool = True  # hash-check local shards at start, once per machine (sizes: always)
-    synthetic: str | None = None  # "spamlang" | "copy": generated task data instead of streams (ablations)
+    synthetic: str | None = None  # "spamlang" | "copy" | "passkey" or a "+" mixture: generated task data (ablations)
 
     def __post_init__(self) -> None:
         self.streams = [_as_stream(s) for s in self.streams]
@@ -69,8 +69,13 @@ class DataConfig:
         for name in ("seq_len", "micro_batch", "global_batch"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"data.{name} must be >= 1, got {getattr(self, name)}")
-        if self.synthetic not in (None, "spamlang", "copy"):
-            raise ConfigError(f"data.synthetic must be spamlang, copy or null, got {self.synthetic!r}")
+        if self.synthetic is not None:
+            from cplm_megatron.data.synthetic import training_tasks
+
+            try:
+                training_tasks(self.synthetic)
+            except ValueError as err:
+                raise ConfigError(f"data.synthetic: {err}, or null") from None
         if self.num_workers < 0:
             raise ConfigError(f"data.num_workers must be >= 0, got {self.num_workers}")
         if self.seed < 0:

@@ -60,13 +60,29 @@ def passkey_sample(index: int, length: int, depth: float, vocab_size: int, seed:
     return PasskeySample(tokens=tokens, answer_start=len(tokens) - key_len, answer_len=key_len)
 
 
+def training_tasks(task: str) -> List[str]:
+    """The parts of a training task: one of TASKS, or several joined by '+' (samples alternate by index:
+    'copy+passkey' gives copy at even indices, passkey at odd); ValueError naming the choices otherwise."""
+    parts = task.split("+") if isinstance(task, str) else []
+    if not parts or any(p not in TASKS for p in parts) or len(set(parts)) != len(parts):
+        raise ValueError(f"unknown synthetic training task {task!r}; choose one of {TASKS} or several joined by "
+                         f"'+' (e.g. copy+passkey)")
+    return parts
+
+
+# passkey training samples put the needle at depth frac(index x golden ratio): spread evenly over [0, 1)
+_GOLDEN = 0.6180339887498949
+
+
 def task_sample(task: str, index: int, seq_len: int, vocab_size: int, seed: int) -> torch.Tensor:
-    """seq_len + 1 tokens of a training task."""
-    if task == "spamlang":
+    """seq_len + 1 tokens of a training task (a mixture picks its part by index)."""
+    parts = training_tasks(task)
+    part = parts[index % len(parts)]
+    if part == "spamlang":
         return spamlang_sample(index, seq_len, vocab_size, seed)
-    if task == "copy":
+    if part == "copy":
         return copy_sample(index, seq_len, vocab_size, seed)[0]
-    raise ValueError(f"unknown synthetic training task {task!r}; choose one of ('spamlang', 'copy')")
+    return passkey_sample(index, seq_len + 1, (index * _GOLDEN) % 1.0, vocab_size, seed).tokens
 
 
 def make_batch(samples: List[torch.Tensor]) -> Dict[str, torch.Tensor]:
@@ -92,8 +108,7 @@ class SyntheticLoader:
 
     def __init__(self, task: str, seq_len: int, vocab_size: int, micro_batch: int, dp_rank: int, dp_size: int,
                  seed: int = 0, start: int = 0):
-        if task not in ("spamlang", "copy"):
-            raise ValueError(f"unknown synthetic training task {task!r}; choose spamlang or copy")
+        training_tasks(task)  # ValueError naming the choices
         self.task, self.seq_len, self.vocab_size = task, seq_len, vocab_size
         self.micro_batch, self.dp_rank, self.dp_size, self.seed = micro_batch, dp_rank, dp_size, seed
         self.step = start  # micro-batch steps taken by every rank (global counter / dp_size)

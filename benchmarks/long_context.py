@@ -1,0 +1,212 @@
+#!/usr/bin/env python
+"""Long-context evaluation: passkey retrieval (first key token) and copy accuracy by context length for a tiny
+baseline and a tiny CPLM trained with context parallelism at one length, scored at that length and beyond.
+
+  taskset -c 0 .venv/bin/python benchmarks/long_context.py            # CP=2 at 8k, scored at 4k/8k/16k/32k
+
+Each model is the tiny recipe (configs/tiny.yaml: Llama-style, RoPE) at vocabulary --vocab on synthetic
+`copy+passkey` data (even samples a span and its repeat, odd ones a passkey sample with the needle at an even
+spread of depths; data/synthetic.py), trained by pretrain/pretrain_cplm.py under torchrun with
+parallel.cp=--cp, model.max_position_embeddings the longest scored length (RoPE: no parameters to grow), plain
+causal attention. Both are then scored in this process at CP=1 (evaluation/scorers.py) by
+cplm_megatron.evaluation.long_context at every --lengths: copy accuracy (chance 1/(V-1)) and passkey
+first-token accuracy over --depths (chance 1/(V-3)). A run whose last checkpoint is at --iters is not trained
+again; an interrupted one resumes. Writes OUT/NAME.json (settings, command, per-run training time and
+evaluation by length) and OUT/NAME.png.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+PRETRAIN = REPO / "pretrain" / "pretrain_cplm.py"
+RECIPE = REPO / "configs" / "tiny.yaml"
+MODELS = {"baseline": False, "cplm": True}
+
+
+def _ints(text: str) -> List[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def _floats(text: str) -> List[float]:
+    return [float(x) for x in text.split(",") if x.strip()]
+
+
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--runs", type=Path, default=REPO / "runs" / "long_context", help="run directories (one per model)")
+    p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "long_context")
+    p.add_argument("--name", default="long_context_cpu", help="file name of the JSON and the plot")
+    p.add_argument("--seq-len", type=int, default=8192, help="training sequence length")
+    p.add_argument("--cp", type=int, default=2, help="context-parallel size of training (processes)")
+    p.add_argument("--iters", type=int, default=200)
+    p.add_argument("--global-batch", type=int, default=2, help="sequences per step (micro-batch 1)")
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--vocab", type=int, default=512)
+    p.add_argument("--lengths", type=_ints, default=[4096, 8192, 16384, 32768], help="scored context lengths")
+    p.add_argument("--depths", type=_floats, default=[0.0, 0.5, 1.0], help="passkey needle depths")
+    p.add_argument("--samples", type=int, default=4, help="copy sequences and passkey samples per depth, per length")
+    p.add_argument("--batch-size", type=int, default=1)
+    args = p.parse_args(argv)
+    if args.seq_len % (2 * args.cp) or args.global_batch < 1 or args.iters < 2 or args.samples < 1:
+        p.error(f"need --seq-len divisible by 2 x --cp ({2 * args.cp}), --global-batch >= 1, --iters >= 2, "
+                f"--samples >= 1")
+    return args
+
+
+def train_overrides(args: argparse.Namespace, run_dir: Path, copy_head: bool) -> List[str]:
+    """The recipe overrides of one model's run (the same for both but the copy head)."""
+    sets = {
+        "run.dir": run_dir, "copy_head.enabled": str(copy_head).lower(), "model.vocab_size": args.vocab,
+        "model.max_position_embeddings": max([args.seq_len, *args.lengths]), "data.synthetic": "copy+passkey",
+        "data.document_masking": "false", "parallel.cp": args.cp, "train.seq_len": args.seq_len,
+        "train.micro_batch": 1, "train.global_batch": args.global_batch, "train.iters": args.iters,
+        "train.lr": args.lr, "train.min_lr": args.lr / 10, "train.log_interval": max(1, args.iters // 50),
+        "train.eval_interval": 0, "schedule.warmup_iters": max(1, min(20, args.iters // 10)),
+        "checkpoint.interval": max(1, args.iters // 5), "checkpoint.keep": 1, "logging.wandb": "false",
+    }
+    return [f"{k}={v}" for k, v in sets.items()]
+
+
+def train_command(args: argparse.Namespace, run_dir: Path, copy_head: bool) -> List[str]:
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.cp}"]
+    return [*launcher, str(PRETRAIN), "--config", str(RECIPE), "--set", *train_overrides(args, run_dir, copy_head)]
+
+
+def portable(cmd: List[str]) -> str:
+    """A command line as recorded in the results: `python` for this interpreter, paths inside the checkout relative."""
+    def arg(a: str) -> str:
+        if a == sys.executable:
+            return "python"
+        head, sep, tail = a.partition("=") if a.startswith(("run.dir=",)) else ("", "", a)
+        path = Path(tail)
+        if path.is_absolute() and path.is_relative_to(REPO):
+            tail = str(path.relative_to(REPO))
+        return head + sep + tail
+    return " ".join(arg(a) for a in cmd)
+
+
+def _last_iteration(run_dir: Path) -> int:
+    from cplm_megatron.training.checkpoint_lookup import CheckpointError, resolve_checkpoint
+
+    if not (run_dir / "checkpoints").is_dir():
+        return 0
+    try:
+        return resolve_checkpoint(run_dir, say=lambda _message: None).iteration
+    except CheckpointError:
+        return 0
+
+
+def _losses(run_dir: Path) -> Dict[int, float]:
+    path = run_dir / "metrics.jsonl"
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+    return {r["iteration"]: r["loss"] for r in records if "loss" in r}
+
+
+def train(args: argparse.Namespace, name: str, copy_head: bool) -> Dict[str, Any]:
+    """Train (or finish) one model's run; its directory, wall time of this call and losses."""
+    run_dir = args.runs / name
+    start = time.perf_counter()
+    if _last_iteration(run_dir) < args.iters:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        cmd = train_command(args, run_dir, copy_head)
+        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+        with open(run_dir / "train.log", "a") as log:
+            log.write("$ " + " ".join(cmd) + "\n")
+            log.flush()
+            code = subprocess.run(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+        if code != 0:
+            tail = (run_dir / "train.log").read_text(errors="replace").splitlines()[-15:]
+            raise SystemExit(f"training {name} failed (exit {code}); {run_dir / 'train.log'} ends:\n" + "\n".join(tail))
+    losses = _losses(run_dir)
+    return {"run_dir": str(run_dir), "train_seconds_this_call": round(time.perf_counter() - start, 1),
+            "iterations": _last_iteration(run_dir), "first_loss": losses.get(min(losses)) if losses else None,
+            "final_loss": losses.get(max(losses)) if losses else None}
+
+
+def evaluate(args: argparse.Namespace, runs: Dict[str, Dict[str, Any]]) -> None:
+    """Every model by length, in this process at CP=1; adds the results to `runs`."""
+    from cplm_megatron.evaluation.long_context import evaluate_by_length
+    from cplm_megatron.evaluation.options import EvalOptions
+    from cplm_megatron.evaluation.scorers import MegatronScorer, single_process_megatron
+
+    options = EvalOptions(batch_size=args.batch_size, limit=args.samples, passkey_depths=tuple(args.depths),
+                          show_progress=False)
+    with single_process_megatron():
+        for name, run in runs.items():
+            start = time.perf_counter()
+            run.update(evaluate_by_length(MegatronScorer.load(run["run_dir"]), args.lengths, options))
+            run["eval_seconds"] = round(time.perf_counter() - start, 1)
+
+
+def plot(report: Dict[str, Any], path: Path) -> None:
+    """Passkey first-token and copy accuracy against context length, both models, chance dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    panels = (("passkey_first_token_accuracy", "passkey: first key token"), ("copy_accuracy", "copy: repeat"))
+    trained = report["settings"]["seq_len"]
+    for ax, (key, title) in zip(axes, panels):
+        for name, run in report["runs"].items():
+            rows = run["by_length"]
+            ax.plot([r["length"] for r in rows], [r[key] for r in rows], marker="o", label=name)
+        chance = next(iter(report["runs"].values()))["chance"][key]
+        ax.axhline(chance, color="gray", linestyle="--", linewidth=1, label=f"chance {chance:.2g}")
+        ax.axvline(trained, color="gray", linestyle=":", linewidth=1, label=f"trained at {trained}")
+        ax.set_xscale("log", base=2)
+        ax.set(title=title, xlabel="context length (tokens)", ylabel="accuracy", ylim=(-0.02, 1.02))
+        ax.legend(fontsize=8)
+    fig.suptitle(f"tiny models trained at {trained} with CP={report['settings']['cp']} "
+                 f"({report['settings']['iters']} iterations)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = parse_args(argv)
+    import torch
+
+    from cplm_megatron.cli import quiet_known_warnings
+
+    quiet_known_warnings()
+
+    runs = {name: train(args, name, copy_head) for name, copy_head in MODELS.items()}
+    evaluate(args, runs)
+    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    report = {
+        "benchmark": "long_context",
+        "command": portable([sys.executable, "benchmarks/long_context.py", *(sys.argv[1:] if argv is None else argv)]),
+        "settings": settings,
+        "environment": {"torch": torch.__version__, "threads": torch.get_num_threads(), "machine": platform.machine(),
+                        "cpu_affinity": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None},
+        "train_commands": {name: portable(train_command(args, Path(run["run_dir"]), copy_head))
+                           for (name, copy_head), run in zip(MODELS.items(), runs.values())},
+        "runs": runs,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / f"{args.name}.json").write_text(json.dumps(report, indent=2) + "\n")
+    plot(report, args.out / f"{args.name}.png")
+    for length_rows in zip(*(run["by_length"] for run in runs.values())):
+        cells = "  ".join(f"{name}: passkey@1 {row['passkey_first_token_accuracy']:.3f} copy {row['copy_accuracy']:.3f}"
+                          for name, row in zip(runs, length_rows))
+        print(f"length {length_rows[0]['length']:>6}  {cells}")
+    print(f"results: {args.out / (args.name + '.json')}, {args.out / (args.name + '.png')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,49 @@
+"""benchmarks/long_context.py end to end at a very small size: both tiny models trained with CP=2 (torchrun, 2
+processes) at seq 256 for 3 iterations, scored by length (128, 256 and 512: beyond the trained length), the JSON
+and the plot written."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "long_context.py"
+LENGTHS, VOCAB = [128, 256, 512], 512
+
+pytestmark = pytest.mark.mcore  # training and scoring through megatron-core
+
+
+@pytest.mark.slow
+def test_tiny_cp2_pipeline_writes_results_by_length(tmp_path):
+    out = tmp_path / "out"
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--runs", str(tmp_path / "runs"), "--out", str(out),
+                           "--seq-len", "256", "--iters", "3", "--lengths", ",".join(map(str, LENGTHS)),
+                           "--depths", "0,1", "--samples", "1", "--vocab", str(VOCAB)],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads((out / "long_context_cpu.json").read_text())
+    assert (out / "long_context_cpu.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert report["settings"]["cp"] == 2 and report["settings"]["seq_len"] == 256
+    assert set(report["runs"]) == {"baseline", "cplm"}
+    for name, run in report["runs"].items():
+        command = report["train_commands"][name]
+        assert command.startswith("python -m torch.distributed.run --standalone --nproc_per_node=2 "
+                                  "pretrain/pretrain_cplm.py --config configs/tiny.yaml")
+        for item in ("parallel.cp=2", "train.seq_len=256", "data.synthetic=copy+passkey",
+                     "model.max_position_embeddings=512", f"copy_head.enabled={str(name == 'cplm').lower()}"):
+            assert item in command.split(), (name, item)
+        assert "[train] layout tp=1 pp=1 dp=1 cp=2 " in (Path(run["run_dir"]) / "train.log").read_text()
+        assert run["iterations"] == 3 and run["final_loss"] > 0 and run["copy_head"] == (name == "cplm")
+        assert run["chance"] == {"copy_accuracy": pytest.approx(1 / (VOCAB - 1)),
+                                 "passkey_first_token_accuracy": pytest.approx(1 / (VOCAB - 3))}
+        assert [row["length"] for row in run["by_length"]] == LENGTHS
+        for row in run["by_length"]:
+            for key in ("copy_accuracy", "passkey_first_token_accuracy", "passkey_accuracy"):
+                assert 0 <= row[key] <= 1, (name, key)
+            assert [cell["depth"] for cell in row["passkey_by_depth"]] == [0.0, 1.0]
+            assert row["copy_sequences"] == row["passkey_samples_per_depth"] == 1
+            assert ("copy_head_accuracy" in row and "copy_mean_gate" in row) == (name == "cplm")
+    assert "length    512" in proc.stdout
