@@ -159,7 +159,7 @@ def test_tiny_recipe_at_cp2_trains_like_cp1_and_resumes_across_cp_layouts(stdlib
     """Document masking on: CP=2 (iterations 1-2) -> checkpoint -> CP=1 (3-4) -> checkpoint -> CP=2 (5-6) gives
     the per-iteration losses of one uninterrupted CP=1 run (CP peers read the same micro-batches and split them;
     checkpoints are layout-free). The last checkpoint (saved at CP=2) scores and exports to its CP=2 forward's
-    validation loss."""
+    validation loss, and scores like the CP=1 run's last checkpoint."""
     from tests.training import pretrain_utils as pu
 
     ref = _train(stdlib_corpus, tmp_path / "ref", 1, 1, "true")
@@ -184,6 +184,9 @@ def test_tiny_recipe_at_cp2_trains_like_cp1_and_resumes_across_cp_layouts(stdlib
     # the last launch's checkpoint (saved at CP=2) for scoring and export: the same run, no extra training
     _assert_cp2_checkpoint_scores_and_exports_like_its_cp2_forward(run_dir / "checkpoints" / f"iter_{CP_ITERS:07d}",
                                                                    stdlib_corpus, tmp_path)
+    # and like the uninterrupted CP=1 run's checkpoint (not bitwise: other summation orders over 6 steps)
+    _assert_scores_like(tmp_path / "ref" / "checkpoints" / f"iter_{CP_ITERS:07d}", tmp_path / "m.json",
+                        stdlib_corpus, tmp_path)
 
 
 # val samples scored: 2 batches of 4 x 256 tokens (the corpus's seq_len), ~2000 tokens of the mixture's NLL
@@ -193,6 +196,23 @@ VAL_BATCH, VAL_LIMIT = 4, 8
 # holds 1e-5 on sequences of 32), and the loss is a mean over ~2000 tokens -> 1e-5 relative. HF vs Megatron: test_scorers.py's BACKEND_ATOL (1e-4 on
 # log-probs of |log p| <~ 10) -> metrics within 1e-4 relative, as tests/evaluation/test_scorers.py compares them.
 CP_SCORE_REL, HF_SCORE_REL = 1e-5, 1e-4
+
+
+def _val_args(corpus) -> tuple:
+    return ("--tasks", "val", "--data", str(corpus.val_dir), "--batch-size", str(VAL_BATCH), "--limit", str(VAL_LIMIT),
+            "--no-progress")
+
+
+def _assert_scores_like(checkpoint, scored_json, corpus, tmp_path):
+    """tools/evaluate.py on `checkpoint` gives the val loss recorded in `scored_json` within the training tests'
+    layout tolerance (tests/training/pretrain_utils.py: assert_losses_match, 1e-4 relative)."""
+    from tests import harness
+
+    proc = harness.run_tool_warm("evaluate", "--checkpoint", str(checkpoint), "--output", str(tmp_path / "ref.json"),
+                                 *_val_args(corpus))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    got = json.loads((tmp_path / "ref.json").read_text())["tasks"]["val"]["metrics"]["val_loss"]
+    assert got == pytest.approx(json.loads(scored_json.read_text())["tasks"]["val"]["metrics"]["val_loss"], rel=1e-4)
 
 
 def _assert_cp2_checkpoint_scores_and_exports_like_its_cp2_forward(checkpoint, corpus, tmp_path):
@@ -206,8 +226,7 @@ def _assert_cp2_checkpoint_scores_and_exports_like_its_cp2_forward(checkpoint, c
     ranks = harness.run_distributed(checkpoint_val_nll, 2, str(checkpoint), str(corpus.val_dir), VAL_BATCH, VAL_LIMIT)
     assert ranks[0]["tokens"] * 2 == corpus.val.seq_len  # each rank held half of every sequence
     cp2_loss = sum(r["nll"] for r in ranks) / sum(r["count"] for r in ranks)
-    common = ("--tasks", "val", "--data", str(corpus.val_dir), "--batch-size", str(VAL_BATCH), "--limit",
-              str(VAL_LIMIT), "--no-progress")
+    common = _val_args(corpus)
     scored = harness.run_tool_warm("evaluate", "--checkpoint", str(checkpoint), "--output", str(tmp_path / "m.json"),
                                    *common)
     assert scored.returncode == 0, scored.stdout[-3000:] + scored.stderr[-3000:]
