@@ -113,10 +113,18 @@ def _losses(run_dir: Path) -> Dict[int, float]:
     return {r["iteration"]: r["loss"] for r in records if "loss" in r}
 
 
+def _children_cpu() -> float:
+    """User + system CPU seconds of the finished child processes (torchrun and its workers) so far."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def train(args: argparse.Namespace, name: str, copy_head: bool) -> Dict[str, Any]:
     """Train (or finish) one model's run; its directory, wall time of this call and losses."""
     run_dir = args.runs / name
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), _children_cpu()
     if _last_iteration(run_dir) < args.iters:
         run_dir.mkdir(parents=True, exist_ok=True)
         cmd = train_command(args, run_dir, copy_head)
@@ -130,6 +138,7 @@ def train(args: argparse.Namespace, name: str, copy_head: bool) -> Dict[str, Any
             raise SystemExit(f"training {name} failed (exit {code}); {run_dir / 'train.log'} ends:\n" + "\n".join(tail))
     losses = _losses(run_dir)
     return {"run_dir": str(run_dir), "train_seconds_this_call": round(time.perf_counter() - start, 1),
+            "train_cpu_seconds_this_call": round(_children_cpu() - cpu, 1),  # every training process's CPU time
             "iterations": _last_iteration(run_dir), "first_loss": losses.get(min(losses)) if losses else None,
             "final_loss": losses.get(max(losses)) if losses else None}
 
@@ -147,6 +156,7 @@ def evaluate(args: argparse.Namespace, runs: Dict[str, Dict[str, Any]]) -> None:
             start = time.perf_counter()
             run.update(evaluate_by_length(MegatronScorer.load(run["run_dir"]), args.lengths, options))
             run["eval_seconds"] = round(time.perf_counter() - start, 1)
+            run["eval_cpu_seconds"] = round(sum(row["cpu_seconds"] for row in run["by_length"]), 1)
 
 
 def plot(report: Dict[str, Any], path: Path) -> None:

@@ -32,13 +32,13 @@ def check_lengths(scorer: Scorer, lengths: Sequence[int]) -> None:
 
 def evaluate_by_length(scorer: Scorer, lengths: Sequence[int], options: EvalOptions) -> dict[str, Any]:
     """{'model', 'copy_head', 'chance': {...}, 'by_length': [{length, copy_*, passkey_*, passkey_by_depth,
-    seconds}]}: the copy task at copy_length = L and the passkey task at passkey_lengths = (L,) for each L."""
+    seconds, cpu_seconds}]}: the copy task at copy_length = L and the passkey task at passkey_lengths = (L,) for each L."""
     options.validate()
     check_lengths(scorer, lengths)
     rows = []
     chance: dict[str, float] = {}
     for length in lengths:
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         copy = TASKS["copy"](scorer, replace(options, copy_length=length))
         passkey = TASKS["passkey"](scorer, replace(options, passkey_lengths=(length,)))
         row: dict[str, Any] = {"length": length}
@@ -49,6 +49,7 @@ def evaluate_by_length(scorer: Scorer, lengths: Sequence[int], options: EvalOpti
         row["copy_sequences"] = copy.details["sequences"]
         row["passkey_samples_per_depth"] = passkey.details["samples_per_cell"]
         row["seconds"] = round(time.perf_counter() - start, 3)
+        row["cpu_seconds"] = round(time.process_time() - cpu, 3)  # this process's CPU time (a shared core: < seconds)
         chance = {"copy_accuracy": copy.metrics["copy_accuracy_chance"],
                   "passkey_first_token_accuracy": passkey.metrics["passkey_first_token_chance"]}
         rows.append(row)

@@ -37,6 +37,7 @@ def test_tiny_cp2_pipeline_writes_results_by_length(tmp_path):
             assert item in command.split(), (name, item)
         assert "[train] layout tp=1 pp=1 dp=1 cp=2 " in (Path(run["run_dir"]) / "train.log").read_text()
         assert run["iterations"] == 3 and run["final_loss"] > 0 and run["copy_head"] == (name == "cplm")
+        assert run["train_cpu_seconds_this_call"] > 0 and run["eval_cpu_seconds"] > 0
         assert run["chance"] == {"copy_accuracy": pytest.approx(1 / (VOCAB - 1)),
                                  "passkey_first_token_accuracy": pytest.approx(1 / (VOCAB - 3))}
         assert [row["length"] for row in run["by_length"]] == LENGTHS
@@ -44,6 +45,6 @@ def test_tiny_cp2_pipeline_writes_results_by_length(tmp_path):
             for key in ("copy_accuracy", "passkey_first_token_accuracy", "passkey_accuracy"):
                 assert 0 <= row[key] <= 1, (name, key)
             assert [cell["depth"] for cell in row["passkey_by_depth"]] == [0.0, 1.0]
-            assert row["copy_sequences"] == row["passkey_samples_per_depth"] == 1
+            assert row["copy_sequences"] == row["passkey_samples_per_depth"] == 1 and row["cpu_seconds"] > 0
             assert ("copy_head_accuracy" in row and "copy_mean_gate" in row) == (name == "cplm")
     assert "length    512" in proc.stdout
