@@ -152,7 +152,7 @@ def evaluate(args: argparse.Namespace, runs: Dict[str, Dict[str, Any]]) -> None:
     options = EvalOptions(batch_size=args.batch_size, limit=args.samples, passkey_depths=tuple(args.depths),
                           show_progress=False)
     with single_process_megatron():
-        for name, run in runs.items():
+        for run in runs.values():
             start = time.perf_counter()
             run.update(evaluate_by_length(MegatronScorer.load(run["run_dir"]), args.lengths, options))
             run["eval_seconds"] = round(time.perf_counter() - start, 1)

@@ -193,8 +193,9 @@ def test_tiny_recipe_at_cp2_trains_like_cp1_and_resumes_across_cp_layouts(stdlib
 VAL_BATCH, VAL_LIMIT = 4, 8
 # CP=2 vs CP=1 Megatron (fp32): the same weights and tokens; only the summation orders of attention and of the copy
 # scores over the gathered keys differ, ~1e-6 relative per token (test_sdpa_attention_at_cp2_equals_the_full_sequence
-# holds 1e-5 on sequences of 32), and the loss is a mean over ~2000 tokens -> 1e-5 relative. HF vs Megatron: test_scorers.py's BACKEND_ATOL (1e-4 on
-# log-probs of |log p| <~ 10) -> metrics within 1e-4 relative, as tests/evaluation/test_scorers.py compares them.
+# holds 1e-5 on sequences of 32), and the loss is a mean over ~2000 tokens -> 1e-5 relative. HF vs Megatron:
+# test_scorers.py's BACKEND_ATOL (1e-4 on log-probs of |log p| <~ 10) -> metrics within 1e-4 relative, as
+# tests/evaluation/test_scorers.py compares them.
 CP_SCORE_REL, HF_SCORE_REL = 1e-5, 1e-4
 
 
