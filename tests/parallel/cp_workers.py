@@ -112,7 +112,7 @@ def cp2_cases(rank: int) -> Dict:
 
 
 def checkpoint_val_nll(rank: int, checkpoint: str, data: str, batch_size: int, limit: int) -> Dict:
-    """A checkpoint at CP=2 as the trainer runs it (its saved config, `build_model`, `model_inputs`' split):
+    """A checkpoint at CP=2 as the trainer runs it (its saved config, `build_run`, `model_inputs`' split):
     this rank's summed mixture NLL and token count over the batches the val task scores (fp64 sums)."""
     from dataclasses import replace
     from pathlib import Path
@@ -120,15 +120,15 @@ def checkpoint_val_nll(rank: int, checkpoint: str, data: str, batch_size: int, l
     from cplm_megatron.evaluation.options import EvalOptions
     from cplm_megatron.evaluation.scorers import saved_run_config
     from cplm_megatron.evaluation.tasks.val import open_val_loader, val_batches
-    from cplm_megatron.model.builder import build_model
+    from cplm_megatron.model.builder import build_run
     from cplm_megatron.model.layout import init_distributed
     from cplm_megatron.training.step import model_inputs
     from cplm_megatron.training.weights import load_weights
 
     cfg = saved_run_config(Path(checkpoint))
-    parallel = replace(cfg.parallel, cp=2, backend="gloo")
-    init_distributed(parallel, cfg.model, cfg.run.seed)
-    [model] = build_model(cfg.model, cfg.copy_head, parallel, cfg.precision, max_seq_len=cfg.train.seq_len)
+    cfg = replace(cfg, parallel=replace(cfg.parallel, cp=2, backend="gloo"))
+    layout = init_distributed(cfg.parallel, cfg.model, cfg.run.seed)
+    model = build_run(cfg, layout).model
     load_weights([model], checkpoint)
     model.eval()
     masking = bool(cfg.data.document_masking)
