@@ -219,9 +219,10 @@ def pretrain_args(overrides: Sequence[str], config: Optional[Path] = None) -> Li
 
 
 def pretrain_command(nproc: int, overrides: Sequence[str], mode: str = "python",
-                     config: Optional[Path] = None) -> List[str]:
-    """The command line a user types: `python pretrain_cplm.py` (one process), torchrun, or the launcher."""
-    base = [str(PRETRAIN), *pretrain_args(overrides, config)]
+                     config: Optional[Path] = None, script: Optional[Sequence[str]] = None) -> List[str]:
+    """The command line a user types: `python pretrain_cplm.py` (one process), torchrun, or the launcher.
+    `script`: another trainer script and its leading arguments (tests/training/faults.py)."""
+    base = [*(script or [str(PRETRAIN)]), *pretrain_args(overrides, config)]
     if mode == "python":
         assert nproc == 1, "python runs one process; use torchrun or launcher"
         return [sys.executable, *base]
@@ -231,36 +232,38 @@ def pretrain_command(nproc: int, overrides: Sequence[str], mode: str = "python",
 
 
 def start_pretrain(nproc: int, overrides: Sequence[str], log: Path, mode: str = "warm",
-                   extra_env: Optional[Dict[str, str]] = None, config: Optional[Path] = None):
+                   extra_env: Optional[Dict[str, str]] = None, config: Optional[Path] = None,
+                   script: Optional[Sequence[str]] = None):
     """Start a run in its own process group(s), output (stdout and stderr) to `log`."""
     assert mode in MODES, mode
     if mode != "warm":
         f = open(log, "w")
-        return subprocess.Popen(pretrain_command(nproc, overrides, mode, config), cwd=REPO,
+        return subprocess.Popen(pretrain_command(nproc, overrides, mode, config, script), cwd=REPO,
                                 env=process_env(extra_env), stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
-    return _start_warm(nproc, overrides, Path(log), Path(log), extra_env, config)
+    return _start_warm(nproc, overrides, Path(log), Path(log), extra_env, config, script)
 
 
 def _start_warm(nproc: int, overrides: Sequence[str], out: Path, err: Path, extra_env: Optional[Dict[str, str]],
-                config: Optional[Path]) -> WarmJob:
+                config: Optional[Path], script: Optional[Sequence[str]] = None) -> WarmJob:
     """`nproc` warm ranks with torchrun's variables (a test's own RANK/WORLD_SIZE/... in extra_env win)."""
-    return start_script(PRETRAIN, pretrain_args(overrides, config), nproc, out, err, env=process_env(),
+    path, *leading = script or [str(PRETRAIN)]
+    return start_script(path, [*leading, *pretrain_args(overrides, config)], nproc, out, err, env=process_env(),
                         extra_env=extra_env, cwd=REPO, launcher_vars=True)
 
 
 def run_pretrain(nproc: int, overrides: Sequence[str], mode: str = "warm", timeout: int = PROCESS_TIMEOUT_S,
-                 extra_env: Optional[Dict[str, str]] = None,
-                 config: Optional[Path] = None) -> subprocess.CompletedProcess:
+                 extra_env: Optional[Dict[str, str]] = None, config: Optional[Path] = None,
+                 script: Optional[Sequence[str]] = None) -> subprocess.CompletedProcess:
     """Run to completion; stdout and stderr apart; whatever is left of the run's processes is killed after
     (an orphaned helper, e.g. the async-checkpoint writer after a simulated crash, must not live on)."""
     assert mode in MODES, mode
     with tempfile.TemporaryDirectory() as tmp:
         out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
         if mode == "warm":
-            proc = _start_warm(nproc, overrides, out, err, extra_env, config)
+            proc = _start_warm(nproc, overrides, out, err, extra_env, config, script)
         else:
             with open(out, "w") as o, open(err, "w") as e:
-                proc = subprocess.Popen(pretrain_command(nproc, overrides, mode, config), cwd=REPO,
+                proc = subprocess.Popen(pretrain_command(nproc, overrides, mode, config, script), cwd=REPO,
                                         env=process_env(extra_env), stdout=o, stderr=e, text=True,
                                         start_new_session=True)
         args = proc.args

@@ -45,35 +45,6 @@ from cplm_megatron.training.checkpoint_lookup import (
 from cplm_megatron.training.weights import load_model_state, model_sharded_state_dict
 
 OPTIM_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
-# Fault-injection hook for the crash-during-save test: exit hard after writing shards, before finalize.
-CRASH_ENV = "CPLM_FAULT_CRASH_DURING_SAVE_ITER"
-# Fault-injection hook for the dead-writer test: rank 0's background writer of this iteration's save is
-# SIGKILLed while its file-writing workers (forked by it) are alive; they stop themselves at birth, so the
-# kill always lands mid-save and leaves them orphaned, as an out-of-memory kill of the writer would.
-KILL_WRITER_ENV = "CPLM_FAULT_KILL_ASYNC_WRITER_ITER"
-_FAULT = {"stop_grandchildren_of": None}
-
-
-def _stop_grandchildren_at_birth() -> None:  # os.register_at_fork hook of the dead-writer fault
-    parent = _FAULT["stop_grandchildren_of"]
-    if parent is not None and os.getppid() != parent:  # a worker forked by the writer, not the writer itself
-        os.kill(os.getpid(), 19)  # SIGSTOP
-
-
-def _kill_writer_mid_save(writer_pids) -> None:
-    """The dead-writer fault: wait for the writer's workers, then SIGKILL the writer."""
-    import time
-
-    import psutil
-
-    deadline = time.monotonic() + 5
-    for pid in writer_pids:
-        while time.monotonic() < deadline and not psutil.Process(pid).children():
-            time.sleep(0.005)
-        os.kill(pid, 9)
-    _FAULT["stop_grandchildren_of"] = None
-
-
 def _become_subreaper() -> None:
     """Orphaned descendants (the workers of a writer that died) reparent to this process instead of init, so a
     failing trainer can stop them (`signals.kill_descendants`) rather than leave them running."""
@@ -203,8 +174,6 @@ class Checkpointer:
     def save(self, chunks, optimizer, scheduler, train_state: TrainState, data_state: Optional[Dict],
              config: Dict[str, Any]) -> Path:
         """Save iteration `train_state.iteration`; `latest` moves only once every rank has finished."""
-        from megatron.core import dist_checkpointing
-
         if self.async_save and not _ASYNC_STRATEGY:
             _ASYNC_STRATEGY.update(_async_strategy_kwargs())
         self.wait()  # one save in flight at a time
@@ -226,33 +195,36 @@ class Checkpointer:
             data=data_state,
             config=config,
         )
-        fault = int(os.environ.get(KILL_WRITER_ENV, "-1")) == train_state.iteration and rank == 0 and self.async_save
-        if fault:
-            os.register_at_fork(after_in_child=_stop_grandchildren_at_birth)
-            _FAULT["stop_grandchildren_of"] = os.getpid()
-        try:
-            request = dist_checkpointing.save(state, str(target), async_sharded_save=self.async_save,
-                                              **_ASYNC_STRATEGY)
-        except BaseException as e:  # torch's CheckpointException is a BaseException
-            self._raise_if_storage_failed(e)
-            raise
-        if int(os.environ.get(CRASH_ENV, "-1")) == train_state.iteration:
-            os._exit(17)
+        request = self._write_shards(state, target)
         extra = {"has_optimizer": optimizer is not None}
         # a snapshot: an async finalize runs steps later, when the live TrainState has moved on
         saved_state = TrainState(**vars(train_state))
         finalize = lambda: self._finalize(target, saved_state, extra)  # noqa: E731
         if self.async_save:
             request.add_finalize_fn(finalize)
-            self._queue.schedule_async_request(request)
-            self._in_flight = target
-            if fault:
-                _kill_writer_mid_save(self._writer_pids())
+            self._schedule(request, target)
             if dist.get_rank() == 0:
                 self.log(f"[checkpoint] writing {target} (iteration {saved_state.iteration}) in the background")
         else:
             finalize()
         return target
+
+    # _write_shards and _schedule are the save's two steps before its commit (`_finalize`): the seams the
+    # crash tests wrap (tests/training/faults.py) to die mid-save.
+    def _write_shards(self, state: Dict[str, Any], target: Path):
+        """Write this rank's shards of `state` into `target` (async: returns the request that will)."""
+        from megatron.core import dist_checkpointing
+
+        try:
+            return dist_checkpointing.save(state, str(target), async_sharded_save=self.async_save, **_ASYNC_STRATEGY)
+        except BaseException as e:  # torch's CheckpointException is a BaseException
+            self._raise_if_storage_failed(e)
+            raise
+
+    def _schedule(self, request, target: Path) -> None:
+        """Start an async save's background writer (megatron-core forks it)."""
+        self._queue.schedule_async_request(request)
+        self._in_flight = target
 
     def _finalize(self, target: Path, train_state: TrainState, extra: Dict[str, Any]) -> None:
         dist.barrier()  # every rank's shards (and rank 0's metadata) are on disk

@@ -5,13 +5,14 @@ import json
 import subprocess
 import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import pytest
 
 from cplm_megatron.parallel.distributed import free_port  # noqa: F401 - tests use pu.free_port
 from cplm_megatron.training.signals import RESUME_EXIT_CODE
 from tests import harness
+from tests.training import faults
 
 REPO = harness.REPO
 
@@ -46,17 +47,24 @@ def _mode(mode: Optional[str], launcher: bool) -> str:
     return mode or "warm"
 
 
+def _script(fault: Optional[Tuple[str, int]]) -> Optional[List[str]]:
+    """The trainer script: pretrain_cplm.py, or tests/training/faults.py injecting `fault` (name, iteration)."""
+    return None if fault is None else [str(faults.SCRIPT), *faults.fault_args(*fault)]
+
+
 def run(nproc: int, overrides: List[str], timeout: int = 600, extra_env: Optional[Dict[str, str]] = None,
-        launcher: bool = False, mode: Optional[str] = None) -> subprocess.CompletedProcess:
+        launcher: bool = False, mode: Optional[str] = None,
+        fault: Optional[Tuple[str, int]] = None) -> subprocess.CompletedProcess:
     """Run to completion (tests/harness.py run_pretrain): warm processes by default; `mode` "python",
-    "torchrun" or "launcher" where the interpreter or the launcher is what the test is about."""
-    return harness.run_pretrain(nproc, overrides, _mode(mode, launcher), timeout, extra_env)
+    "torchrun" or "launcher" where the interpreter or the launcher is what the test is about; `fault`:
+    (name, iteration) of tests/training/faults.py."""
+    return harness.run_pretrain(nproc, overrides, _mode(mode, launcher), timeout, extra_env, script=_script(fault))
 
 
 def start(nproc: int, overrides: List[str], log: Path, extra_env: Optional[Dict[str, str]] = None,
-          launcher: bool = False, mode: Optional[str] = None):
+          launcher: bool = False, mode: Optional[str] = None, fault: Optional[Tuple[str, int]] = None):
     """Start a run in its own process group(s) (so the test can kill or signal all of it); output to `log`."""
-    return harness.start_pretrain(nproc, overrides, log, _mode(mode, launcher), extra_env)
+    return harness.start_pretrain(nproc, overrides, log, _mode(mode, launcher), extra_env, script=_script(fault))
 
 
 def metrics(run_dir: Path) -> List[Dict]:

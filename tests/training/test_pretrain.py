@@ -11,10 +11,10 @@ import pytest
 import yaml
 
 from cplm_megatron.training.checkpoint_lookup import list_checkpoints, read_latest
-from cplm_megatron.training.checkpointing import CRASH_ENV
 from cplm_megatron.training.signals import RESUME_EXIT_CODE
 from tests import harness
 from tests.trained_runs import REFERENCE_ITERS, copy_run
+from tests.training import faults
 from tests.training import pretrain_utils as pu
 
 pytestmark = [pytest.mark.mcore, pytest.mark.slow, pytest.mark.usefixtures("isolated_streaming")]
@@ -115,8 +115,8 @@ def test_async_saves_at_tp2_are_complete_and_resumable(stdlib_corpus, tmp_path, 
 def test_crash_during_save_keeps_latest_on_the_previous_checkpoint(stdlib_corpus, tmp_path, reference):
     run_dir = tmp_path / "run"
     overrides = pu.tiny_overrides(stdlib_corpus, run_dir, ITERS)
-    crashed = pu.run(1, overrides, extra_env={CRASH_ENV: "6"})
-    assert crashed.returncode == 17, crashed.stderr[-2000:]
+    crashed = pu.run(1, overrides, fault=("crash_during_save", 6))
+    assert crashed.returncode == faults.CRASH_EXIT_CODE, crashed.stderr[-2000:]
     assert read_latest(run_dir / "checkpoints").name == "iter_0000003"
     partial = run_dir / "checkpoints" / "iter_0000006"
     assert partial.is_dir() and not (partial / "cplm_state.json").exists()
@@ -491,12 +491,11 @@ def test_a_dead_async_writer_is_one_line_exit_1_and_no_orphans(stdlib_corpus, tm
     import psutil
 
     from cplm_megatron.training.checkpoint_lookup import verify_checkpoint
-    from cplm_megatron.training.checkpointing import KILL_WRITER_ENV
 
     run_dir = tmp_path / "run"
     proc = pu.start(1, pu.tiny_overrides(stdlib_corpus, run_dir, ITERS, **{"checkpoint.async_save": "true",
                                                                             "logging.wandb": "true"}),
-                    tmp_path / "run.log", extra_env={KILL_WRITER_ENV: "6"}, mode="python")  # process ownership
+                    tmp_path / "run.log", fault=("kill_async_writer", 6), mode="python")  # process ownership
     proc.wait(timeout=300)
     log = (tmp_path / "run.log").read_text()
 
