@@ -1,4 +1,5 @@
-"""YAML + dotted command-line overrides -> nested config dataclasses, strictly typed.
+"""YAML + dotted command-line overrides -> nested config dataclasses, strictly typed; `recipe_path` finds
+a `--config` recipe by its shipped name.
 
 Every config section is a plain dataclass. `build_dataclass` turns a nested dict into one, rejecting
 unknown keys (with the closest valid name), coercing strings from the command line to the field's type,
@@ -10,6 +11,7 @@ import dataclasses
 import difflib
 import types
 import typing
+from importlib import import_module
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Mapping, Type, TypeVar, Union
 
@@ -18,6 +20,16 @@ import yaml
 from cplm_megatron.errors import ConfigError
 
 T = TypeVar("T")
+RECIPE_DIR = Path(import_module("cplm_megatron.recipes").__file__).parent  # configs/ of a checkout
+
+
+def recipe_path(name_or_path: str) -> str:
+    """A `--config` argument: a YAML file, or the name of a shipped recipe (`tiny` -> configs/tiny.yaml)."""
+    path = Path(name_or_path)
+    shipped = RECIPE_DIR / f"{name_or_path}.yaml"
+    if not path.exists() and path.suffix != ".yaml" and shipped.is_file():
+        return str(shipped)
+    return name_or_path
 
 
 class _StrictLoader(yaml.SafeLoader):

@@ -3,25 +3,18 @@ as `cplm_megatron.recipes`' package data)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from importlib import import_module
-from pathlib import Path
 from typing import Any, Dict, List, Literal, Optional
 
-from cplm_megatron.config.loader import deep_merge, read_yaml
+from cplm_megatron.config.loader import (
+    RECIPE_DIR,
+    deep_merge,
+    read_yaml,
+    recipe_path,  # noqa: F401 - experiments/scaling_sweep.py's import
+)
 from cplm_megatron.errors import ConfigError
 from cplm_megatron.model.backbones import backbone
 
-RECIPE_DIR = Path(import_module("cplm_megatron.recipes").__file__).parent  # configs/ of a checkout
 PRESET_DIR = RECIPE_DIR / "models"
-
-
-def recipe_path(name_or_path: str) -> str:
-    """A `--config` argument: a YAML file, or the name of a shipped recipe (`tiny` -> configs/tiny.yaml)."""
-    path = Path(name_or_path)
-    shipped = RECIPE_DIR / f"{name_or_path}.yaml"
-    if not path.exists() and path.suffix != ".yaml" and shipped.is_file():
-        return str(shipped)
-    return name_or_path
 
 
 @dataclass

@@ -19,12 +19,13 @@ from cplm_megatron.config.loader import (
     build_dataclass,
     parse_override,
     read_yaml,
+    recipe_path,
     to_dict,
 )
 from cplm_megatron.data.config import DataConfig
 from cplm_megatron.errors import ConfigError
 from cplm_megatron.model.builder import PrecisionConfig, RecomputeConfig
-from cplm_megatron.model.config import ModelConfig, recipe_path, resolve_model_section
+from cplm_megatron.model.config import ModelConfig, resolve_model_section
 from cplm_megatron.model.copy_head import CopyHeadConfig
 from cplm_megatron.model.layout import check_context_parallel, validate_layout
 from cplm_megatron.parallel.config import ParallelConfig

@@ -3,7 +3,7 @@ import re
 
 import pytest
 
-from cplm_megatron.config.loader import apply_overrides, build_dataclass, parse_override
+from cplm_megatron.config.loader import RECIPE_DIR, apply_overrides, build_dataclass, parse_override, recipe_path
 from cplm_megatron.errors import ConfigError
 from cplm_megatron.parallel.config import ParallelConfig
 
@@ -75,3 +75,14 @@ def test_numeric_keys_out_of_range_are_config_errors(override, message):
         load_run_config("configs/tiny.yaml", [override])
     with pytest.raises(ConfigError, match="train.tokens must be >= 1, got -4096"):
         load_run_config("configs/tiny.yaml", ["train.tokens=-4096"])
+
+
+def test_recipe_path_finds_a_shipped_recipe_by_name(tmp_path, monkeypatch):
+    """`--config tiny` is the shipped configs/tiny.yaml; a file that exists (even one named like a recipe)
+    and anything else are left as given, for read_yaml to read or to name as missing."""
+    assert recipe_path("tiny") == str(RECIPE_DIR / "tiny.yaml") and (RECIPE_DIR / "tiny.yaml").is_file()
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tiny").write_text("train: {}\n")
+    assert recipe_path("tiny") == "tiny"  # the user's file wins
+    assert recipe_path("no_such_recipe") == "no_such_recipe"
+    assert recipe_path("configs/tiny.yaml") == "configs/tiny.yaml"
