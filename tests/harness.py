@@ -11,7 +11,7 @@
 
 Warm processes. `import megatron.core` costs 7-20 s per interpreter on our 2-core machines, and the suite
 starts hundreds of processes. Workers therefore fork from a multiprocessing forkserver that imported torch,
-megatron-core and the project once per session (cplm_megatron/experiments/warm.py, which the study and
+megatron-core and the project once per session (cplm_megatron/experiments/launch/warm.py, which the study and
 ablation jobs use too): each is still a separate
 process (its own parallel state, signals, exit code, kill -9), started in ~20 ms. A `warm` pretrain run
 is pretrain_cplm.py executed as `__main__` in such processes with torchrun's environment contract
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from cplm_megatron.experiments.warm import WarmJob, become, redirect_output, start_script, warm_context
+from cplm_megatron.experiments.launch.warm import WarmJob, become, redirect_output, start_script, warm_context
 from cplm_megatron.parallel.distributed import free_port
 
 REPO = Path(__file__).resolve().parents[1]

@@ -93,7 +93,7 @@ STUDY = """
 import sys
 from pathlib import Path
 
-from cplm_megatron.experiments.plan import AblationSettings
+from cplm_megatron.experiments.plan.run import AblationSettings
 from cplm_megatron.experiments.study import run_ablation
 
 if __name__ == "__main__":

@@ -96,7 +96,7 @@ def test_readme_study_table_is_generated_from_the_committed_summary():
     """The README's recipe-study table is `tools/ablate.py --study-table` of the committed summary.json."""
     import json
 
-    from cplm_megatron.experiments.multiseed_report import readme_block
+    from cplm_megatron.experiments.report.study import readme_block
 
     summary_json = REPO / "benchmarks/results/study_cpu_v3/summary.json"
     block = readme_block(json.loads(summary_json.read_text()))

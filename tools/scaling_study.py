@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Submit a scaling study (cplm_megatron/experiments/scaling_sweep.py): one sbatch job per model size x node count
+"""Submit a scaling study (cplm_megatron/experiments/plan/scaling.py): one sbatch job per model size x node count
 x parallel layout x copy head, through this checkout's slurm/pretrain_<size>.sh.
 
   .venv/bin/python tools/scaling_study.py --output runs/scaling/h100 --sizes 1p7b 7b --nodes 1 2 4 8 \\
@@ -16,8 +16,8 @@ from pathlib import Path
 
 from cplm_megatron.cli import exit_2_on
 from cplm_megatron.experiments import scaling_sweep
-from cplm_megatron.experiments.cluster_study import ClusterStudyError
-from cplm_megatron.experiments.scaling_sweep import (  # noqa: F401 - the tool's interface
+from cplm_megatron.experiments.plan.cluster import ClusterStudyError
+from cplm_megatron.experiments.plan.scaling import (  # noqa: F401 - the tool's interface
     Combination,
     StudyError,
     SweepLayout,

@@ -1,7 +1,7 @@
 """Experiments: the baseline-vs-CPLM ablation, the recipe study (on CPU or a SLURM cluster), the scaling sweep and
 their reports.
 
-    from cplm_megatron.experiments.plan import AblationSettings
+    from cplm_megatron.experiments.plan.run import AblationSettings
     from cplm_megatron.experiments.study import run_ablation
     outcome = run_ablation(Path("runs/ablation"), AblationSettings.quick(), data_dir=Path("data/stdlib"))
 

@@ -35,9 +35,9 @@ import sys
 from pathlib import Path
 
 from cplm_megatron.cli import exit_2_on
-from cplm_megatron.experiments.launch import JobResult
-from cplm_megatron.experiments.multiseed_report import headline_table, readme_block
-from cplm_megatron.experiments.plan import (
+from cplm_megatron.experiments.launch.launcher import JobResult
+from cplm_megatron.experiments.report.study import headline_table, readme_block
+from cplm_megatron.experiments.plan.run import (
     ACTIVE_ARMS,
     ARMS,
     SCALES,

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from cplm_megatron.evaluation.results import read_eval_results
-from cplm_megatron.experiments.plan import Evaluation, Run
+from cplm_megatron.experiments.plan.run import Evaluation, Run
 
 JOB_RECORD = "job.json"
 TIMING = "timing.json"  # a job's training and evaluation seconds, every attempt counted

@@ -3,9 +3,9 @@ import statistics
 
 import pytest
 
-from cplm_megatron.experiments.multiseed_report import headline_table, readme_block
-from cplm_megatron.experiments.multiseed_summary import summarize, tokens_to_reach
-from cplm_megatron.experiments.plan import GLOBAL_BATCH, SEQ_LEN, Evaluation, Run
+from cplm_megatron.experiments.report.study import headline_table, readme_block
+from cplm_megatron.experiments.report.study_summary import summarize, tokens_to_reach
+from cplm_megatron.experiments.plan.run import GLOBAL_BATCH, SEQ_LEN, Evaluation, Run
 from cplm_megatron.experiments.records import RunResults
 
 pytestmark = pytest.mark.mcore  # the outcome depends on megatron-core (both CI legs)

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from cplm_megatron.experiments.launch import Launcher
-from cplm_megatron.experiments.plan import AblationSettings, StudySettings, ablation_runs, corpus_dirs, study_runs
+from cplm_megatron.experiments.launch.launcher import Launcher
+from cplm_megatron.experiments.plan.run import AblationSettings, StudySettings, ablation_runs, corpus_dirs, study_runs
 from cplm_megatron.experiments.records import RecordError, read_job_record, read_study_summary
 from tests.data_fixtures import synthetic_tokenizer, write_synthetic_dataset
 from tests.harness import REPO

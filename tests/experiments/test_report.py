@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cplm_megatron.experiments.plan import Evaluation, Run
+from cplm_megatron.experiments.plan.run import Evaluation, Run
 from cplm_megatron.experiments.records import RunResults
-from cplm_megatron.experiments.report import first_reaching, pair_up, spamlang_claims, staying_from, write_report
+from cplm_megatron.experiments.report.ablation import first_reaching, pair_up, spamlang_claims, staying_from, write_report
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from cplm_megatron.experiments.launch import Launcher
-from cplm_megatron.experiments.plan import AblationSettings as Settings
-from cplm_megatron.experiments.plan import ablation_runs as plan
+from cplm_megatron.experiments.launch.launcher import Launcher
+from cplm_megatron.experiments.plan.run import AblationSettings as Settings
+from cplm_megatron.experiments.plan.run import ablation_runs as plan
 from tests.data_fixtures import load_tool
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -82,7 +82,7 @@ def test_finished_runs_are_reused_and_other_settings_refused(tmp_path: Path):
 
 def test_timing_counts_every_attempt_of_a_job(tmp_path: Path):
     """A job killed mid-training and run again records both attempts' seconds (the clock ticks while it runs)."""
-    from cplm_megatron.experiments.launch import _JobClock
+    from cplm_megatron.experiments.launch.launcher import _JobClock
     from cplm_megatron.experiments.records import run_seconds
 
     (tmp_path / "timing.json").write_text(json.dumps({"train_seconds": 100.0, "eval_seconds": 0.0, "attempts": 1,

@@ -21,7 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from cplm_megatron.experiments.plan import Run
+from cplm_megatron.experiments.plan.run import Run
 from cplm_megatron.experiments.records import (
     JOB_RECORD,
     TIMING,
@@ -105,7 +105,7 @@ def subprocess_env(threads: int) -> dict[str, str]:
 def run_command(command: Command, log: Path, env: dict[str, str], backend: str = "warm") -> int:
     """Run `command` with its output in `log` through `backend` ("warm": processes forked from the forkserver, or
     a fresh interpreter when the project's code changed since it preloaded it; "subprocess": a fresh one)."""
-    from cplm_megatron.experiments.warm import source_changed, start_module
+    from cplm_megatron.experiments.launch.warm import source_changed, start_module
 
     if backend not in BACKENDS:
         raise ValueError(f"unknown launcher backend {backend!r}; choose from {', '.join(BACKENDS)} (or SLURM: "

@@ -22,8 +22,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from cplm_megatron.experiments.launch import sbatch, slurm_commands
-from cplm_megatron.experiments.plan import ACTIVE_ARMS, ARMS, Evaluation, Run
+from cplm_megatron.experiments.launch.launcher import sbatch, slurm_commands
+from cplm_megatron.experiments.plan.run import ACTIVE_ARMS, ARMS, Evaluation, Run
 from cplm_megatron.experiments.records import load_run
 
 SCALES = ("135m", "360m", "1p7b")  # <slurm_dir>/pretrain_<scale>.sh
@@ -110,7 +110,7 @@ def recipe_of(script: Path) -> str:
 def plan(settings: ClusterStudySettings, output: Path) -> list[tuple[Run, ClusterRun]]:
     """Every run, scale by scale and seed by seed, with its submission record; each run's config is resolved (and
     checked) here."""
-    from cplm_megatron.experiments.launch import eval_command, train_command
+    from cplm_megatron.experiments.launch.launcher import eval_command, train_command
     from cplm_megatron.model.accounting import CopyHeadShape, train_flops_per_token
     from cplm_megatron.training.run_config import load_run_config
 
@@ -208,8 +208,8 @@ def _read_study(output: Path) -> dict[str, Any]:
 
 def collect(output: Path, command: str = "", log: Callable[[str], None] = print) -> dict[str, Any]:
     """Aggregate the evaluated runs of a submitted study: OUTPUT/summary.json, report.md and the plots."""
-    from cplm_megatron.experiments.multiseed_report import write_study_report
-    from cplm_megatron.experiments.multiseed_summary import summarize
+    from cplm_megatron.experiments.report.study import write_study_report
+    from cplm_megatron.experiments.report.study_summary import summarize
     from cplm_megatron.experiments.records import write_study_summary_json
 
     output = Path(output).resolve()

@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from itertools import product
 from pathlib import Path
 
-from cplm_megatron.experiments.cluster_study import recipe_of
-from cplm_megatron.experiments.launch import sbatch
-from cplm_megatron.experiments.plan import Evaluation, Run, Value
+from cplm_megatron.experiments.plan.cluster import recipe_of
+from cplm_megatron.experiments.launch.launcher import sbatch
+from cplm_megatron.experiments.plan.run import Evaluation, Run, Value
 from cplm_megatron.training.run_record import has_run_record
 
 SIZES = ("135m", "360m", "1p7b", "7b", "13b")  # <slurm_dir>/pretrain_<size>.sh
@@ -122,7 +122,7 @@ def plan(layouts: dict[str, list[SweepLayout]], nodes: Sequence[int], copy_heads
 def sbatch_command(combo: Combination, output: Path, args: argparse.Namespace, dependency: str | None,
                    slurm_dir: Path) -> list[str]:
     """The sbatch command line submitting one combination: its size's script with the run's `--set` arguments."""
-    from cplm_megatron.experiments.launch import train_command
+    from cplm_megatron.experiments.launch.launcher import train_command
 
     cmd = ["sbatch", "--parsable", f"--job-name=scal-{combo.name}", f"--nodes={combo.nodes}",
            f"--time={args.time}", f"--output={output / 'logs'}/%x-%j.out"]

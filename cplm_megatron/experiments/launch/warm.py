@@ -31,7 +31,7 @@ from typing import Any, Dict, List, Optional, Sequence
 # Imported once by the forkserver: modules without import-time state that a job changes (the megatron-core
 # fixes are applied per process, by init_distributed).
 PRELOAD = (
-    "cplm_megatron.experiments.forkserver_init", "torch", "torch.distributed", "megatron.core",
+    "cplm_megatron.experiments.launch.forkserver_init", "torch", "torch.distributed", "megatron.core",
     "megatron.core.models.gpt", "megatron.core.optimizer",
     "megatron.core.pipeline_parallel", "megatron.core.dist_checkpointing", "megatron.core.distributed",
     "cplm_megatron.model.builder", "cplm_megatron.training.trainer", "cplm_megatron.training.step",
@@ -54,7 +54,9 @@ def warm_context():
 def _source_files() -> list:
     import cplm_kernels
 
-    roots = (Path(__file__).resolve().parents[1], Path(cplm_kernels.__file__).resolve().parent)
+    import cplm_megatron
+
+    roots = (Path(cplm_megatron.__file__).resolve().parent, Path(cplm_kernels.__file__).resolve().parent)
     return [f for root in roots for f in root.rglob("*.py")]
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from cplm_megatron.experiments.records import RunResults
-from cplm_megatron.experiments.reporting import fmt, grid, plt, prob, save
+from cplm_megatron.experiments.report.toolkit import fmt, grid, plt, prob, save
 
 SPAMLANG_TARGET = 0.99
 

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cplm_megatron.experiments.plan import ARMS, GLOBAL_BATCH, SEQ_LEN
+from cplm_megatron.experiments.plan.run import ARMS, GLOBAL_BATCH, SEQ_LEN
 from cplm_megatron.experiments.records import RunResults
 
 DECISION_RULE = (
@@ -355,7 +355,7 @@ def summarize(runs: Sequence[RunResults], planned: Sequence[tuple[str, str, int]
     """The study's summary.json body (without command/wall time): per scale, per arm, comparisons, the decision.
     Works on a partial grid (a run without its seed's baseline is listed, not compared); provisional while a
     `planned` (scale, arm, seed) is missing (default: the CPU study's grid)."""
-    from cplm_megatron.experiments.plan import StudySettings
+    from cplm_megatron.experiments.plan.run import StudySettings
 
     planned = list(planned) if planned is not None else StudySettings().planned()
     by_key = {(r.spec.label["scale"], r.spec.label["arm"], r.spec.label["seed"]): r for r in runs}
