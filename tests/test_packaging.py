@@ -93,8 +93,8 @@ STUDY = """
 import sys
 from pathlib import Path
 
-from cplm_megatron.experiments.plan.run import AblationSettings
-from cplm_megatron.experiments.study import run_ablation
+from cplm_megatron.experiments.plan.ablation import AblationSettings
+from cplm_megatron.experiments.pipeline import run_ablation
 
 if __name__ == "__main__":
     settings = AblationSettings(experiments=("spamlang",), spamlang_vocabs=(4096,), spamlang_ties=(False,),

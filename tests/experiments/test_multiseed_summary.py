@@ -3,10 +3,11 @@ import statistics
 
 import pytest
 
+from cplm_megatron.experiments.plan.run import Evaluation, Run
+from cplm_megatron.experiments.plan.study import GLOBAL_BATCH, SEQ_LEN
+from cplm_megatron.experiments.records import RunResults
 from cplm_megatron.experiments.report.study import headline_table, readme_block
 from cplm_megatron.experiments.report.study_summary import summarize, tokens_to_reach
-from cplm_megatron.experiments.plan.run import GLOBAL_BATCH, SEQ_LEN, Evaluation, Run
-from cplm_megatron.experiments.records import RunResults
 
 pytestmark = pytest.mark.mcore  # the outcome depends on megatron-core (both CI legs)
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from cplm_megatron.experiments.launch.launcher import Launcher
-from cplm_megatron.experiments.plan.run import AblationSettings as Settings
-from cplm_megatron.experiments.plan.run import ablation_runs as plan
+from cplm_megatron.experiments.plan.ablation import AblationSettings as Settings
+from cplm_megatron.experiments.plan.ablation import ablation_runs as plan
 from tests.data_fixtures import load_tool
 
 PNG = b"\x89PNG\r\n\x1a\n"

@@ -53,7 +53,6 @@ def warm_context():
 
 def _source_files() -> list:
     import cplm_kernels
-
     import cplm_megatron
 
     roots = (Path(cplm_megatron.__file__).resolve().parent, Path(cplm_kernels.__file__).resolve().parent)

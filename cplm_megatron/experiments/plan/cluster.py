@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from cplm_megatron.experiments.launch.launcher import sbatch, slurm_commands
-from cplm_megatron.experiments.plan.run import ACTIVE_ARMS, ARMS, Evaluation, Run
+from cplm_megatron.experiments.plan.run import Evaluation, Run
+from cplm_megatron.experiments.plan.study import ACTIVE_ARMS, ARMS
 from cplm_megatron.experiments.records import load_run
 
 SCALES = ("135m", "360m", "1p7b")  # <slurm_dir>/pretrain_<scale>.sh
@@ -208,9 +209,9 @@ def _read_study(output: Path) -> dict[str, Any]:
 
 def collect(output: Path, command: str = "", log: Callable[[str], None] = print) -> dict[str, Any]:
     """Aggregate the evaluated runs of a submitted study: OUTPUT/summary.json, report.md and the plots."""
+    from cplm_megatron.experiments.records import write_study_summary_json
     from cplm_megatron.experiments.report.study import write_study_report
     from cplm_megatron.experiments.report.study_summary import summarize
-    from cplm_megatron.experiments.records import write_study_summary_json
 
     output = Path(output).resolve()
     study = _read_study(output)

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 from itertools import product
 from pathlib import Path
 
-from cplm_megatron.experiments.plan.cluster import recipe_of
 from cplm_megatron.experiments.launch.launcher import sbatch
+from cplm_megatron.experiments.plan.cluster import recipe_of
 from cplm_megatron.experiments.plan.run import Evaluation, Run, Value
 from cplm_megatron.training.run_record import has_run_record
 

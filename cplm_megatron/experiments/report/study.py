@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from cplm_megatron.experiments.plan.run import SCALES
+from cplm_megatron.experiments.plan.study import SCALES
 from cplm_megatron.experiments.report.toolkit import band, interval, plt, pm, save
 
 README_BEGIN = "<!-- study-table:begin (generated from benchmarks/results/study_cpu_v3/summary.json) -->"
@@ -182,7 +182,7 @@ def write_study_report(output: Path, summary: dict[str, Any], spamlang: list[dic
     for arm, data in first["arms"].items():
         overrides = ", ".join(f"`{o}`" for o in data["overrides"]) or "`copy_head.enabled=false`"
         lines.append(f"- **{arm}**: {data['description']} ({overrides})")
-    from cplm_megatron.experiments.plan.run import ARMS
+    from cplm_megatron.experiments.plan.study import ARMS
 
     retired = [a for a in ARMS.values() if a.retired and a.name not in first["arms"]]
     if retired:

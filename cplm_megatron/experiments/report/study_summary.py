@@ -9,32 +9,19 @@ the baseline's training tokens at which the run's validation loss first reaches 
 validation loss (linear interpolation between evaluations; the paper's "training becomes more efficient"),
 in tokens and in training FLOPs (the Copy-Paste head's FLOPs counted: cplm_megatron.model.accounting).
 Per arm and scale: mean and sample standard deviation over seeds, and differences vs the baseline of
-the same seed with their 95% paired t-interval over seeds. The decision applies `DECISION_RULE`.
+the same seed with their 95% paired t-interval over seeds (paired.py). The decision: decision.py's `decide`.
 """
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from cplm_megatron.experiments.plan.run import ARMS, GLOBAL_BATCH, SEQ_LEN
+from cplm_megatron.experiments.plan.study import ARMS, GLOBAL_BATCH, SEQ_LEN
 from cplm_megatron.experiments.records import RunResults
+from cplm_megatron.experiments.report.decision import DECISION_RULE, PREVIOUS_DEFAULT, decide
+from cplm_megatron.experiments.report.paired import mean_std, paired_between, paired_interval
 
-DECISION_RULE = (
-    "Fixed before the v3 grid ran. An arm is credited only if its validation loss (the full distribution, every "
-    "validation sample) is below the baseline's and below the baseline + continuous-cache control's in every seed at "
-    "every scale it ran (paired: the same seed shares initialization and data order). Only arms run at every scale "
-    "of the grid can become the default. Among those credited, the simplest (the earliest in the study's arm order) "
-    "is kept unless a more complex credited arm beats it at every scale with a 95% t-interval over seeds of the "
-    "per-seed paired difference below 0; that arm is then kept, and a later one must beat it in the same way. No arm "
-    "credited: the copy head is not credited and the default is the baseline. Every decision is provisional until "
-    "every run of the planned grid is in the summary."
-)
-PREVIOUS_DEFAULT = "aux1"  # configs/tiny.yaml's copy-head objective when this rule was fixed
-# Two-sided 95% Student t quantiles by degrees of freedom (seeds - 1).
-T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 # Figures aggregated per arm; `lower` says which direction is better (for paired wins).
 FIGURES: dict[str, bool] = {
     "val_loss": True,
@@ -188,13 +175,6 @@ def run_figures(run: RunResults, baseline: RunResults) -> dict[str, Any]:
     }
 
 
-def mean_std(values: Sequence[float | None]) -> dict[str, Any]:
-    """Mean and sample standard deviation of the values that exist (`n`: how many)."""
-    present = [v for v in values if v is not None and not math.isnan(v)]
-    return {"mean": statistics.fmean(present) if present else None,
-            "std": statistics.stdev(present) if len(present) > 1 else None, "n": len(present)}
-
-
 def aggregate_arm(per_seed: dict[int, dict[str, Any]], baseline: dict[int, dict[str, Any]]) -> dict[str, Any]:
     """Mean/std per figure, passkey per length, and paired differences vs the same seed's baseline."""
     seeds = sorted(per_seed)
@@ -216,27 +196,6 @@ def aggregate_arm(per_seed: dict[int, dict[str, Any]], baseline: dict[int, dict[
     return out
 
 
-def paired_interval(diffs: Sequence[float]) -> dict[str, Any]:
-    """Mean, std and the 95% t-interval over seeds of per-seed paired differences (no interval below 2 seeds)."""
-    stats = mean_std(diffs)
-    n = stats["n"]
-    if n >= 2 and stats["std"] is not None:
-        half = T95.get(n - 1, 1.96) * stats["std"] / math.sqrt(n)
-        stats.update(ci_low=stats["mean"] - half, ci_high=stats["mean"] + half)
-    else:
-        stats.update(ci_low=None, ci_high=None)
-    return stats
-
-
-def document_paired(a: dict[str, Any] | None, b: dict[str, Any] | None) -> list[float] | None:
-    """(difference, low, high) of loss a - loss b on the same validation documents (document bootstrap)."""
-    from cplm_megatron.evaluation.metrics import bootstrap_paired_ci
-
-    if not a or not b or a["ids"] != b["ids"] or a["count"] != b["count"]:
-        return None
-    return list(bootstrap_paired_ci(a["nll"], b["nll"], a["count"]))
-
-
 def cache_arm(baseline: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
     """The evaluation-only arm `baseline+cache`: the baseline's checkpoints with the tuned continuous cache."""
     seeds = sorted(s for s in baseline if baseline[s].get("cache_val_loss") is not None)
@@ -252,17 +211,6 @@ def cache_arm(baseline: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
                                                 "better_in": sum(d < 0 for d in diffs), "seeds": len(diffs)}}}
 
 
-def paired_between(figures: dict[str, dict[int, dict[str, Any]]], a: str, b: str, key_b: str = "val_loss"
-                   ) -> dict[str, Any]:
-    """Per-seed val loss of arm a minus arm b's `key_b` (same seed), with the t-interval and document intervals."""
-    seeds = sorted(s for s in figures[a] if s in figures[b] and figures[b][s].get(key_b) is not None)
-    diffs = {s: figures[a][s]["val_loss"] - figures[b][s][key_b] for s in seeds}
-    docs_b = "cache_documents" if key_b == "cache_val_loss" else "val_documents"
-    return {**paired_interval(list(diffs.values())), "per_seed": {str(s): d for s, d in diffs.items()},
-            "document_interval_per_seed": {str(s): document_paired(figures[a][s].get("val_documents"),
-                                                                   figures[b][s].get(docs_b)) for s in seeds}}
-
-
 def flattening(curves: Sequence[list[dict[str, Any]]]) -> dict[str, Any]:
     """How flat the baseline's val loss is at the end: mean over seeds at 50/75/100% of training and the
     relative improvement over the last quarter."""
@@ -273,65 +221,6 @@ def flattening(curves: Sequence[list[dict[str, Any]]]) -> dict[str, Any]:
     points = {f"{int(f * 100)}%": statistics.fmean(at(c, f) for c in curves) for f in (0.5, 0.75, 1.0)}
     last_quarter = statistics.fmean((at(c, 0.75) - at(c, 1.0)) / at(c, 1.0) for c in curves)
     return {"mean_val_loss_at": points, "relative_improvement_last_quarter": last_quarter}
-
-
-@dataclass
-class Decision:
-    """What the rule decided: the default arm ('baseline': no copy head credited), and why."""
-
-    default: str
-    credited: list[str]  # arms that beat the baseline and the cache control in every seed at every scale they ran
-    not_credited: dict[str, str]  # arm -> why not
-    steps: list[str]  # the comparisons that moved (or kept) the default, in order
-    reason: str
-
-
-def _credit(arm: str, figures: dict[str, dict[str, dict[int, dict[str, Any]]]],
-            grid_scales: Sequence[str]) -> str | None:
-    """None when `arm` is credited, else why not."""
-    ran = [sc for sc in grid_scales if arm in figures.get(sc, {})]
-    if not ran:
-        return "no finished run"
-    for sc in ran:
-        for control, key in (("baseline", "val_loss"), ("baseline + cache", "cache_val_loss")):
-            diffs = paired_between(figures[sc], arm, "baseline", key)["per_seed"]
-            if not diffs:
-                return f"no {control} figure to compare with at scale {sc}"
-            worse = {seed: d for seed, d in diffs.items() if not d < 0}
-            if worse:
-                seed, d = next(iter(worse.items()))
-                return f"not below the {control} in seed {seed} at scale {sc} ({d:+.3f} nats)"
-    missing = [sc for sc in grid_scales if sc not in ran]
-    if missing:
-        return (f"below the baseline and the cache control in every seed at {', '.join(ran)}, but not run at "
-                f"{', '.join(missing)}: it cannot become the default")
-    return None
-
-
-def decide(figures: dict[str, dict[str, dict[int, dict[str, Any]]]],
-           grid_scales: Sequence[str]) -> Decision:
-    """Apply DECISION_RULE (figures: per scale, per arm, per seed; grid_scales: every scale of the planned grid)."""
-    arms = [a for a in ARMS if a != "baseline" and any(a in figures.get(sc, {}) for sc in grid_scales)]
-    not_credited = {a: why for a in arms if (why := _credit(a, figures, grid_scales)) is not None}
-    credited = [a for a in arms if a not in not_credited]
-    if not credited:
-        return Decision("baseline", [], not_credited, [], "no CPLM arm beats both the baseline and the baseline + "
-                        "cache control in every seed at every scale: the copy head is not credited")
-    kept, steps = credited[0], []
-    for challenger in credited[1:]:
-        intervals = {sc: paired_between(figures[sc], challenger, kept) for sc in grid_scales}
-        wins = all(i["ci_high"] is not None and i["ci_high"] < 0 for i in intervals.values())
-        shown = "; ".join(f"{sc}: {i['mean']:+.3f} " + (f"[{i['ci_low']:+.3f}, {i['ci_high']:+.3f}]"
-                                                       if i["ci_low"] is not None else "(no interval: < 2 seeds)")
-                          for sc, i in intervals.items() if i["mean"] is not None)
-        steps.append(f"{challenger} - {kept}: {shown} -> {'kept ' + challenger if wins else 'kept ' + kept}")
-        if wins:
-            kept = challenger
-    simplest = credited[0]
-    reason = (f"credited: {', '.join(credited)}; the simplest, {simplest}, " +
-              ("is kept: no more complex credited arm beats it with an interval below 0 at every scale"
-               if kept == simplest else f"is replaced by {kept}, which beats it with an interval below 0 at every scale"))
-    return Decision(kept, credited, not_credited, steps, reason)
 
 
 def _complete_seeds(by_key: dict[tuple[str, str, int], RunResults], scale: str) -> list[int]:
@@ -355,7 +244,7 @@ def summarize(runs: Sequence[RunResults], planned: Sequence[tuple[str, str, int]
     """The study's summary.json body (without command/wall time): per scale, per arm, comparisons, the decision.
     Works on a partial grid (a run without its seed's baseline is listed, not compared); provisional while a
     `planned` (scale, arm, seed) is missing (default: the CPU study's grid)."""
-    from cplm_megatron.experiments.plan.run import StudySettings
+    from cplm_megatron.experiments.plan.study import StudySettings
 
     planned = list(planned) if planned is not None else StudySettings().planned()
     by_key = {(r.spec.label["scale"], r.spec.label["arm"], r.spec.label["seed"]): r for r in runs}

@@ -18,11 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from cplm_megatron.experiments.launch.launcher import JobResult, Launcher
-from cplm_megatron.experiments.report.study import write_study_report
-from cplm_megatron.experiments.report.study_summary import summarize
-from cplm_megatron.experiments.plan.run import ARMS, AblationSettings, Run, StudySettings, ablation_runs, ensure_corpora, study_runs
+from cplm_megatron.experiments.plan.ablation import AblationSettings, ablation_runs
+from cplm_megatron.experiments.plan.run import Run
+from cplm_megatron.experiments.plan.study import ARMS, StudySettings, ensure_corpora, study_runs
 from cplm_megatron.experiments.records import RunResults, load_run, run_seconds, write_study_summary_json
 from cplm_megatron.experiments.report.ablation import pair_up, spamlang_claims, write_report
+from cplm_megatron.experiments.report.study import write_study_report
+from cplm_megatron.experiments.report.study_summary import summarize
 
 
 @dataclass
