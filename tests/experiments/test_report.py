@@ -3,9 +3,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from cplm_megatron.experiments.plan.run import Evaluation, Run
 from cplm_megatron.experiments.records import RunResults
 from cplm_megatron.experiments.report.ablation import first_reaching, pair_up, spamlang_claims, staying_from, write_report
+from cplm_megatron.experiments.report.toolkit import table
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -48,3 +51,12 @@ def test_claims_and_report(tmp_path: Path):
     for name in ("loss_curves.png", "copy_accuracy.png", "gradient_retention.png"):
         assert (tmp_path / name).read_bytes()[:8] == PNG
     assert not (tmp_path / "passkey.png").exists()
+
+
+def test_the_toolkit_table_aligns_columns_and_refuses_a_wrong_alignment():
+    """Every report's markdown table comes from toolkit.table: header, rule ('---:' right-aligns), rows."""
+    assert table(["arm", "val"], [["a", "1.0"], ["b", "2.0"]], "lr") == [
+        "| arm | val |", "|---|---:|", "| a | 1.0 |", "| b | 2.0 |"]
+    assert table(["x", "y"], [])[1] == "|---|---|"
+    with pytest.raises(ValueError, match="one 'l' or 'r' per column"):
+        table(["x", "y"], [], "r")

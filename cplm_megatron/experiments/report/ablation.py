@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from cplm_megatron.experiments.records import RunResults
-from cplm_megatron.experiments.report.toolkit import fmt, grid, plt, prob, save
+from cplm_megatron.experiments.report.toolkit import fmt, grid, plt, prob, save, table
 
 SPAMLANG_TARGET = 0.99
 
@@ -111,12 +111,10 @@ def _stays(step: int | None, iters: int) -> str:
 def _per_step_table(claims: list[dict], title: str, key: str, fmt: Callable[[float | None], str]) -> list[str]:
     """A table of `cplm_<key>` / `baseline_<key>` at every evaluated step, one row per SpamLang run."""
     steps = claims[0]["checkpoint_steps"]
-    lines = ["", title, "", "| vocab | LM head | " + " | ".join(f"step {s}" for s in steps) + " |",
-             "|---:|---|" + "---:|" * len(steps)]
-    for c in claims:
-        cells = [f"{fmt(c[f'cplm_{key}'].get(s))} / {fmt(c[f'baseline_{key}'].get(s))}" for s in c["checkpoint_steps"]]
-        lines.append(f"| {c['vocab']} | {'tied' if c['tied'] else 'untied'} | " + " | ".join(cells) + " |")
-    return lines
+    rows = [[str(c["vocab"]), "tied" if c["tied"] else "untied",
+             *(f"{fmt(c[f'cplm_{key}'].get(s))} / {fmt(c[f'baseline_{key}'].get(s))}" for s in c["checkpoint_steps"])]
+            for c in claims]
+    return ["", title, "", *table(["vocab", "LM head", *(f"step {s}" for s in steps)], rows, "rl" + "r" * len(steps))]
 
 
 def spamlang_section(pairs: Sequence[PairSummary]) -> list[str]:
@@ -126,21 +124,21 @@ def spamlang_section(pairs: Sequence[PairSummary]) -> list[str]:
     lines = ["## SpamLang at a vocabulary >= 64x the hidden size", "",
              ("Each sequence repeats one random symbol (Godey & Artzi). Accuracy = argmax next-token accuracy over "
              "every position (position 0 included: nothing to copy there), evaluated on the untrained model (step 0) "
-             "and every checkpoint. `p(target)`: mean probability of the right symbol at the last checkpoint."), "",
-             ("| vocab | V/d | LM head | steps to 99%: CPLM / baseline | stays >= 99% from step: CPLM / baseline "
-             "| baseline acc. at CPLM's step | final acc. CPLM / baseline | final loss CPLM / baseline "
-             "| p(target) CPLM / baseline |"),
-             "|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
+             "and every checkpoint. `p(target)`: mean probability of the right symbol at the last checkpoint."), ""]
+    header = ["vocab", "V/d", "LM head", "steps to 99%: CPLM / baseline", "stays >= 99% from step: CPLM / baseline",
+              "baseline acc. at CPLM's step", "final acc. CPLM / baseline", "final loss CPLM / baseline",
+              "p(target) CPLM / baseline"]
+    rows = []
     for c in claims:
         last = max(c["cplm_accuracy"])
-        lines.append(
-            f"| {c['vocab']} | {c['vocab'] // c['hidden']} | {'tied' if c['tied'] else 'untied'} "
-            f"| {_steps(c['cplm_steps_to_99'], c['iters'])} / {_steps(c['baseline_steps_to_99'], c['iters'])} "
-            f"| {_stays(c['cplm_stays_99_from'], c['iters'])} / {_stays(c['baseline_stays_99_from'], c['iters'])} "
-            f"| {fmt(c['baseline_accuracy_at_cplm_step'])} "
-            f"| {fmt(c['cplm_accuracy'][last])} / {fmt(c['baseline_accuracy'].get(last))} "
-            f"| {fmt(c['cplm_final_loss'], 3)} / {fmt(c['baseline_final_loss'], 3)} "
-            f"| {prob(c['cplm_final_target_prob'])} / {prob(c['baseline_final_target_prob'])} |")
+        rows.append([str(c["vocab"]), str(c["vocab"] // c["hidden"]), "tied" if c["tied"] else "untied",
+                     f"{_steps(c['cplm_steps_to_99'], c['iters'])} / {_steps(c['baseline_steps_to_99'], c['iters'])}",
+                     f"{_stays(c['cplm_stays_99_from'], c['iters'])} / {_stays(c['baseline_stays_99_from'], c['iters'])}",
+                     fmt(c["baseline_accuracy_at_cplm_step"]),
+                     f"{fmt(c['cplm_accuracy'][last])} / {fmt(c['baseline_accuracy'].get(last))}",
+                     f"{fmt(c['cplm_final_loss'], 3)} / {fmt(c['baseline_final_loss'], 3)}",
+                     f"{prob(c['cplm_final_target_prob'])} / {prob(c['baseline_final_target_prob'])}"])
+    lines += table(header, rows, "rrl" + "r" * 6)
     lines += _per_step_table(claims, "Accuracy at every evaluated step (CPLM / baseline):", "accuracy",
                              lambda value: fmt(value, 3))
     lines += _per_step_table(claims, "Mean probability of the right symbol at every evaluated step (CPLM / baseline):",
@@ -165,19 +163,21 @@ def corpus_section(pairs: Sequence[PairSummary]) -> list[str]:
              ("Last checkpoint. Train NLL: the trainer's last logged NLL of the output distribution (the mixture for "
               "CPLM, not its whole objective, which adds the LM head's auxiliary cross entropy). Val: the "
              "validation split. Copy: random spans repeated once (accuracy on the repeat). Passkey: mean retrieval "
-             "accuracy over the operating points below. Gradient: on a validation batch."), "",
-             ("| model | train NLL | val loss | val ppl | copy acc. | passkey retrieval (token acc.) "
-             "| logit grad outside LM-head span | copy-head share of dL/dh |"), "|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for pair in pairs:
+             "accuracy over the operating points below. Gradient: on a validation batch."), ""]
+    header = ["model", "train NLL", "val loss", "val ppl", "copy acc.", "passkey retrieval (token acc.)",
+              "logit grad outside LM-head span", "copy-head share of dL/dh"]
+    for pair in pairs:  # one table per pair (the ablation has one corpus pair)
+        rows = []
         for run in (pair.baseline, pair.cplm):
             _, losses = run.nll_curve()
-            lines.append(
-                f"| {NAMES[run.spec.copy_head]} | {fmt(losses[-1] if losses else None, 3)} "
-                f"| {fmt(_metric(run, 'val', 'val_loss'), 3)} | {fmt(_metric(run, 'val', 'val_ppl'), 1)} "
-                f"| {fmt(_metric(run, 'copy', 'copy_accuracy'), 3)} | {fmt(_metric(run, 'passkey', 'passkey_accuracy'), 3)} "
-                f"({fmt(_metric(run, 'passkey', 'passkey_token_accuracy'), 3)}) "
-                f"| {fmt(_metric(run, 'gradient', 'logit_grad_outside_span'))} "
-                f"| {fmt(_metric(run, 'gradient', 'copy_grad_share'), 3)} |")
+            rows.append([NAMES[run.spec.copy_head], fmt(losses[-1] if losses else None, 3),
+                         fmt(_metric(run, "val", "val_loss"), 3), fmt(_metric(run, "val", "val_ppl"), 1),
+                         fmt(_metric(run, "copy", "copy_accuracy"), 3),
+                         f"{fmt(_metric(run, 'passkey', 'passkey_accuracy'), 3)} "
+                         f"({fmt(_metric(run, 'passkey', 'passkey_token_accuracy'), 3)})",
+                         fmt(_metric(run, "gradient", "logit_grad_outside_span")),
+                         fmt(_metric(run, "gradient", "copy_grad_share"), 3)])
+        lines += table(header, rows, "l" + "r" * 7)
         lines.append("")
         for run in (pair.baseline, pair.cplm):
             details = run.final["tasks"].get("passkey", {}).get("details")
@@ -191,11 +191,9 @@ def corpus_section(pairs: Sequence[PairSummary]) -> list[str]:
 def _passkey_markdown(details: dict[str, Any]) -> str:
     depths = details["depths"]
     cell = {(c["length"], c["depth"]): c for c in details["grid"]}
-    rows = ["| context length | " + " | ".join(f"depth {d:g}" for d in depths) + " |",
-            "|---:|" + "---:|" * len(depths)]
-    rows += [f"| {L} | " + " | ".join(f"{fmt(cell[(L, d)]['accuracy'], 2)} ({fmt(cell[(L, d)]['token_accuracy'], 2)})"
-                                      for d in depths) + " |" for L in details["lengths"]]
-    return "\n".join(rows)
+    rows = [[str(L), *(f"{fmt(cell[(L, d)]['accuracy'], 2)} ({fmt(cell[(L, d)]['token_accuracy'], 2)})"
+                       for d in depths)] for L in details["lengths"]]
+    return "\n".join(table(["context length", *(f"depth {d:g}" for d in depths)], rows, "r" * (len(depths) + 1)))
 
 
 # -------------------------------------------------------------------------------------- plots
@@ -318,8 +316,8 @@ def write_report(output: Path, runs: Sequence[RunResults], meta: dict[str, Any])
         lines += [f"### {title}", "", f"![{title}]({path.name})" if path else "(no data for this plot)", ""]
     runtimes = meta.get("runtimes", {})
     if runtimes:
-        lines += ["## Runs", "", "| run | train s | eval s |", "|---|---:|---:|"]
-        lines += [f"| {name} | {t:.0f} | {e:.0f} |" for name, (t, e) in runtimes.items()]
+        lines += ["## Runs", "", *table(["run", "train s", "eval s"],
+                                        [[name, f"{t:.0f}", f"{e:.0f}"] for name, (t, e) in runtimes.items()], "lrr")]
         lines.append("")
     report = output / "report.md"
     report.write_text("\n".join(lines))

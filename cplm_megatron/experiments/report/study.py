@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from cplm_megatron.experiments.plan.study import SCALES
-from cplm_megatron.experiments.report.toolkit import band, interval, plt, pm, save
+from cplm_megatron.experiments.report.toolkit import band, interval, plt, pm, save, table
 
 README_BEGIN = "<!-- study-table:begin (generated from benchmarks/results/study_cpu_v3/summary.json) -->"
 README_END = "<!-- study-table:end -->"
@@ -36,27 +36,28 @@ def _chance(summary: dict[str, Any], key: str) -> str:
 def headline_table(summary: dict[str, Any]) -> str:
     """The README's table: per scale and arm, mean ± std over seeds and the paired differences against the baseline
     and the baseline + cache control (95% t-interval over seeds, better in k of n seeds); chance values in headers."""
-    lines = ["| scale | arm | val loss | Δ vs baseline [95% t over seeds] (better in) | Δ vs baseline+cache [95% t] "
-             f"(better in) | LM-head val loss | copy acc. ({_chance(summary, 'copy_accuracy_chance')}) | passkey "
-             f"first-key-token acc. ({_chance(summary, 'passkey_first_token_chance')}) | tokens to baseline's final "
-             "loss |", "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    header = ["scale", "arm", "val loss", "Δ vs baseline [95% t over seeds] (better in)",
+              "Δ vs baseline+cache [95% t] (better in)", "LM-head val loss",
+              f"copy acc. ({_chance(summary, 'copy_accuracy_chance')})",
+              f"passkey first-key-token acc. ({_chance(summary, 'passkey_first_token_chance')})",
+              "tokens to baseline's final loss"]
+    rows = []
     for name, scale in summary["scales"].items():
         m = scale["model"]
         scale_label = f"{name} (hidden {m['hidden']}, {m['layers']} layers, V {m['vocab']})"
         cache = scale.get("cache_control")
         if cache:
-            lines.append(f"| {scale_label} | baseline+cache (control) | {pm(cache['mean_std']['val_loss'])} | "
-                         f"{_wins(cache['paired_vs_baseline']['val_loss'])} | – | – | – | – | – |")
+            rows.append([scale_label, "baseline+cache (control)", pm(cache["mean_std"]["val_loss"]),
+                         _wins(cache["paired_vs_baseline"]["val_loss"]), *["–"] * 5])
         for arm, data in scale["arms"].items():
             ms = data["mean_std"]
             marker = " **(default)**" if arm == summary["decision"]["default"] else ""
             base = "–" if arm == "baseline" else _wins(scale.get("vs_baseline", {}).get(arm))
             vs_cache = "–" if arm == "baseline" else _wins(scale.get("vs_cache", {}).get(arm))
-            lines.append(f"| {scale_label} | {arm}{marker} | {pm(ms['val_loss'])} | {base} | {vs_cache} | "
-                         f"{pm(ms['lm_val_loss'])} | {pm(ms['copy_accuracy'])} | "
-                         f"{pm(ms.get('passkey_first_token_accuracy', {}))} | "
-                         f"{_efficiency(ms['efficiency'], len(scale['seeds']))} |")
-    return "\n".join(lines)
+            rows.append([scale_label, f"{arm}{marker}", pm(ms["val_loss"]), base, vs_cache, pm(ms["lm_val_loss"]),
+                         pm(ms["copy_accuracy"]), pm(ms.get("passkey_first_token_accuracy", {})),
+                         _efficiency(ms["efficiency"], len(scale["seeds"]))])
+    return "\n".join(table(header, rows, "ll" + "r" * 7))
 
 
 def _wins(stats: dict[str, Any] | None) -> str:
@@ -74,9 +75,7 @@ def readme_block(summary: dict[str, Any]) -> str:
 
 def _per_seed_table(scale: dict[str, Any]) -> list[str]:
     seeds = scale["seeds"]
-    lines = ["| arm | " + " | ".join(f"seed {s}: val / LM-head val / copy / passkey first key token / efficiency"
-                                    for s in seeds)
-             + " |", "|---|" + "---:|" * len(seeds)]
+    header = ["arm", *(f"seed {s}: val / LM-head val / copy / passkey first key token / efficiency" for s in seeds)]
 
     def cell(fig: dict[str, Any]) -> str:
         eff = "–" if fig["efficiency"] is None else f"{fig['efficiency']:.2f}"
@@ -84,70 +83,68 @@ def _per_seed_table(scale: dict[str, Any]) -> list[str]:
         return (f"{fig['val_loss']:.3f} / {fig['lm_val_loss']:.3f} / {fig['copy_accuracy']:.3f} / "
                 f"{'–' if first is None else f'{first:.3f}'} / {eff}")
 
-    for arm, data in scale["arms"].items():
-        lines.append(f"| {arm} | " + " | ".join(cell(data["per_seed"][str(s)]) if str(s) in data["per_seed"] else "–"
-                                                for s in seeds) + " |")
-    return lines
+    rows = [[arm, *(cell(data["per_seed"][str(s)]) if str(s) in data["per_seed"] else "–" for s in seeds)]
+            for arm, data in scale["arms"].items()]
+    return table(header, rows, "l" + "r" * len(seeds))
 
 
 def _gradient_table(scale: dict[str, Any]) -> list[str]:
-    lines = ["| arm | logit gradient outside the LM head's span | chance sqrt(1 - d/V) | retained energy / chance "
-             "(d/V) | copy head's share of dL/dh (norms) | copy path's projection share <g_copy, g>/‖g‖² | "
-             "cos(g_copy, g_lm) |", "|---|---:|---:|---:|---:|---:|---:|"]
-    for arm, data in scale["arms"].items():
-        ms = data["mean_std"]
-        get = (lambda k, d=3, ms=ms: pm(ms.get(k, {}), d))  # noqa: E731
-        lines.append(f"| {arm} | {get('logit_grad_outside_span', 4)} | {get('logit_grad_outside_span_chance', 4)} | "
-                     f"{get('retained_over_chance', 2)} | {get('copy_grad_share')} | {get('copy_grad_projection')} | "
-                     f"{get('copy_lm_grad_cosine')} |")
-    return lines
+    header = ["arm", "logit gradient outside the LM head's span", "chance sqrt(1 - d/V)",
+              "retained energy / chance (d/V)", "copy head's share of dL/dh (norms)",
+              "copy path's projection share <g_copy, g>/‖g‖²", "cos(g_copy, g_lm)"]
+    digits = {"logit_grad_outside_span": 4, "logit_grad_outside_span_chance": 4, "retained_over_chance": 2,
+              "copy_grad_share": 3, "copy_grad_projection": 3, "copy_lm_grad_cosine": 3}
+    rows = [[arm, *(pm(data["mean_std"].get(key, {}), d) for key, d in digits.items())]
+            for arm, data in scale["arms"].items()]
+    return table(header, rows, "l" + "r" * 6)
 
 
 def _controls_table(scale: dict[str, Any]) -> list[str]:
     """The cache control beside every arm, the FLOPs efficiency and the paired intervals."""
     cache = scale.get("cache_control")
-    lines = ["| arm | val loss (mean ± std) | Δ vs baseline, 95% paired interval | Δ vs baseline+cache, 95% paired "
-             "interval | tokens to baseline's loss | training FLOPs to baseline's loss | copy acc.: mixture / copy head "
-             "alone / mean gate |", "|---|---:|---:|---:|---:|---:|---:|"]
+    header = ["arm", "val loss (mean ± std)", "Δ vs baseline, 95% paired interval",
+              "Δ vs baseline+cache, 95% paired interval", "tokens to baseline's loss",
+              "training FLOPs to baseline's loss", "copy acc.: mixture / copy head alone / mean gate"]
     seeds = len(scale["seeds"])
+    rows = []
     if cache:
-        lines.append(f"| baseline+cache (evaluation only) | {pm(cache['mean_std']['val_loss'])} | "
-                     f"{interval(cache['paired_vs_baseline']['val_loss'])} | – | – | – | – |")
+        rows.append(["baseline+cache (evaluation only)", pm(cache["mean_std"]["val_loss"]),
+                     interval(cache["paired_vs_baseline"]["val_loss"]), *["–"] * 4])
     for arm, data in scale["arms"].items():
         ms = data["mean_std"]
         base = "–" if arm == "baseline" else interval(data["paired_vs_baseline"]["val_loss"])
         vs_cache = interval(scale.get("vs_cache", {}).get(arm))
         copy_cells = " / ".join(pm(ms.get(k, {})) for k in ("copy_accuracy", "copy_head_accuracy", "copy_mean_gate"))
-        lines.append(f"| {arm} | {pm(ms['val_loss'])} | {base} | {vs_cache} | {_efficiency(ms['efficiency'], seeds)} | "
-                     f"{_efficiency(ms.get('efficiency_flops', {'n': 0}), seeds)} | {copy_cells} |")
-    return lines
+        rows.append([arm, pm(ms["val_loss"]), base, vs_cache, _efficiency(ms["efficiency"], seeds),
+                     _efficiency(ms.get("efficiency_flops", {"n": 0}), seeds), copy_cells])
+    return table(header, rows, "l" + "r" * 6)
 
 
 def _comparisons_table(scale: dict[str, Any]) -> list[str]:
     """Every paired comparison of a scale: per-seed differences (each with its document-bootstrap interval) and the
     t-interval over seeds, the primary figure."""
-    lines = ["| comparison (val loss, nats) | per seed: difference [document bootstrap 95%] | mean [95% t over "
-             "seeds] |", "|---|---|---:|"]
-    rows = [(f"{a} - baseline", v) for a, v in scale.get("vs_baseline", {}).items()]
-    rows += [(f"{a} - (baseline+cache)", v) for a, v in scale.get("vs_cache", {}).items()]
-    rows += list(scale.get("between_arms", {}).items())
-    for name, stats in rows:
+    header = ["comparison (val loss, nats)", "per seed: difference [document bootstrap 95%]",
+              "mean [95% t over seeds]"]
+    comparisons = [(f"{a} - baseline", v) for a, v in scale.get("vs_baseline", {}).items()]
+    comparisons += [(f"{a} - (baseline+cache)", v) for a, v in scale.get("vs_cache", {}).items()]
+    comparisons += list(scale.get("between_arms", {}).items())
+    rows = []
+    for name, stats in comparisons:
         docs = stats.get("document_interval_per_seed", {})
         seeds = "; ".join(f"s{seed}: {d:+.3f}" + (f" [{docs[seed][1]:+.3f}, {docs[seed][2]:+.3f}]" if docs.get(seed)
                                                   else "") for seed, d in stats["per_seed"].items())
-        lines.append(f"| {name} | {seeds or '–'} | {interval(stats)} |")
-    return lines
+        rows.append([name, seeds or "–", interval(stats)])
+    return table(header, rows, "llr")
 
 
 def _passkey_table(scale: dict[str, Any]) -> list[str]:
     lengths = sorted({int(n) for data in scale["arms"].values() for n in data["passkey_by_length"]})
-    lines = ["| arm | " + " | ".join(f"length {n}" for n in lengths) + " |", "|---|" + "---:|" * len(lengths)]
-    for arm, data in scale["arms"].items():
-        by_length = data["passkey_by_length"]
-        lines.append(f"| {arm} | " + " | ".join(
-            f"{pm(by_length[str(n)].get('first_token_accuracy', {}), 2)} "
-            f"({pm(by_length[str(n)]['token_accuracy'], 2)})" for n in lengths) + " |")
-    return lines
+
+    def cell(at: dict[str, Any]) -> str:
+        return f"{pm(at.get('first_token_accuracy', {}), 2)} ({pm(at['token_accuracy'], 2)})"
+
+    rows = [[arm, *(cell(data["passkey_by_length"][str(n)]) for n in lengths)] for arm, data in scale["arms"].items()]
+    return table(["arm", *(f"length {n}" for n in lengths)], rows, "l" + "r" * len(lengths))
 
 
 def write_study_report(output: Path, summary: dict[str, Any], spamlang: list[dict[str, Any]] | None = None) -> Path:
@@ -231,16 +228,17 @@ def write_study_report(output: Path, summary: dict[str, Any], spamlang: list[dic
                   "Gradient figures (a validation batch, last checkpoint):", "", *_gradient_table(scale), ""]
     if spamlang:
         lines += ["## SpamLang at vocabulary >= 100k (Godey & Artzi's regime)", "",
-                  f"Baseline vs the chosen default ({decision['default']}), untied LM head.", "",
-                  "| hidden | vocab | CPLM: steps to >= 99% | baseline: steps to >= 99% | final acc. CPLM / baseline | "
-                  "p(target) CPLM / baseline |", "|---:|---:|---:|---:|---:|---:|"]
+                  f"Baseline vs the chosen default ({decision['default']}), untied LM head.", ""]
+        rows = []
         for c in spamlang:
             base = c["baseline_steps_to_99"]
             cplm_acc = c["cplm_accuracy"][max(c["cplm_accuracy"], key=int)]
             base_acc = c["baseline_accuracy"][max(c["baseline_accuracy"], key=int)]
-            lines.append(f"| {c['hidden']} | {c['vocab']} | {c['cplm_steps_to_99']} | "
-                         f"{base if base is not None else 'not within ' + str(c['iters'])} | {cplm_acc:.3f} / "
-                         f"{base_acc:.3f} | {c['cplm_final_target_prob']:.3g} / {c['baseline_final_target_prob']:.3g} |")
+            rows.append([str(c["hidden"]), str(c["vocab"]), str(c["cplm_steps_to_99"]),
+                         str(base) if base is not None else f"not within {c['iters']}", f"{cplm_acc:.3f} / {base_acc:.3f}",
+                         f"{c['cplm_final_target_prob']:.3g} / {c['baseline_final_target_prob']:.3g}"])
+        lines += table(["hidden", "vocab", "CPLM: steps to >= 99%", "baseline: steps to >= 99%",
+                        "final acc. CPLM / baseline", "p(target) CPLM / baseline"], rows, "r" * 6)
         lines.append("")
     lines += ["## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots if p is not None] + [""]
     report = output / "report.md"

@@ -16,10 +16,12 @@ import matplotlib.pyplot as plt  # noqa: E402 - after the backend is chosen
 __all__ = ["plt", "table", "fmt", "prob", "pm", "signed_pm", "interval", "grid", "band", "save"]
 
 
-def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
-    """A markdown table's lines."""
-    return ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|",
-            *("| " + " | ".join(row) + " |" for row in rows)]
+def table(header: Sequence[str], rows: Sequence[Sequence[str]], align: str = "") -> list[str]:
+    """A markdown table's lines; `align` has one letter per column, 'r' right-aligns it (default: all left)."""
+    if align and (len(align) != len(header) or set(align) - {"l", "r"}):
+        raise ValueError(f"align {align!r} must be one 'l' or 'r' per column ({len(header)} columns)")
+    rule = "|" + "|".join("---:" if a == "r" else "---" for a in (align or "l" * len(header))) + "|"
+    return ["| " + " | ".join(header) + " |", rule, *("| " + " | ".join(row) + " |" for row in rows)]
 
 
 def fmt(value: float | None, digits: int = 4) -> str:
