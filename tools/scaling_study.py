@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from cplm_megatron.cli import exit_2_on
-from cplm_megatron.experiments import scaling_sweep
+from cplm_megatron.experiments.plan import scaling as sweep
 from cplm_megatron.experiments.plan.cluster import ClusterStudyError
 from cplm_megatron.experiments.plan.scaling import (  # noqa: F401 - the tool's interface
     Combination,
@@ -30,17 +30,17 @@ SLURM = Path(__file__).resolve().parents[1] / "slurm"
 
 def recipe_layout(size: str) -> SweepLayout:
     """The parallel layout of the recipe slurm/pretrain_<size>.sh runs."""
-    return scaling_sweep.recipe_layout(size, SLURM)
+    return sweep.recipe_layout(size, SLURM)
 
 
 def sbatch_command(combo: Combination, output: Path, args, dependency: str | None) -> list[str]:
     """The sbatch command line submitting one combination."""
-    return scaling_sweep.sbatch_command(combo, output, args, dependency, SLURM)
+    return sweep.sbatch_command(combo, output, args, dependency, SLURM)
 
 
 @exit_2_on(StudyError, ClusterStudyError)
 def main(argv: Sequence[str] | None = None) -> int:
-    return scaling_sweep.run_sweep(argv, SLURM)
+    return sweep.run_sweep(argv, SLURM)
 
 
 if __name__ == "__main__":

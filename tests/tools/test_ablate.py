@@ -216,7 +216,7 @@ def test_a_job_after_a_code_change_starts_in_a_fresh_interpreter(tmp_path: Path,
     import os
     import time
 
-    from cplm_megatron.experiments import warm
+    from cplm_megatron.experiments.launch import warm
 
     source = tmp_path / "edited.py"
     source.write_text("")

@@ -3,7 +3,7 @@
     .venv/bin/python tools/study_cluster.py submit --output runs/study --scales 135m,360m --data /data/corpus
     .venv/bin/python tools/study_cluster.py collect --output runs/study
 
-Every (scale, arm, seed) of the study (plan.py's arms and seeds) is two jobs: training through
+Every (scale, arm, seed) of the study (plan/study.py's arms) is two jobs: training through
 `slurm/pretrain_<scale>.sh` (its recipe and #SBATCH directives; slurm/launch.sh requeues it on exit 75, so a
 preempted or timed-out run resumes from its checkpoint under the same job id), then its evaluation
 (`python -m cplm_megatron.evaluate`, the CPU study's tasks) as a job that starts after the training job succeeded

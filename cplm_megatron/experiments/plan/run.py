@@ -5,7 +5,7 @@ plans over this one type. How runs are launched: launch/; what they leave: recor
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Sequence
 
 Value = Any  # an override's value: bool, int, float, str, None, a Path, or a list/tuple of those
 
@@ -21,6 +21,11 @@ def set_text(value: Value) -> str:
     if isinstance(value, (list, tuple)):
         return "[" + ",".join(set_text(v) for v in value) + "]"
     return str(value)
+
+
+def set_arguments(settings: Sequence[tuple[str, Value]]) -> list[str]:
+    """(dotted key, value) settings as the trainer's `--set KEY=VALUE` arguments."""
+    return [f"{key}={set_text(value)}" for key, value in settings]
 
 
 @dataclass(frozen=True)
@@ -81,7 +86,7 @@ class Run:
 
     def overrides(self) -> list[str]:
         """The settings as the trainer's `--set KEY=VALUE` arguments."""
-        return [f"{key}={set_text(value)}" for key, value in self.settings]
+        return set_arguments(self.settings)
 
     def with_settings(self, *settings: tuple[str, Value]) -> Run:
         """This run with more settings applied after its own."""

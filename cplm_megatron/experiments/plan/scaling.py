@@ -31,7 +31,7 @@ from pathlib import Path
 
 from cplm_megatron.experiments.launch.launcher import sbatch
 from cplm_megatron.experiments.plan.cluster import recipe_of
-from cplm_megatron.experiments.plan.run import Evaluation, Run, Value
+from cplm_megatron.experiments.plan.run import Evaluation, Run, Value, set_arguments
 from cplm_megatron.training.run_record import has_run_record
 
 SIZES = ("135m", "360m", "1p7b", "7b", "13b")  # <slurm_dir>/pretrain_<size>.sh
@@ -73,7 +73,7 @@ class SweepLayout:
 
     def overrides(self) -> list[str]:
         """The settings as `--set` text."""
-        return Run("", "", self.settings(), Evaluation(())).overrides()
+        return set_arguments(self.settings())
 
 
 @dataclass(frozen=True)

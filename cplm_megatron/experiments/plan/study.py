@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from cplm_megatron.experiments.plan.run import Evaluation, Run, Value, set_text
+from cplm_megatron.experiments.plan.run import Evaluation, Run, Value, set_arguments
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,7 @@ class Arm:
     @property
     def overrides(self) -> tuple[str, ...]:
         """The settings as `--set` text (what the study's summary lists)."""
-        return tuple(f"{key}={set_text(value)}" for key, value in self.settings)
+        return tuple(set_arguments(self.settings))
 
 
 def _objective(lm: float, copy: float, mixing: str = "gate", decouple: bool = False) -> tuple[tuple[str, Value], ...]:
