@@ -11,7 +11,6 @@ A plot without data (e.g. no copy-head on/off pairs) is not written; the report 
 """
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,7 +18,13 @@ from pathlib import Path
 from statistics import mean
 
 from cplm_megatron.experiments.report.toolkit import plt, save, table
-from cplm_megatron.training.run_record import LEGACY_NAMES, RUN_RECORD, RunRecordError, parse_run_record
+from cplm_megatron.training.run_record import (
+    LEGACY_NAMES,
+    RUN_RECORD,
+    RunRecordError,
+    read_run_record,
+    run_record_path,
+)
 
 
 class ReportError(ValueError):
@@ -68,13 +73,14 @@ class Record:
         return (self.preset, self.nodes, self.layout, self.seq_len, self.global_batch)
 
 
-def parse_record(path: Path, data: dict) -> Record:
-    """A report row from a run record's content (training/run_record.py reads it); names the file and key when
-    one is missing."""
+def record_of(run_dir: Path) -> Record:
+    """A report row from a run dir's record (training/run_record.py reads it: run_record.json, else a legacy
+    summary.json); names the file and key when one is missing."""
     try:
-        run = parse_run_record(path, data)
+        run = read_run_record(run_dir)
     except RunRecordError as e:
         raise ReportError(str(e)) from None
+    path = run_record_path(run_dir)
     if None in (run.tokens_per_sec, run.tflops_per_device, run.mfu, run.step_time):
         raise ReportError(f"{path}: no throughput figures (the launch trained too few steps to time)")
     lay = run.layout
@@ -93,14 +99,8 @@ def load_records(roots: Sequence[Path]) -> list[Record]:
     for root in roots:
         if not root.is_dir():
             raise ReportError(f"records directory {root} does not exist")
-        paths = {p.parent: p for p in sorted(root.rglob(LEGACY_NAMES[RUN_RECORD]))}
-        paths.update({p.parent: p for p in sorted(root.rglob(RUN_RECORD))})  # the current name wins
-        for path in (paths[d] for d in sorted(paths)):
-            try:
-                data = json.loads(path.read_text())
-            except json.JSONDecodeError as e:
-                raise ReportError(f"{path}: not valid JSON ({e})") from None
-            records.append(parse_record(path, data))
+        run_dirs = {p.parent for name in (RUN_RECORD, LEGACY_NAMES[RUN_RECORD]) for p in root.rglob(name)}
+        records += [record_of(run_dir) for run_dir in sorted(run_dirs)]
     if not records:
         raise ReportError(f"no {RUN_RECORD} (or summary.json) under {', '.join(map(str, roots))}; did the runs "
                           "finish? (each run writes it at the end; check the study's logs/)")
