@@ -179,7 +179,7 @@ def recipe_layout(size: str, slurm_dir: Path) -> SweepLayout:
     """The parallel layout of the recipe <slurm_dir>/pretrain_<size>.sh runs."""
     import yaml
 
-    from cplm_megatron.model.config import recipe_path
+    from cplm_megatron.config.loader import recipe_path
 
     recipe = Path(recipe_path(recipe_of(Path(slurm_dir) / f"pretrain_{size}.sh")))
     par = (yaml.safe_load(recipe.read_text()) or {}).get("parallel") or {}
