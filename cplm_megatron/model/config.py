@@ -5,12 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, List, Literal, Optional
 
-from cplm_megatron.config.loader import (
-    RECIPE_DIR,
-    deep_merge,
-    read_yaml,
-    recipe_path,  # noqa: F401 - experiments/scaling_sweep.py's import
-)
+from cplm_megatron.config.loader import RECIPE_DIR, deep_merge, read_yaml
 from cplm_megatron.errors import ConfigError
 from cplm_megatron.model.backbones import backbone
 
