@@ -3,7 +3,9 @@ of a single-machine run and trains the tiny recipe; a part killed mid-write is r
 bad input is one `error:` line and exit 2 per task. Its usage errors need no cluster."""
 from __future__ import annotations
 
+import os
 import re
+import signal
 import subprocess
 import time
 from collections import Counter
@@ -69,6 +71,23 @@ class Submission:
         return logs[-1].read_text() if logs else "(no merge log)"
 
 
+def stop_part(out: Path, index: int) -> list[int]:
+    """SIGSTOP part INDEX's prepare_data process and its children, so scancel's latency (seconds on a loaded
+    machine) cannot let the part finish between the test seeing its first shard and the kill."""
+    found = subprocess.run(["pgrep", "-f", "--", f"--part {index}/{PARTS} .*--output {out}( |$)"],
+                           capture_output=True, text=True).stdout.split()
+    stopped: list[int] = []
+    while found:
+        pid = int(found.pop())
+        try:
+            os.kill(pid, signal.SIGSTOP)
+        except ProcessLookupError:
+            continue
+        stopped.append(pid)
+        found += subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+    return stopped
+
+
 def part_files_state(part: Path) -> dict[str, tuple[int, int]]:
     return {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in part.iterdir()}
 
@@ -92,6 +111,7 @@ def test_array_of_parts_and_merge_redo_a_killed_part_and_train(local_slurm, stdl
     while not list(out.glob(".part-00002-of-00003.tmp-*/shard.*")) and time.monotonic() < deadline:
         assert first.proc.poll() is None, first.wait()[1]
         time.sleep(0.05)
+    assert stop_part(out, 2), "part 2's prepare_data process was not found"
     assert not (out / "part-00002-of-00003" / "manifest.json").exists(), \
         "part 2 finished before it could be killed; raise PART_BYTES[2]"
     subprocess.run(["scancel", f"{first.array_job}_2"], check=True)
