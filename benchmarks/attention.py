@@ -51,10 +51,12 @@ def variants() -> List[str]:
 def _init() -> None:
     from cplm_megatron.model.config import ModelConfig
     from cplm_megatron.model.layout import init_distributed
+    from cplm_megatron.parallel.cpu_compat import setup_compat
     from cplm_megatron.parallel.distributed import ParallelConfig, free_port
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ["MASTER_PORT"] = str(free_port())
+    setup_compat()
     init_distributed(ParallelConfig(), ModelConfig(), seed=1)
 
 

@@ -93,6 +93,7 @@ def init_megatron() -> None:
     """One-process torch.distributed + Megatron parallel state (TP=PP=1)."""
     from cplm_megatron.model.config import ModelConfig
     from cplm_megatron.model.layout import init_distributed
+    from cplm_megatron.parallel.cpu_compat import setup_compat
     from cplm_megatron.parallel.distributed import ParallelConfig
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -100,6 +101,7 @@ def init_megatron() -> None:
         from cplm_megatron.parallel.distributed import free_port
 
         os.environ["MASTER_PORT"] = str(free_port())
+    setup_compat()
     init_distributed(ParallelConfig(), ModelConfig(), seed=1)
 
 

@@ -116,11 +116,14 @@ def run(args: argparse.Namespace, tasks: list[str], options: EvalOptions) -> dic
         single_process_megatron,
     )
 
+    if args.hf and not args.all_checkpoints:
+        return evaluate(HFScorer.load(args.hf), tasks, options)
+    from cplm_megatron.parallel.cpu_compat import setup_compat
+    from cplm_megatron.training.checkpoint_lookup import read_live
+
+    setup_compat()  # a Megatron model from here on
     if args.all_checkpoints:
         return evaluate_checkpoints(args.checkpoint, tasks, options, include_initial=args.include_initial)
-    if args.hf:
-        return evaluate(HFScorer.load(args.hf), tasks, options)
-    from cplm_megatron.training.checkpoint_lookup import read_live
 
     with single_process_megatron():
         # a run still training may prune the checkpoint while it loads: then the newest complete one is used

@@ -54,9 +54,11 @@ def run(args: argparse.Namespace) -> int:
             yaml.safe_dump(cfg.to_dict(), buf, sort_keys=False)
             print(buf.getvalue())
             return 0
+        from cplm_megatron.parallel.cpu_compat import setup_compat
         from cplm_megatron.training.checkpointing import CheckpointWriterDied
         from cplm_megatron.training.trainer import NonFiniteLossError, train
 
+        setup_compat()
         try:
             return train(cfg)
         except (NonFiniteLossError, CheckpointWriterDied) as e:

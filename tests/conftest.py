@@ -23,3 +23,13 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("mcore") and not item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.mcore_latest)
+
+
+@pytest.fixture(autouse=True)
+def _cpu_compat_for_megatron_tests(request):
+    """pytest is the entry point of the in-process megatron tests (single_process_megatron in this process):
+    it applies the CPU-compat layer as the other entry points do (cpu_compat.setup_compat, here quietly)."""
+    if request.node.get_closest_marker("mcore"):
+        from cplm_megatron.parallel.cpu_compat import apply_compat
+
+        apply_compat()

@@ -77,7 +77,7 @@ def _reset_megatron() -> None:
 
 
 def _case_worker(rank: int, calls: Sequence[Call], world_size: int, port: int, out_dir: str, env: dict,
-                 init_group: bool, capture: bool = False) -> None:
+                 init_group: bool, capture: bool = False, compat: bool = True) -> None:
     if capture:  # the rank's output to files the parent reads (a test asserting on what a process prints)
         redirect_output(os.path.join(out_dir, "stdout"), os.path.join(out_dir, "stderr"))
     env = dict(env, RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank),
@@ -87,6 +87,10 @@ def _case_worker(rank: int, calls: Sequence[Call], world_size: int, port: int, o
     become(env)
     import torch.distributed as dist
 
+    if init_group and compat:  # the worker is the entry point of the megatron tests' processes
+        from cplm_megatron.parallel.cpu_compat import setup_compat
+
+        setup_compat()
     if not init_group:
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
     failed = False
@@ -129,16 +133,17 @@ def _join(procs: list, timeout: float) -> None:
 
 
 def run_cases(calls: Sequence[Call], world_size: int, env: Optional[dict] = None, init_group: bool = True,
-              timeout: float = PROCESS_TIMEOUT_S) -> Dict[str, List[Any]]:
+              timeout: float = PROCESS_TIMEOUT_S, compat: bool = True) -> Dict[str, List[Any]]:
     """Every call in turn in one group of `world_size` warm processes: {name: per-rank results}.
-    A failing case raises here with every rank's error; the cases after it do not run."""
+    A failing case raises here with every rank's error; the cases after it do not run. The processes apply
+    the CPU-compat layer first, as the entry points do (`compat=False`: the compat tests apply it themselves)."""
     names = [c.name for c in calls]
     assert len(set(names)) == len(names), names
     ctx = warm_context()
     with tempfile.TemporaryDirectory() as out_dir:
         port = free_port()
         procs = [ctx.Process(target=_case_worker, args=(r, list(calls), world_size, port, out_dir, process_env(env),
-                                                        init_group))
+                                                        init_group, False, compat))
                  for r in range(world_size)]
         for p in procs:
             p.start()
@@ -174,14 +179,14 @@ class Outcome:
 
 
 def run_captured(fn: Callable, world_size: int, *args: Any, env: Optional[dict] = None,
-                 timeout: float = PROCESS_TIMEOUT_S) -> Outcome:
+                 timeout: float = PROCESS_TIMEOUT_S, compat: bool = True) -> Outcome:
     """fn(rank, *args) in warm processes like run_distributed, but a failure is an outcome, not an error:
     the exit code and the ranks' output (an exception's traceback included) for the test to check."""
     ctx = warm_context()
     with tempfile.TemporaryDirectory() as out_dir:
         port = free_port()
         procs = [ctx.Process(target=_case_worker, args=(r, [Call("call", fn, args)], world_size, port, out_dir,
-                                                        process_env(env), True, True))
+                                                        process_env(env), True, True, compat))
                  for r in range(world_size)]
         for p in procs:
             p.start()
@@ -198,9 +203,10 @@ def run_captured(fn: Callable, world_size: int, *args: Any, env: Optional[dict] 
         return Outcome(bad[0] if bad else 0, read["stdout"], read["stderr"], None if bad else results)
 
 
-def run_distributed(fn: Callable, world_size: int, *args: Any, env: Optional[dict] = None) -> List[Any]:
+def run_distributed(fn: Callable, world_size: int, *args: Any, env: Optional[dict] = None,
+                    compat: bool = True) -> List[Any]:
     """fn(rank, *args) on `world_size` warm processes; returns the per-rank results or raises the first error."""
-    return run_cases([Call("call", fn, args)], world_size, env=env)["call"]
+    return run_cases([Call("call", fn, args)], world_size, env=env, compat=compat)["call"]
 
 
 def run_processes(fn: Callable, world_size: int, *args: Any) -> List[Any]:

@@ -42,9 +42,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     os.environ["CUDA_VISIBLE_DEVICES"] = ""  # before CUDA initializes: the model it builds stays on CPU
     from cplm_megatron.hf.convert import convert_from_hf
+    from cplm_megatron.parallel.cpu_compat import setup_compat
 
     logging.basicConfig(level=logging.WARNING, format="[convert_from_hf] %(message)s")
     logging.getLogger("cplm_megatron").setLevel(logging.INFO)
+    setup_compat()  # it builds the Megatron model in one process
     out = convert_from_hf(args.hf, args.output, copy_head=not args.no_copy_head, preset=args.preset,
                           copy_heads=args.copy_heads, copy_head_dim=args.copy_head_dim, seed=args.seed)
     print(f"[convert_from_hf] done: {out}")

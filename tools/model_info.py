@@ -24,6 +24,7 @@ from cplm_megatron.cli import exit_2_on, positive_int, quiet_known_warnings
 from cplm_megatron.errors import ConfigError
 from cplm_megatron.model.config import available_presets
 from cplm_megatron.model.info import InfoRequest, format_table, parse_memory, report
+from cplm_megatron.parallel.cpu_compat import setup_compat
 
 
 def gpu_memory(text: str) -> float:
@@ -68,6 +69,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 def main(argv: Optional[List[str]] = None) -> int:
     quiet_known_warnings()
     args = vars(parse_args(argv))
+    setup_compat()  # report() builds the model on the meta device in one process
     as_json = args.pop("json")
     summary = report(InfoRequest(**args))
     print(json.dumps(summary, indent=2) if as_json else format_table(summary))

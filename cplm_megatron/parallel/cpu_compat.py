@@ -11,8 +11,10 @@ code it replaces and why (README "The CPU-compat layer" lists what each fixes). 
 
 A patch may also depend on the megatron-core version (``Patch.needed``): it is applied only where the
 code it replaces exists. ``apply_compat()`` is idempotent (each patch marks what it patched) and
-returns the patch names in effect; ``describe_compat()`` turns them into the line rank 0 logs. Tests
-apply all patches but one in a fresh process to show each one is needed.
+returns the patch names in effect; ``describe_compat()`` turns them into the line rank 0 logs. The
+entry points apply the layer (``setup_compat()``, one call each); ``init_process_groups`` only checks
+that it was (``require_compat()``). Tests apply all patches but one in a fresh process to show each one
+is needed.
 
 ``check_cuda_expected()`` guards the CPU path itself: where the environment promises GPUs but CUDA
 is unusable, falling back to CPU over gloo would go unnoticed for hours, so it is an error.
@@ -307,7 +309,31 @@ def apply_compat(skip: Iterable[str] = ()) -> List[str]:
         if patch.scope in scopes and patch.name not in skip and patch.needed():
             patch.apply()
             applied.append(patch.name)
+    _APPLIED[:] = [applied]
     return applied
+
+
+_APPLIED: List[List[str]] = []  # [the names apply_compat applied] once it ran in this process (or its parent)
+
+
+def setup_compat() -> List[str]:
+    """An entry point's one call before it creates process groups (pretrain, evaluate, the HF converters,
+    model_info, the benchmarks, the test harness's workers): `apply_compat()`, and rank 0 (RANK or
+    SLURM_PROCID, default 0) logs `describe_compat`'s line on stderr (tools print JSON on stdout)."""
+    applied = apply_compat()
+    if int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))) == 0:
+        import sys
+
+        print(describe_compat(applied), file=sys.stderr, flush=True)
+    return applied
+
+
+def require_compat() -> None:
+    """Raise if this process creates process groups before its entry point applied the layer."""
+    if not _APPLIED:
+        raise RuntimeError("megatron-core's CPU-compat layer is not applied in this process: call "
+                           "cplm_megatron.parallel.cpu_compat.setup_compat() in the entry point, before "
+                           "creating process groups (init_distributed, single_process_megatron)")
 
 
 def describe_compat(applied: Iterable[str]) -> str:

@@ -2,8 +2,8 @@
 
 `init_process_groups` (called by cplm_megatron/model/layout.py's `init_distributed`, which checks the layout
 against the model first, so a bad layout fails before any rendezvous) refuses to fall back to CPU where GPUs
-were promised, applies the CPU-compat layer where
-it is needed (rank 0 logs which patches), picks nccl on CUDA and gloo on CPU,
+were promised, checks that the entry point applied the CPU-compat layer (cpu_compat.setup_compat), picks
+nccl on CUDA and gloo on CPU,
 initializes Megatron's parallel state (tp, pp, virtual pp, sp; dp derived) and seeds every RNG the
 way Megatron-LM does.
 """
@@ -13,7 +13,6 @@ import os
 import random
 import re
 import socket
-import sys
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -157,15 +156,13 @@ def set_seed(seed: int) -> None:
 def init_process_groups(parallel: ParallelConfig, seed: int = 1234, env: Optional[DistEnv] = None) -> RankLayout:
     """Initialize torch.distributed + Megatron parallel state for this process (the layout checked against the
     model first: cplm_megatron/model/layout.py's init_distributed)."""
-    from cplm_megatron.parallel.cpu_compat import apply_compat, check_cuda_expected, describe_compat
+    from cplm_megatron.parallel.cpu_compat import check_cuda_expected, require_compat
 
     env = env or detect_env()
     dp = check_world(env.world_size, parallel)
     if parallel.backend == "auto":  # an explicit gloo (e.g. CPU-side conversion) is a choice, not an accident
         check_cuda_expected()
-    applied = apply_compat()
-    if env.rank == 0:
-        print(describe_compat(applied), file=sys.stderr, flush=True)  # stderr: tools print JSON on stdout
+    require_compat()  # applied by the entry point (cpu_compat.setup_compat), not here
     cuda = torch.cuda.is_available()
     backend = parallel.backend if parallel.backend != "auto" else ("nccl" if cuda else "gloo")
     if cuda:

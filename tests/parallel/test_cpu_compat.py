@@ -41,7 +41,7 @@ def _applied(rank: int, claims_cuda: bool) -> tuple[list[str], str]:
 
 def applied_in_fresh_process(claims_cuda: bool = False) -> tuple[list[str], str]:
     """(apply_compat()'s names, describe_compat()'s line) in a fresh process (where CUDA is claimed if asked)."""
-    [result] = run_distributed(_applied, 1, claims_cuda)
+    [result] = run_distributed(_applied, 1, claims_cuda, compat=False)  # the worker applies nothing first
     return result
 
 
@@ -98,7 +98,7 @@ def _idempotent(rank: int) -> str:
 
 @pytest.mark.slow
 def test_apply_is_idempotent_and_rejects_unknown_names():
-    [message] = run_distributed(_idempotent, 1)
+    [message] = run_distributed(_idempotent, 1, compat=False)
     assert "unknown compat patch(es) ['nope']" in message
 
 
@@ -127,3 +127,29 @@ def test_training_stops_with_exit_2_when_gpus_are_promised_but_cuda_is_missing(t
     assert "GPUs are expected here (CUDA_VISIBLE_DEVICES=0,1, SLURM_JOB_GPUS=0,1)" in error
     assert "set CPLM_ALLOW_CPU=1" in error
     assert not (tmp_path / "checkpoints").exists()
+
+
+def _groups_without_the_layer(rank: int) -> tuple[str, list]:
+    from cplm_megatron.model.config import ModelConfig
+    from cplm_megatron.model.layout import init_distributed
+    from cplm_megatron.parallel import cpu_compat as c
+    from cplm_megatron.parallel.config import ParallelConfig
+
+    with pytest.raises(RuntimeError) as e:
+        init_distributed(ParallelConfig(), ModelConfig())
+    return str(e.value), list(c._APPLIED)
+
+
+@pytest.mark.slow
+def test_the_entry_points_apply_the_layer_not_init_process_groups():
+    """A process whose entry point did not apply the layer cannot create process groups (one error naming
+    the fix, nothing patched); an entry point (tools/model_info.py's main, in a process that applied nothing
+    before it) applies it and rank 0 logs it once."""
+    from tests.harness import _tool_main, run_captured
+
+    [(message, applied)] = run_distributed(_groups_without_the_layer, 1, compat=False)
+    assert "setup_compat() in the entry point" in message and applied == [], (message, applied)
+    out = run_captured(_tool_main, 1, "model_info", ("--preset", "tiny", "--json"), compat=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stderr.count("[compat] megatron-core ") == 1, out.stderr[-3000:]
+    assert f"{SCOPES['cpu']}: rng_tracker, current_device" in out.stderr
