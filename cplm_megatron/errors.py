@@ -5,6 +5,8 @@ failure (exit 1) and keeps its traceback.
 """
 from __future__ import annotations
 
+from typing import Any
+
 
 class UserError(ValueError):
     """Bad input the user can fix; the message names the problem and the fix."""
@@ -17,3 +19,13 @@ class ConfigError(UserError):
 class CheckpointError(UserError):
     """A checkpoint that cannot be used as asked (missing, damaged, or from another model); the message
     names the checkpoint, what is wrong, and the fix."""
+
+
+def check_version(path: object, data: dict[str, Any], kind: str, supported: int, error: type[Exception],
+                  fix: str) -> int:
+    """A record file's format version (1 when it records none); `error` naming the file, both versions and the
+    fix when this code does not read that version."""
+    version = data.get("version", 1)
+    if version != supported:
+        raise error(f"{path} is {kind} of version {version}; this cplm_megatron reads version {supported}: {fix}")
+    return version

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cplm_megatron.errors import UserError
+from cplm_megatron.errors import UserError, check_version
 
 EVAL_RESULTS_VERSION = 1  # files without a version (written before it was recorded) are version 1
 
@@ -44,10 +44,8 @@ def read_eval_results(path: Path) -> EvalResults:
         raise EvalResultsError(f"{path} is not a readable evaluation ({e}); evaluate the run again") from None
     if not isinstance(data, dict):
         raise EvalResultsError(f"{path} is not an evaluation (a JSON object); evaluate the run again")
-    version = data.get("version", 1)
-    if version != EVAL_RESULTS_VERSION:
-        raise EvalResultsError(f"{path} is an evaluation of version {version}; this cplm_megatron reads version "
-                               f"{EVAL_RESULTS_VERSION}: read it with the cplm_megatron that wrote it")
+    version = check_version(path, data, "an evaluation", EVAL_RESULTS_VERSION, EvalResultsError,
+                            "read it with the cplm_megatron that wrote it")
     checkpoints = data.get("checkpoints", [data])  # every checkpoint, or one model's results
     if not checkpoints or not all(isinstance(c, dict) and "iteration" in c and "tasks" in c for c in checkpoints):
         raise EvalResultsError(f"{path} holds no per-checkpoint results (iteration and tasks); evaluate the run again")

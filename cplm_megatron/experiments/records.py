@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cplm_megatron.errors import check_version
 from cplm_megatron.evaluation.results import read_eval_results
 from cplm_megatron.experiments.plan.run import Evaluation, Run
 
@@ -185,9 +186,8 @@ def read_study_summary(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict) or not {"scales", "decision"} <= set(data):
         raise RecordError(f"{path} is not a study's summary (no scales/decision); a run's throughput record is "
                           "run_record.json")
-    if data.get("version", 1) != STUDY_SUMMARY_VERSION:
-        raise RecordError(f"{path} is a study summary of version {data['version']}; this cplm_megatron reads version "
-                          f"{STUDY_SUMMARY_VERSION}: summarize the study again with it")
+    check_version(path, data, "a study summary", STUDY_SUMMARY_VERSION, RecordError,
+                  "summarize the study again with it")
     return data
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cplm_megatron.errors import UserError
+from cplm_megatron.errors import UserError, check_version
 
 RUN_RECORD = "run_record.json"
 RUN_RECORD_STOPPED = "run_record_stopped_early.json"
@@ -82,10 +82,8 @@ def parse_run_record(path: Path, data: Any) -> RunRecord:
     """A RunRecord from a record file's content; RunRecordError naming the file and the missing key."""
     if not isinstance(data, dict):
         raise RunRecordError(f"{path} is not a run record (a JSON object written by the trainer)")
-    version = data.get("version", 1)
-    if version != RUN_RECORD_VERSION:
-        raise RunRecordError(f"{path} is a run record of version {version}; this cplm_megatron reads version "
-                             f"{RUN_RECORD_VERSION}: read it with the cplm_megatron that wrote it")
+    check_version(path, data, "a run record", RUN_RECORD_VERSION, RunRecordError,
+                  "read it with the cplm_megatron that wrote it")
     fields = {f.name for f in dataclasses.fields(RunRecord)}
     required = [f.name for f in dataclasses.fields(RunRecord) if f.default is dataclasses.MISSING]
     missing = [name for name in required if name not in data]
