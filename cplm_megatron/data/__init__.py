@@ -7,7 +7,7 @@ Modules, one concern each:
   writes and checks MDS shards; `manifest` describes a dataset; `prepare` builds one
   (`parallel_tokenize` runs the tokenizer in worker processes; `atomic_output` makes builds
   all-or-nothing and idempotent); `stdlib_corpus` builds the embedded default corpus.
-* `config` (DataConfig), `loader` (build_train_loader / build_val_loader), `batch` (the batch
+* `config` (DataConfig, BatchShape), `loader` (build_train_loader / build_val_loader), `batch` (the batch
   contract), `streaming_world` (data-parallel sharding under mosaicml-streaming).
 
 The names below are imported lazily, so worker processes that only tokenize do not import torch
@@ -19,6 +19,7 @@ import importlib
 from typing import Any
 
 _EXPORTS = {
+    "BatchShape": "config",
     "DataConfig": "config",
     "StreamConfig": "config",
     "build_train_loader": "loader",

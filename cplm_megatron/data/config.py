@@ -1,4 +1,5 @@
-"""The `data` config section: which prepared datasets to stream, how to mix, batch and shuffle them."""
+"""The `data` config section: which prepared datasets to stream, how to mix and shuffle them; and the batch shape
+the loaders cut them into (`BatchShape`, set by the `train` section: the shape has one home)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -39,15 +40,42 @@ class StreamConfig:
         return self.name or self.path
 
 
+@dataclass(frozen=True)
+class BatchShape:
+    """Tokens per sample, samples per micro-batch per data-parallel rank, samples per optimizer step: the
+    `train.seq_len/micro_batch/global_batch` keys, handed to the loaders (validation: global = micro)."""
+
+    seq_len: int
+    micro_batch: int
+    global_batch: int
+
+    def validate(self) -> None:
+        """Raise ConfigError naming the bad `train.*` key."""
+        for name in ("seq_len", "micro_batch", "global_batch"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"train.{name} must be >= 1, got {getattr(self, name)}")
+        if self.global_batch % self.micro_batch:
+            raise ConfigError(f"train.global_batch={self.global_batch} is not a multiple of "
+                              f"train.micro_batch={self.micro_batch}")
+
+    def num_microbatches(self, dp_size: int) -> int:
+        """Micro-batches per optimizer step on each data-parallel rank."""
+        per_step = self.micro_batch * dp_size
+        if dp_size < 1 or self.global_batch % per_step:
+            raise ConfigError(
+                f"train.global_batch={self.global_batch} must be a multiple of train.micro_batch * data-parallel "
+                f"size = {self.micro_batch} * {dp_size} = {per_step}; change train.global_batch or the layout"
+            )
+        return self.global_batch // per_step
+
+
 @dataclass
 class DataConfig:
-    """How training and validation batches are made (see cplm_megatron.data.loader)."""
+    """Which samples training and validation batches are made of (see cplm_megatron.data.loader); their shape is
+    a `BatchShape` from the train section."""
 
     streams: list[StreamConfig] = field(default_factory=list)
     val_streams: list[StreamConfig] = field(default_factory=list)
-    seq_len: int = 256
-    micro_batch: int = 4  # sequences per micro-batch per data-parallel rank
-    global_batch: int = 32  # = micro_batch * dp_size * num_microbatches
     seed: int = 1234  # shuffle seed (and seed of stream resampling)
     shuffle: bool = True  # training order; validation is never shuffled
     num_workers: int = 0  # DataLoader worker processes per rank
@@ -66,9 +94,6 @@ class DataConfig:
 
     def validate(self) -> None:
         """Raise ConfigError naming the bad `data.*` key."""
-        for name in ("seq_len", "micro_batch", "global_batch"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"data.{name} must be >= 1, got {getattr(self, name)}")
         if self.synthetic is not None:
             from cplm_megatron.data.synthetic import training_tasks
 
@@ -98,16 +123,6 @@ class DataConfig:
                 raise ConfigError(f"data.{group}: proportions cannot be mixed with repeat/choose")
             if absolute and group == "streams" and self.epoch_size is not None:
                 raise ConfigError("data.epoch_size applies to proportions; repeat/choose fix the epoch size already")
-
-    def num_microbatches(self, dp_size: int) -> int:
-        """Micro-batches per optimizer step on each data-parallel rank."""
-        per_step = self.micro_batch * dp_size
-        if dp_size < 1 or self.global_batch % per_step:
-            raise ConfigError(
-                f"train.global_batch={self.global_batch} must be a multiple of train.micro_batch * data-parallel "
-                f"size = {self.micro_batch} * {dp_size} = {per_step}; change train.global_batch or the layout"
-            )
-        return self.global_batch // per_step
 
 
 def _as_stream(value: Any) -> StreamConfig:

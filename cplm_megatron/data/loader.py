@@ -1,7 +1,7 @@
 """Training and validation micro-batch loaders over prepared datasets, for one data-parallel rank.
 
-    loader = build_train_loader(cfg, dp_rank, dp_size, model_vocab_size=padded_vocab)
-    for _ in range(cfg.num_microbatches(dp_size)):
+    loader = build_train_loader(cfg, shape, dp_rank, dp_size, model_vocab_size=padded_vocab)
+    for _ in range(shape.num_microbatches(dp_size)):
         batch = next(loader)          # dict of [micro_batch, seq_len] tensors (see batch.py)
     checkpoint["data"] = loader.state_dict()   # plain dict of ints; identical on every rank
 
@@ -33,7 +33,7 @@ import torch
 
 from cplm_megatron.data._streaming_import import Stream
 from cplm_megatron.data.batch import collate_packed_samples
-from cplm_megatron.data.config import DataConfig, StreamConfig
+from cplm_megatron.data.config import BatchShape, DataConfig, StreamConfig
 from cplm_megatron.data.manifest import (
     DatasetError,
     check_compatible,
@@ -60,6 +60,7 @@ def _cache_root(cfg: DataConfig) -> Path:
 def _open_streams(
     stream_cfgs: Sequence[StreamConfig],
     cfg: DataConfig,
+    seq_len: int,
     model_vocab_size: int | None,
     role: str,
     layout: NodeLayout,
@@ -75,7 +76,7 @@ def _open_streams(
     cache_root = _cache_root(cfg)
     manifests = [(sc.label, read_manifest(sc.path, scratch_dir=cache_root)) for sc in stream_cfgs]
     others = [(sc.label, read_manifest(sc.path, scratch_dir=cache_root)) for sc in also_check]
-    tokenizer = check_compatible(manifests + others, cfg.seq_len, model_vocab_size)
+    tokenizer = check_compatible(manifests + others, seq_len, model_vocab_size)
     streams = []
     for sc, (_, manifest) in zip(stream_cfgs, manifests, strict=True):
         weights = {"proportion": sc.proportion, "repeat": sc.repeat, "choose": sc.choose}
@@ -104,14 +105,15 @@ def _node_layout(dp_size: int) -> NodeLayout:
 
 
 def _make_dataset(
-    streams: list[Stream], cfg: DataConfig, dp_rank: int, dp_size: int, layout: NodeLayout, *, train: bool
+    streams: list[Stream], cfg: DataConfig, micro_batch: int, dp_rank: int, dp_size: int, layout: NodeLayout, *,
+    train: bool
 ) -> DataParallelStreamingDataset:
     attempts = 5 if layout.local_world_size == 1 else 1
     with one_open_at_a_time(layout):
         for attempt in range(attempts):
             try:
                 # streaming writes its weighting into the Stream objects: every attempt gets fresh ones
-                return _new_dataset(copy.deepcopy(streams), cfg, dp_rank, dp_size, layout, train=train)
+                return _new_dataset(copy.deepcopy(streams), cfg, micro_batch, dp_rank, dp_size, layout, train=train)
             except FileExistsError:
                 # A process outside this project claimed the same shared-memory prefix at the same moment;
                 # a lone process can simply look again (peers of one job coordinate inside streaming).
@@ -122,14 +124,15 @@ def _make_dataset(
 
 
 def _new_dataset(
-    streams: list[Stream], cfg: DataConfig, dp_rank: int, dp_size: int, layout: NodeLayout, *, train: bool
+    streams: list[Stream], cfg: DataConfig, micro_batch: int, dp_rank: int, dp_size: int, layout: NodeLayout, *,
+    train: bool
 ) -> DataParallelStreamingDataset:
     with streaming_world_env(layout):
         return DataParallelStreamingDataset(
             dp_rank=dp_rank,
             dp_size=dp_size,
             streams=streams,
-            batch_size=cfg.micro_batch,
+            batch_size=micro_batch,
             shuffle=cfg.shuffle if train else False,
             shuffle_seed=cfg.seed,
             num_canonical_nodes=1,  # fixed, so the sample order does not depend on the job's size
@@ -171,11 +174,11 @@ def _next_batch(batches: Iterator[dict[str, torch.Tensor]], what: str, index: in
 class _Loader:
     """What the train and validation loaders share: the dataset, its DataLoader, batch geometry."""
 
-    def __init__(self, dataset: DataParallelStreamingDataset, cfg: DataConfig, tokenizer: TokenizerInfo, what: str,
-                 keep_last: bool = False):
+    def __init__(self, dataset: DataParallelStreamingDataset, cfg: DataConfig, micro_batch: int,
+                 tokenizer: TokenizerInfo, what: str, keep_last: bool = False):
         self.dataset = dataset
         self.tokenizer = tokenizer
-        self.micro_batch = cfg.micro_batch
+        self.micro_batch = micro_batch
         self.dp_size = dataset.dp_size
         self.epoch_size = int(dataset.epoch_size)
         collate = partial(
@@ -185,7 +188,7 @@ class _Loader:
             eod_mask_loss=cfg.eod_mask_loss,
         )
         self._dataloader = torch.utils.data.DataLoader(
-            dataset, batch_size=cfg.micro_batch, num_workers=cfg.num_workers, collate_fn=collate,
+            dataset, batch_size=micro_batch, num_workers=cfg.num_workers, collate_fn=collate,
             drop_last=not keep_last,
         )
         if _batches_per_pass(self.epoch_size, 0, self.dp_size, self.micro_batch) == 0:
@@ -221,8 +224,9 @@ class _Loader:
 class TrainBatchIterator(_Loader):
     """Endless training micro-batches for one DP rank, epoch after epoch, resumable mid-epoch."""
 
-    def __init__(self, dataset: DataParallelStreamingDataset, cfg: DataConfig, tokenizer: TokenizerInfo):
-        super().__init__(dataset, cfg, tokenizer, "the training data")
+    def __init__(self, dataset: DataParallelStreamingDataset, cfg: DataConfig, micro_batch: int,
+                 tokenizer: TokenizerInfo):
+        super().__init__(dataset, cfg, micro_batch, tokenizer, "the training data")
         self.seed = cfg.seed
         self.epoch = 0
         self._pass_start = 0  # sample_in_epoch where the current pass began (non-zero after resume)
@@ -321,9 +325,9 @@ class ValBatchLoader(_Loader):
     """Validation micro-batches for one DP rank: each `iter()` is one pass, in the same order. `keep_last`
     (one process only: evaluation) ends the pass with the last, partial micro-batch instead of dropping it."""
 
-    def __init__(self, dataset: DataParallelStreamingDataset, cfg: DataConfig, tokenizer: TokenizerInfo,
-                 keep_last: bool = False):
-        super().__init__(dataset, cfg, tokenizer, "the validation data", keep_last)
+    def __init__(self, dataset: DataParallelStreamingDataset, cfg: DataConfig, micro_batch: int,
+                 tokenizer: TokenizerInfo, keep_last: bool = False):
+        super().__init__(dataset, cfg, micro_batch, tokenizer, "the validation data", keep_last)
         self.keep_last = keep_last
 
     def __len__(self) -> int:
@@ -342,30 +346,35 @@ class ValBatchLoader(_Loader):
 
 
 def build_train_loader(
-    cfg: DataConfig, dp_rank: int, dp_size: int, *, model_vocab_size: int | None = None
+    cfg: DataConfig, shape: BatchShape, dp_rank: int, dp_size: int, *, model_vocab_size: int | None = None
 ) -> TrainBatchIterator:
-    """Training micro-batches for data-parallel rank `dp_rank` of `dp_size` (collective: all ranks call)."""
+    """Training micro-batches of `shape` for data-parallel rank `dp_rank` of `dp_size` (collective: all ranks call)."""
     cfg.validate()
-    cfg.num_microbatches(dp_size)  # global_batch must split evenly
+    shape.validate()
+    shape.num_microbatches(dp_size)  # global_batch must split evenly
     layout = _node_layout(dp_size)
-    streams, tokenizer = _open_streams(cfg.streams, cfg, model_vocab_size, "train", layout)
-    dataset = _make_dataset(streams, cfg, dp_rank, dp_size, layout, train=True)
-    return TrainBatchIterator(dataset, cfg, tokenizer)
+    streams, tokenizer = _open_streams(cfg.streams, cfg, shape.seq_len, model_vocab_size, "train", layout)
+    dataset = _make_dataset(streams, cfg, shape.micro_batch, dp_rank, dp_size, layout, train=True)
+    return TrainBatchIterator(dataset, cfg, shape.micro_batch, tokenizer)
 
 
 def build_val_loader(
-    cfg: DataConfig, dp_rank: int, dp_size: int, *, model_vocab_size: int | None = None, keep_last: bool = False
+    cfg: DataConfig, shape: BatchShape, dp_rank: int, dp_size: int, *, model_vocab_size: int | None = None,
+    keep_last: bool = False
 ) -> ValBatchLoader:
-    """Validation micro-batches (unshuffled, one pass per iter) for `dp_rank` (collective: all ranks call).
+    """Validation micro-batches of `shape` (its global batch unused; unshuffled, one pass per iter) for
+    `dp_rank` (collective: all ranks call).
 
     The training streams, if configured, must share the validation streams' tokenizer. `keep_last`: every
     sample, the last micro-batch partial (a single process: DP ranks must see equal batch counts)."""
     cfg.validate()
+    shape.validate()
     if keep_last and dp_size != 1:
         raise ValueError(f"keep_last needs one data-parallel rank (every sample in one process), got dp_size={dp_size}")
     if not cfg.val_streams:
         raise DatasetError("data.val_streams is empty: no validation data configured")
     layout = _node_layout(dp_size)
-    streams, tokenizer = _open_streams(cfg.val_streams, cfg, model_vocab_size, "val", layout, also_check=cfg.streams)
-    dataset = _make_dataset(streams, cfg, dp_rank, dp_size, layout, train=False)
-    return ValBatchLoader(dataset, cfg, tokenizer, keep_last)
+    streams, tokenizer = _open_streams(cfg.val_streams, cfg, shape.seq_len, model_vocab_size, "val", layout,
+                                       also_check=cfg.streams)
+    dataset = _make_dataset(streams, cfg, shape.micro_batch, dp_rank, dp_size, layout, train=False)
+    return ValBatchLoader(dataset, cfg, shape.micro_batch, tokenizer, keep_last)

@@ -82,16 +82,9 @@ def _require_single_process_state() -> None:
 
 def saved_run_config(checkpoint: Path):
     """The resolved RunConfig stored in a checkpoint's common state."""
-    from cplm_megatron.training.run_config import build_run_config
+    from cplm_megatron.training.run_config import run_config_from_saved
 
-    tree = dict(read_saved_config(checkpoint))
-    # The resolved config repeats train.{seq_len, micro_batch, global_batch} under data.*, which
-    # build_run_config refuses as user input; they are derived again from train.* here.
-    tree["data"] = {k: v for k, v in tree.get("data", {}).items() if k not in _DERIVED_DATA_KEYS}
-    return build_run_config(tree)
-
-
-_DERIVED_DATA_KEYS = ("seq_len", "micro_batch", "global_batch")
+    return run_config_from_saved(read_saved_config(checkpoint))
 
 
 def _build(cfg):

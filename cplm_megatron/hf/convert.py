@@ -86,10 +86,8 @@ def convert_to_hf(
 def _read_checkpoint(iter_dir: Path, tokenizer: str | Path | None):
     """(checkpoint, its tensors, the tokenizer directory) of one iter_* directory."""
     ckpt = open_checkpoint(iter_dir)
-    layout = ckpt.record.get("layout", {})
-    log.info("checkpoint %s: iteration %s, saved at tp=%s pp=%s; %s family, copy head %s", ckpt.path,
-             ckpt.record.get("iteration", "?"), layout.get("tp", "?"), layout.get("pp", "?"), ckpt.model.family,
-             "on" if ckpt.copy_head else "off")
+    log.info("checkpoint %s: iteration %s, saved at %s; %s family, copy head %s", ckpt.path, ckpt.record.iteration,
+             ckpt.record.layout_text, ckpt.model.family, "on" if ckpt.copy_head else "off")
     check_exportable(ckpt.model, ckpt.copy_head)  # before the slow parts
     tokenizer_dir = Path(tokenizer) if tokenizer is not None else find_tokenizer(ckpt)
     log.info("tokenizer: %s", tokenizer_dir)

@@ -28,6 +28,7 @@ from cplm_megatron.model.copy_head import CopyHeadConfig
 from cplm_megatron.model.layout import single_process_megatron
 from cplm_megatron.training.checkpoint_lookup import (
     DIST_METADATA,
+    CheckpointRecord,
     read_record,
     read_saved_config,
     resolve_checkpoint,
@@ -46,7 +47,7 @@ class MegatronCheckpoint:
     model: ModelConfig
     copy_head: CopyHeadConfig | None  # None: trained without the copy head
     config: dict[str, Any]  # the saved RunConfig as a dict
-    record: dict[str, Any]  # cplm_state.json (iteration, layout, has_optimizer)
+    record: CheckpointRecord  # cplm_state.json (iteration, layout, has_optimizer)
 
     @property
     def root(self) -> Path:

@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, TypeVar
 
-from cplm_megatron.errors import CheckpointError
+from cplm_megatron.errors import CheckpointError, check_version
 
 CHECKPOINTS_DIR = "checkpoints"
 LATEST = "latest"
@@ -91,15 +91,54 @@ def checkpoint_root(path: Path) -> Path:
     return path / CHECKPOINTS_DIR
 
 
-def read_record(path: Path) -> Dict[str, Any]:
-    """The cplm_state.json record of a committed checkpoint (iteration, layout, has_optimizer)."""
+CHECKPOINT_RECORD_VERSION = 1
+LAYOUT_KEYS = ("tp", "pp", "dp", "cp")
+
+
+@dataclass(frozen=True)
+class CheckpointRecord:
+    """A checkpoint's cplm_state.json, written last (its presence commits the save): the training scalars, the
+    layout it was saved under and whether it holds optimizer state. Readable without torch."""
+
+    iteration: int
+    consumed_tokens: int = 0
+    skipped_steps: int = 0
+    layout: Dict[str, int] = field(default_factory=lambda: {"tp": 1, "pp": 1, "dp": 1, "cp": 1})
+    has_optimizer: bool = True  # false: weights only (converted or exported)
+    version: int = CHECKPOINT_RECORD_VERSION
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2)
+
+    @property
+    def layout_text(self) -> str:
+        return layout_text(self.layout)
+
+
+def layout_text(layout: Dict[str, int]) -> str:
+    """'tp=2 pp=1 dp=1 cp=1' (the keys a layout has, in that order)."""
+    return " ".join(f"{k}={layout[k]}" for k in LAYOUT_KEYS if k in layout)
+
+
+def read_record(path: Path) -> CheckpointRecord:
+    """The cplm_state.json record of a committed checkpoint. Records written before it had a version read as
+    version 1, and those written before the layout kept `cp` had cp=1."""
+    file = Path(path) / STATE_JSON
     try:
-        record = json.loads((Path(path) / STATE_JSON).read_text())
+        data = json.loads(file.read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise CheckpointError(f"checkpoint {path}: {STATE_JSON} is unreadable ({e})") from e
-    if not isinstance(record, dict) or not isinstance(record.get("iteration"), int):
+    if not isinstance(data, dict) or not isinstance(data.get("iteration"), int):
         raise CheckpointError(f"checkpoint {path}: {STATE_JSON} holds no iteration")
-    return record
+    check_version(file, data, "a checkpoint record", CHECKPOINT_RECORD_VERSION, CheckpointError,
+                  "read it with the cplm_megatron that wrote it, or update this one")
+    layout = data.get("layout")
+    if not isinstance(layout, dict) or not all(isinstance(layout.get(k), int) for k in ("tp", "pp", "dp")):
+        raise CheckpointError(f"checkpoint {path}: {STATE_JSON} has no layout (tp, pp, dp); it was not written by "
+                              f"cplm_megatron's trainer")
+    known = {f.name for f in fields(CheckpointRecord)}
+    return CheckpointRecord(**{**{k: v for k, v in data.items() if k in known},
+                               "layout": {k: int(layout.get(k, 1)) for k in LAYOUT_KEYS}, "version": 1})
 
 
 def _index_problems(path: Path) -> tuple[List[str], bool]:
@@ -224,7 +263,7 @@ def verify_checkpoint(path: Path, fix: Optional[str] = None) -> CheckpointRef:
             fix = (f"use the previous complete checkpoint {previous}" if previous is not None
                    else "restore the missing files")
         raise CheckpointError(f"checkpoint {path} is damaged: {'; '.join(problems)}; {fix}")
-    return CheckpointRef(path, int(read_record(path)["iteration"]))
+    return CheckpointRef(path, read_record(path).iteration)
 
 
 def _say_to_log(message: str) -> None:

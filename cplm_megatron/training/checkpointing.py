@@ -4,7 +4,8 @@ Layout under `<run.dir>/checkpoints/`:
 
     iter_0000100/      model + optimizer (+ rng, when the layout matches) sharded tensors,
                        common state (iteration, consumed tokens, scheduler, data loader, config)
-    iter_0000100/cplm_state.json   the same scalars + saving layout, readable without torch
+    iter_0000100/cplm_state.json   the same scalars + saving layout, readable without torch (a versioned
+                                   `checkpoint_lookup.CheckpointRecord`, written last: it commits the save)
     latest             "iter_0000100", written (atomically, by rank 0) only after every rank
                        finished writing; auto-resume reads it
     latest.trainer     the same name, written right after `latest`: tells a rollback (a person moved
@@ -19,7 +20,6 @@ states are restored only under the saving layout. Finding and checking checkpoin
 """
 from __future__ import annotations
 
-import json
 import os
 import random
 import shutil
@@ -37,6 +37,7 @@ from cplm_megatron.training.checkpoint_lookup import (
     LATEST,
     STATE_JSON,
     TRAINER_LATEST,
+    CheckpointRecord,
     iter_dir_name,
     iteration_of,
     list_checkpoints,
@@ -89,16 +90,6 @@ def _layout() -> Dict[str, int]:
         "cp": ps.get_context_parallel_world_size(),
         "dp": ps.get_data_parallel_world_size(),
     }
-
-
-def saved_layout(record: Dict[str, Any]) -> Dict[str, int]:
-    """The layout a checkpoint was saved under (cplm_state.json); records written before `cp` was kept had cp=1."""
-    return {"cp": 1, **(record.get("layout") or {})}
-
-
-def layout_text(layout: Dict[str, int]) -> str:
-    """'tp=2 pp=1 dp=1 cp=1' (the keys a layout has, in that order)."""
-    return " ".join(f"{k}={layout[k]}" for k in ("tp", "pp", "dp", "cp") if k in layout)
 
 
 def _rng_sharded_object(load: bool):
@@ -196,10 +187,9 @@ class Checkpointer:
             config=config,
         )
         request = self._write_shards(state, target)
-        extra = {"has_optimizer": optimizer is not None}
         # a snapshot: an async finalize runs steps later, when the live TrainState has moved on
         saved_state = TrainState(**vars(train_state))
-        finalize = lambda: self._finalize(target, saved_state, extra)  # noqa: E731
+        finalize = lambda: self._finalize(target, saved_state, has_optimizer=optimizer is not None)  # noqa: E731
         if self.async_save:
             request.add_finalize_fn(finalize)
             self._schedule(request, target)
@@ -226,11 +216,11 @@ class Checkpointer:
         self._queue.schedule_async_request(request)
         self._in_flight = target
 
-    def _finalize(self, target: Path, train_state: TrainState, extra: Dict[str, Any]) -> None:
+    def _finalize(self, target: Path, train_state: TrainState, has_optimizer: bool) -> None:
         dist.barrier()  # every rank's shards (and rank 0's metadata) are on disk
         if dist.get_rank() == 0:
-            record = {**vars(train_state), "layout": _layout(), **extra}
-            _atomic_write(target / STATE_JSON, json.dumps(record, indent=2))
+            record = CheckpointRecord(**vars(train_state), layout=_layout(), has_optimizer=has_optimizer)
+            _atomic_write(target / STATE_JSON, record.to_json())
             _atomic_write(self.root / LATEST, target.name + "\n")
             _atomic_write(self.root / TRAINER_LATEST, target.name + "\n")  # after: see checkpoint_lookup
             self._own.add(target.name)
@@ -343,12 +333,12 @@ class Checkpointer:
         from torch.distributed.checkpoint.api import CheckpointException
 
         record = read_record(path)
-        if load_optimizer and optimizer is not None and not record.get("has_optimizer", True):
+        if load_optimizer and optimizer is not None and not record.has_optimizer:
             raise CheckpointError(
                 f"checkpoint {path} holds weights only (converted or exported), no optimizer state; "
                 f"start from it with checkpoint.load={Path(path).parent} checkpoint.load_optimizer=false"
             )
-        saved, layout = saved_layout(record), _layout()
+        saved, layout = record.layout, _layout()
         same_layout = saved == layout  # RNG states are per (tp, pp, cp) rank: restored only under the saving layout
         if optimizer is not None and load_optimizer:
             for opt in getattr(optimizer, "chained_optimizers", [optimizer]):

@@ -76,8 +76,6 @@ def compare_configs(saved: Mapping[str, Any], current: Any, weights_only: bool =
         saved_section = saved.get(name) if isinstance(saved.get(name), Mapping) else {}
         new_section = current_tree.get(name, {})
         for field in dataclasses.fields(getattr(current, name)):
-            if field.name not in new_section:  # derived copies (data.seq_len) are compared where they are set
-                continue
             old = saved_section.get(field.name, _field_default(field))
             new = new_section[field.name]
             if old == new:

@@ -22,7 +22,7 @@ from cplm_megatron.config.loader import (
     recipe_path,
     to_dict,
 )
-from cplm_megatron.data.config import DataConfig
+from cplm_megatron.data.config import BatchShape, DataConfig
 from cplm_megatron.errors import ConfigError
 from cplm_megatron.model.builder import PrecisionConfig, RecomputeConfig
 from cplm_megatron.model.config import ModelConfig, resolve_model_section
@@ -31,7 +31,7 @@ from cplm_megatron.model.layout import check_context_parallel, validate_layout
 from cplm_megatron.parallel.config import ParallelConfig
 from cplm_megatron.training.optimizer import OptimizerConfig, ScheduleConfig
 
-# Batch shape lives in train.*; the data section receives it (one source of truth).
+# The batch shape's one home is train.*; the loaders receive it as a BatchShape (TrainConfig.shape).
 _BATCH_KEYS = ("seq_len", "micro_batch", "global_batch")
 
 
@@ -75,15 +75,19 @@ class TrainConfig:
             value = getattr(self, key)
             if value is not None and value < 1:
                 raise ConfigError(f"train.{key} must be >= 1, got {value}")
-        for key in ("micro_batch", "global_batch", "seq_len", "log_interval", "eval_iters", "max_nonfinite_steps"):
+        self.shape.validate()
+        for key in ("log_interval", "eval_iters", "max_nonfinite_steps"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"train.{key} must be >= 1, got {getattr(self, key)}")
         if self.eval_interval < 0:
             raise ConfigError(f"train.eval_interval must be >= 0, got {self.eval_interval}")
         if self.lr <= 0 or not 0 <= self.min_lr <= self.lr:
             raise ConfigError(f"train.lr/min_lr must satisfy lr > 0 and 0 <= min_lr <= lr (got {self.lr}/{self.min_lr})")
-        if self.global_batch % self.micro_batch:
-            raise ConfigError(f"train.global_batch={self.global_batch} is not a multiple of train.micro_batch={self.micro_batch}")
+
+    @property
+    def shape(self) -> BatchShape:
+        """The batch shape, as the data loaders take it."""
+        return BatchShape(self.seq_len, self.micro_batch, self.global_batch)
 
     def total_iters(self) -> int:
         """train.iters, or train.tokens converted with the global batch."""
@@ -149,8 +153,6 @@ class RunConfig:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
     def validate(self) -> None:
-        for key in _BATCH_KEYS:
-            setattr(self.data, key, getattr(self.train, key))
         if self.train.seq_len > self.model.max_position_embeddings:
             raise ConfigError(
                 f"train.seq_len={self.train.seq_len} exceeds model.max_position_embeddings="
@@ -166,15 +168,12 @@ class RunConfig:
         """The checks that need the number of processes (layout vs model, global batch vs micro batch x DP),
         run before any process group starts; returns the data-parallel size."""
         dp = validate_layout(world_size, self.parallel, self.model)
-        self.data.num_microbatches(dp)
+        self.train.shape.num_microbatches(dp)
         return dp
 
     def to_dict(self) -> Dict[str, Any]:
-        """Plain nested dict; the batch shape appears once, under train (the data section receives it)."""
-        out = to_dict(self)
-        for key in _BATCH_KEYS:
-            out["data"].pop(key, None)
-        return out
+        """Plain nested dict (what config.yaml and a checkpoint record)."""
+        return to_dict(self)
 
     def hash(self) -> str:
         """Short hash of the resolved config (for scaling-study records)."""
@@ -186,6 +185,14 @@ def _check_batch_keys(tree: Dict[str, Any]) -> None:
     for key in _BATCH_KEYS:
         if key in data:
             raise ConfigError(f"data.{key} is set by train.{key}; remove data.{key} and set train.{key}")
+
+
+def run_config_from_saved(tree: Dict[str, Any]) -> RunConfig:
+    """The RunConfig of a config a checkpoint saved. Configs written while the data section carried a copy of
+    the batch shape may repeat train.{seq_len, micro_batch, global_batch} under data.*; the copy is dropped."""
+    tree = dict(tree)
+    tree["data"] = {k: v for k, v in (tree.get("data") or {}).items() if k not in _BATCH_KEYS}
+    return build_run_config(tree)
 
 
 def build_run_config(tree: Dict[str, Any]) -> RunConfig:

@@ -15,7 +15,8 @@ import torch
 
 from cplm_megatron.model.accounting import CopyHeadShape, train_flops_per_token
 from cplm_megatron.model.builder import Vocabulary
-from cplm_megatron.training.checkpointing import Checkpointer, TrainState, layout_text
+from cplm_megatron.training.checkpoint_lookup import layout_text
+from cplm_megatron.training.checkpointing import Checkpointer, TrainState
 from cplm_megatron.training.loop import Cadence, NonFiniteGuard, NonFiniteLossError, StopPolicy  # noqa: F401
 from cplm_megatron.training.metrics_log import MetricsLogger, format_line, rank0_print
 from cplm_megatron.training.preflight import checkpoint_size
@@ -49,10 +50,10 @@ def build_data(cfg: RunConfig, vocab: Vocabulary, dp_rank: int, dp_size: int):
                           "data.streams=data/stdlib/train after `make data`) or set data.synthetic")
     from cplm_megatron.data.loader import build_train_loader, build_val_loader  # imports streaming
 
-    train = build_train_loader(cfg.data, dp_rank, dp_size, model_vocab_size=vocab.padded)
+    train = build_train_loader(cfg.data, cfg.train.shape, dp_rank, dp_size, model_vocab_size=vocab.padded)
     val = None
     if cfg.train.eval_interval and cfg.data.val_streams:
-        val = build_val_loader(cfg.data, dp_rank, dp_size, model_vocab_size=vocab.padded)
+        val = build_val_loader(cfg.data, cfg.train.shape, dp_rank, dp_size, model_vocab_size=vocab.padded)
     return train, val
 
 
@@ -127,7 +128,7 @@ class Trainer:
         self.scheduler = build_scheduler(self.optimizer, cfg.optimizer, cfg.schedule, self.total_iters, t.lr, t.min_lr)
         setup_model_config(self.chunks, self.optimizer)
         self.train_data, self.val_data = build_data(cfg, self.built.vocab, self.layout.dp_rank, self.layout.dp)
-        self.num_micro = cfg.data.num_microbatches(self.layout.dp)
+        self.num_micro = cfg.train.shape.num_microbatches(self.layout.dp)
         resumed_from = plan.checkpoint.iteration if plan.resumed else None
         self.checkpointer = Checkpointer(self.run_dir / "checkpoints", cfg.checkpoint.keep,
                                          cfg.checkpoint.async_save, log=rank0_print, resumed_from=resumed_from,

@@ -3,15 +3,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cplm_megatron.data.config import DataConfig
+from cplm_megatron.data.config import BatchShape, DataConfig
 from cplm_megatron.data.loader import build_val_loader
 
 
 def loader_samples(dataset_dir: Path, seq_len: int) -> list[list[int]]:
     """Every sample's real tokens (tokens[:num_tokens]) in dataset order, as the project's loader delivers them."""
-    cfg = DataConfig(val_streams=[{"path": str(dataset_dir)}], seq_len=seq_len, micro_batch=1, global_batch=1)
+    cfg = DataConfig(val_streams=[{"path": str(dataset_dir)}])
     samples = []
-    for batch in build_val_loader(cfg, 0, 1, keep_last=True):
+    for batch in build_val_loader(cfg, BatchShape(seq_len, 1, 1), 0, 1, keep_last=True):
         samples.append([int(batch["tokens"][0, 0])] + batch["labels"][0][batch["loss_mask"][0] == 1].tolist())
     return samples
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from cplm_megatron.data.config import DataConfig
+from cplm_megatron.data.config import BatchShape, DataConfig
 from cplm_megatron.data.loader import build_train_loader, build_val_loader
 from cplm_megatron.data.manifest import DatasetError
 from cplm_megatron.errors import ConfigError
@@ -35,8 +35,10 @@ def copy_of(dataset: Path, tmp_path: Path) -> Path:
 
 
 def train_cfg(*paths: Path, **overrides) -> DataConfig:
-    values = {"seq_len": SEQ, "micro_batch": 2, "global_batch": 2, "streams": [{"path": str(p)} for p in paths]}
-    return DataConfig(**{**values, **overrides})
+    return DataConfig(**{"streams": [{"path": str(p)} for p in paths], **overrides})
+
+
+SHAPE = BatchShape(SEQ, micro_batch=2, global_batch=2)
 
 
 def first_shard(dataset: Path) -> Path:
@@ -44,16 +46,16 @@ def first_shard(dataset: Path) -> Path:
 
 
 def test_good_dataset_loads(good_dataset: Path) -> None:
-    assert next(build_train_loader(train_cfg(good_dataset), 0, 1, model_vocab_size=4096))["tokens"].shape == (2, SEQ)
+    assert next(build_train_loader(train_cfg(good_dataset), SHAPE, 0, 1, model_vocab_size=4096))["tokens"].shape == (2, SEQ)
 
 
 def test_not_a_dataset(tmp_path: Path) -> None:
     with pytest.raises(DatasetError, match=r"dataset directory not found: .*nowhere"):
-        build_train_loader(train_cfg(tmp_path / "nowhere"), 0, 1)
+        build_train_loader(train_cfg(tmp_path / "nowhere"), SHAPE, 0, 1)
     (tmp_path / "half").mkdir()
     (tmp_path / "half" / "index.json").write_text("{}")
     with pytest.raises(DatasetError, match=r"half is not a prepared dataset \(no manifest\.json.*prepare_data"):
-        build_train_loader(train_cfg(tmp_path / "half"), 0, 1)
+        build_train_loader(train_cfg(tmp_path / "half"), SHAPE, 0, 1)
 
 
 def test_truncated_shard_names_file_and_sizes(good_dataset: Path, tmp_path: Path) -> None:
@@ -61,7 +63,7 @@ def test_truncated_shard_names_file_and_sizes(good_dataset: Path, tmp_path: Path
     size = shard.stat().st_size
     shard.write_bytes(shard.read_bytes()[: size // 2])
     with pytest.raises(DatasetError, match=rf"shard corrupt: .*{shard.name} has {size // 2} bytes but index\.json says {size}"):
-        build_train_loader(train_cfg(tmp_path / "copy"), 0, 1)
+        build_train_loader(train_cfg(tmp_path / "copy"), SHAPE, 0, 1)
 
 
 def test_altered_shard_fails_its_hash(good_dataset: Path, tmp_path: Path) -> None:
@@ -70,7 +72,7 @@ def test_altered_shard_fails_its_hash(good_dataset: Path, tmp_path: Path) -> Non
     data[len(data) // 2] ^= 0xFF
     shard.write_bytes(bytes(data))
     with pytest.raises(DatasetError, match=rf"shard corrupt: .*{shard.name} has xxh3_64 [0-9a-f]+ but index\.json says"):
-        build_train_loader(train_cfg(tmp_path / "copy"), 0, 1)
+        build_train_loader(train_cfg(tmp_path / "copy"), SHAPE, 0, 1)
 
 
 def test_corruption_found_while_streaming_is_not_a_silent_short_epoch(
@@ -81,7 +83,7 @@ def test_corruption_found_while_streaming_is_not_a_silent_short_epoch(
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0xFF
     shard.write_bytes(bytes(data))
-    loader = build_train_loader(train_cfg(tmp_path / "copy", verify_shards=False, shuffle=False), 0, 1)
+    loader = build_train_loader(train_cfg(tmp_path / "copy", verify_shards=False, shuffle=False), SHAPE, 0, 1)
     # streaming finds it in the reading thread or in its download thread (whose error used to be a logged traceback
     # and an epoch ending early); either way one DatasetError naming the shard and the fix (issue 30 item 6)
     with pytest.raises(DatasetError, match=rf"^shard corrupt: {re.escape(str(shard))} does not match the checksum in "
@@ -96,26 +98,26 @@ def test_missing_shard_is_named(good_dataset: Path, tmp_path: Path) -> None:
     shard.unlink()
     shard.with_suffix("").unlink(missing_ok=True)  # the raw form, if an earlier read decompressed it
     with pytest.raises(DatasetError, match=rf"shard missing: .*shard\.00000\.mds or {shard.name}"):
-        build_train_loader(train_cfg(tmp_path / "copy"), 0, 1)
+        build_train_loader(train_cfg(tmp_path / "copy"), SHAPE, 0, 1)
 
 
 def test_tokenizer_larger_than_model_vocab(good_dataset: Path) -> None:
     with pytest.raises(DatasetError, match=r"ds: its tokenizer \('synthetic'\) has 4096 tokens but the model's "
                                            r"vocabulary has only 1000; set model\.vocab_size to at least 4096"):
-        build_train_loader(train_cfg(good_dataset), 0, 1, model_vocab_size=1000)
+        build_train_loader(train_cfg(good_dataset), SHAPE, 0, 1, model_vocab_size=1000)
 
 
 def test_seq_len_mismatch(good_dataset: Path) -> None:
     with pytest.raises(DatasetError, match=r"ds: shards hold samples of seq_len 16 but the config has seq_len 32; "
                                            r"set train\.seq_len=16 or re-run tools/prepare_data\.py --seq-len 32"):
-        build_val_loader(DataConfig(val_streams=[{"path": str(good_dataset)}], seq_len=32), 0, 1)
+        build_val_loader(DataConfig(val_streams=[{"path": str(good_dataset)}]), BatchShape(32, 2, 2), 0, 1)
 
 
 def test_streams_with_different_tokenizers(good_dataset: Path, tmp_path: Path) -> None:
     other = tmp_path / "other"
     write_synthetic_dataset(other, numbered_docs(8, SEQ, doc_len=21), SEQ, tokenizer=synthetic_tokenizer(name="other"))
     with pytest.raises(DatasetError, match=r"other was tokenized with 'other' .* but .*ds with 'synthetic' .*one tokenizer"):
-        build_train_loader(train_cfg(good_dataset, other), 0, 1)
+        build_train_loader(train_cfg(good_dataset, other), SHAPE, 0, 1)
 
 
 def test_validation_and_training_streams_must_share_a_tokenizer(good_dataset: Path, tmp_path: Path) -> None:
@@ -123,19 +125,19 @@ def test_validation_and_training_streams_must_share_a_tokenizer(good_dataset: Pa
     write_synthetic_dataset(other, numbered_docs(8, SEQ, doc_len=21), SEQ, tokenizer=synthetic_tokenizer(name="other"))
     cfg = train_cfg(good_dataset, val_streams=[{"path": str(other), "name": "heldout"}])
     with pytest.raises(DatasetError, match=r"ds was tokenized with 'synthetic' .* but heldout with 'other'"):
-        build_val_loader(cfg, 0, 1)
+        build_val_loader(cfg, SHAPE, 0, 1)
 
 
 def test_too_little_data_for_one_micro_batch(tmp_path: Path) -> None:
     write_synthetic_dataset(tmp_path / "small", numbered_docs(3, SEQ, doc_len=21), SEQ)
     with pytest.raises(DatasetError, match=r"3 samples per epoch, fewer than micro_batch \* dp_size = 4 \* 1"):
-        build_train_loader(train_cfg(tmp_path / "small", micro_batch=4, global_batch=4), 0, 1)
+        build_train_loader(train_cfg(tmp_path / "small"), BatchShape(SEQ, 4, 4), 0, 1)
 
 
 def test_config_errors_name_the_key(good_dataset: Path) -> None:
     with pytest.raises(ConfigError, match=r"train\.global_batch=6 must be a multiple of train\.micro_batch \* "
                                           r"data-parallel size = 2 \* 2 = 4"):
-        build_train_loader(train_cfg(good_dataset, micro_batch=2, global_batch=6), 0, 2)
+        build_train_loader(train_cfg(good_dataset), BatchShape(SEQ, 2, 6), 0, 2)
     with pytest.raises(ConfigError, match=r"data.streams\[1\]: give at most one of proportion/repeat/choose"):
         DataConfig(streams=[{"path": "a"}, {"path": "b", "repeat": 2, "choose": 3}]).validate()
     with pytest.raises(ConfigError, match=r"data.streams: give a proportion for every stream or for none"):
@@ -145,7 +147,7 @@ def test_config_errors_name_the_key(good_dataset: Path) -> None:
     with pytest.raises(ConfigError, match=r"unknown keys \['weight'\]"):
         DataConfig(streams=[{"path": "a", "weight": 1}])
     with pytest.raises(DatasetError, match="val_streams is empty"):
-        build_val_loader(train_cfg(good_dataset), 0, 1)
+        build_val_loader(train_cfg(good_dataset), SHAPE, 0, 1)
 
 
 def test_token_ids_outside_the_vocabulary_are_an_error_even_without_verification(tmp_path: Path) -> None:
@@ -162,19 +164,19 @@ def test_token_ids_outside_the_vocabulary_are_an_error_even_without_verification
     tokens_7_8 = np.array([7, 8], dtype=np.uint16).tobytes()  # ids 7, 8 follow each other in the first document
     assert raw.count(tokens_7_8) == 1
     (ds / shard["raw_data"]["basename"]).write_bytes(raw.replace(tokens_7_8, np.array([7, 60000], np.uint16).tobytes()))
-    loader = build_train_loader(train_cfg(ds, verify_shards=False, shuffle=False), 0, 1, model_vocab_size=4096)
+    loader = build_train_loader(train_cfg(ds, verify_shards=False, shuffle=False), SHAPE, 0, 1, model_vocab_size=4096)
     with pytest.raises(DatasetError, match=r"training epoch 0: micro-batch 0 holds token id 60000, outside the "
                                            r"vocabulary of the dataset's tokenizer \('synthetic', 4096 tokens\)"):
         next(loader)
 
 
 def test_resume_position_from_data_with_another_tokenizer_is_refused(good_dataset: Path, tmp_path: Path) -> None:
-    state = build_train_loader(train_cfg(good_dataset), 0, 1).state_dict()
+    state = build_train_loader(train_cfg(good_dataset), SHAPE, 0, 1).state_dict()
     other = tmp_path / "other"  # the same shape of data, tokenized with another tokenizer
     write_synthetic_dataset(other, numbered_docs(48, SEQ, doc_len=21), SEQ, tokenizer=synthetic_tokenizer(name="other"),
                             shard_size_limit=1 << 9)
     with pytest.raises(DatasetError, match=r"the checkpoint was trained on data tokenized with 'synthetic' \(sha256 "
                                            r"[0-9a-f]{12}\) but data.streams use 'other'"):
-        build_train_loader(train_cfg(other), 0, 1).load_state_dict(state)
+        build_train_loader(train_cfg(other), SHAPE, 0, 1).load_state_dict(state)
     del state["tokenizer"], state["tokenizer_sha256"]  # saved before the tokenizer was recorded: accepted as before
-    build_train_loader(train_cfg(other), 0, 1).load_state_dict(state)
+    build_train_loader(train_cfg(other), SHAPE, 0, 1).load_state_dict(state)

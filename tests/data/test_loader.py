@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cplm_megatron.data.config import DataConfig
+from cplm_megatron.data.config import BatchShape, DataConfig
 from cplm_megatron.data.loader import build_train_loader, build_val_loader
 from cplm_megatron.data.manifest import DatasetError
 from tests.data_fixtures import TinyCorpus, numbered_docs, write_synthetic_dataset
@@ -39,15 +39,19 @@ def draw(loader, count: int) -> list[tuple[int, ...]]:
 
 
 def cfg_for(*paths: Path, **overrides) -> DataConfig:
-    values = {"seq_len": SEQ, "micro_batch": 2, "global_batch": 2, "seed": 7,
-              "streams": [{"path": str(p)} for p in paths]}
+    values = {"seed": 7, "streams": [{"path": str(p)} for p in paths]}
     return DataConfig(**{**values, **overrides})
 
 
+def shape(micro_batch: int = 2) -> BatchShape:
+    """SEQ-token samples, `micro_batch` per micro-batch and per step (one process)."""
+    return BatchShape(SEQ, micro_batch, micro_batch)
+
+
 def test_batches_on_a_real_corpus_follow_the_contract(tiny_corpus: TinyCorpus) -> None:
-    cfg = DataConfig(streams=[{"path": str(tiny_corpus.dataset_dir)}], seq_len=tiny_corpus.seq_len, micro_batch=8,
-                     global_batch=8)
-    batch = next(build_train_loader(cfg, 0, 1, model_vocab_size=tiny_corpus.tokenizer.vocab_size))
+    cfg = DataConfig(streams=[{"path": str(tiny_corpus.dataset_dir)}])
+    batch = next(build_train_loader(cfg, BatchShape(tiny_corpus.seq_len, 8, 8), 0, 1,
+                                    model_vocab_size=tiny_corpus.tokenizer.vocab_size))
     assert {k: (tuple(v.shape), v.dtype) for k, v in batch.items()} == {
         "tokens": ((8, 64), torch.int64), "labels": ((8, 64), torch.int64), "loss_mask": ((8, 64), torch.float32),
         "position_ids": ((8, 64), torch.int64), "document_ids": ((8, 64), torch.int64)}
@@ -65,7 +69,7 @@ def test_batches_on_a_real_corpus_follow_the_contract(tiny_corpus: TinyCorpus) -
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_resume_reproduces_the_remaining_sequence(datasets: dict[str, Path], num_workers: int) -> None:
     cfg = cfg_for(datasets["main"], num_workers=num_workers)
-    reference = build_train_loader(cfg, 0, 1)
+    reference = build_train_loader(cfg, shape(), 0, 1)
     assert reference.micro_batches_per_epoch == 24
     uninterrupted = draw(reference, 60)  # 2.5 epochs
     epochs = [uninterrupted[0:48], uninterrupted[48:96]]
@@ -74,11 +78,11 @@ def test_resume_reproduces_the_remaining_sequence(datasets: dict[str, Path], num
     assert epochs[0] != sorted(epochs[0])  # shuffled at all
     # Stop mid-epoch, exactly at the epoch's end (not yet known to be exhausted), and in epoch 1.
     for stop, (epoch, sample_in_epoch) in {17: (0, 34), 24: (0, 48), 31: (1, 14)}.items():
-        first = build_train_loader(cfg, 0, 1)
+        first = build_train_loader(cfg, shape(), 0, 1)
         assert draw(first, stop) == uninterrupted[: 2 * stop]
         state = first.state_dict()
         assert (state["epoch"], state["sample_in_epoch"]) == (epoch, sample_in_epoch)
-        resumed = build_train_loader(cfg, 0, 1)
+        resumed = build_train_loader(cfg, shape(), 0, 1)
         resumed.load_state_dict(dict(state))
         assert draw(resumed, 60 - stop) == uninterrupted[2 * stop :], f"resumed after {stop} micro-batches"
 
@@ -90,10 +94,10 @@ def test_resume_survives_the_removal_of_streamings_shared_memory_position(
     process cleaning stale segments in between (streaming's FAQ: clean_stale_shared_memory()) once made the
     loader restart the epoch at sample 0 without a word. The position handed to load_state_dict wins."""
     cfg = cfg_for(datasets["main"], num_workers=num_workers)
-    uninterrupted = draw(build_train_loader(cfg, 0, 1), 30)
-    first = build_train_loader(cfg, 0, 1)
+    uninterrupted = draw(build_train_loader(cfg, shape(), 0, 1), 30)
+    first = build_train_loader(cfg, shape(), 0, 1)
     draw(first, 7)
-    resumed = build_train_loader(cfg, 0, 1)
+    resumed = build_train_loader(cfg, shape(), 0, 1)
     resumed.load_state_dict(first.state_dict())
     segment = Path("/dev/shm") / f"{resumed.dataset._shm_prefix_int:06}_resume"
     assert segment.exists()
@@ -103,22 +107,22 @@ def test_resume_survives_the_removal_of_streamings_shared_memory_position(
 
 
 def test_state_dict_is_plain_and_guards_misuse(datasets: dict[str, Path]) -> None:
-    loader = build_train_loader(cfg_for(datasets["main"]), 0, 1)
+    loader = build_train_loader(cfg_for(datasets["main"]), shape(), 0, 1)
     state = loader.state_dict()
     assert all(isinstance(v, (int, str)) for v in state.values())
     next(loader)
     with pytest.raises(RuntimeError, match="before the first batch"):
         loader.load_state_dict(state)
     with pytest.raises(DatasetError, match=r"data seed is 7 but data.seed is 8"):
-        build_train_loader(cfg_for(datasets["main"], seed=8), 0, 1).load_state_dict(state)
+        build_train_loader(cfg_for(datasets["main"], seed=8), shape(), 0, 1).load_state_dict(state)
     with pytest.raises(DatasetError, match=r"epoch had 48 samples, the configured streams give 40"):
-        build_train_loader(cfg_for(datasets["a"]), 0, 1).load_state_dict(state)
+        build_train_loader(cfg_for(datasets["a"]), shape(), 0, 1).load_state_dict(state)
 
 
 def test_mixture_proportions_are_exact_per_epoch(datasets: dict[str, Path]) -> None:
-    cfg = cfg_for(datasets["a"], datasets["b"], micro_batch=4, global_batch=4, epoch_size=64)
+    cfg = cfg_for(datasets["a"], datasets["b"], epoch_size=64)
     cfg.streams[0].proportion, cfg.streams[1].proportion = 0.75, 0.25
-    loader = build_train_loader(cfg, 0, 1)
+    loader = build_train_loader(cfg, shape(4), 0, 1)
     assert loader.micro_batches_per_epoch == 16
     for _ in range(2):
         keys = draw(loader, 16)
@@ -128,16 +132,16 @@ def test_mixture_proportions_are_exact_per_epoch(datasets: dict[str, Path]) -> N
 
 
 def test_repeat_and_choose_weights(datasets: dict[str, Path]) -> None:
-    cfg = cfg_for(datasets["a"], datasets["b"], micro_batch=5, global_batch=5)
+    cfg = cfg_for(datasets["a"], datasets["b"])
     cfg.streams[0].repeat, cfg.streams[1].choose = 2.0, 10
-    loader = build_train_loader(cfg, 0, 1)
+    loader = build_train_loader(cfg, shape(5), 0, 1)
     keys = draw(loader, loader.micro_batches_per_epoch)
     assert Counter("a" if max(k) < 2000 else "b" for k in keys) == {"a": 80, "b": 10}
 
 
 def test_validation_passes_are_identical_and_unshuffled(datasets: dict[str, Path]) -> None:
-    cfg = cfg_for(micro_batch=4, global_batch=4, val_streams=[{"path": str(datasets["main"])}])
-    val = build_val_loader(cfg, 0, 1)
+    cfg = cfg_for(val_streams=[{"path": str(datasets["main"])}])
+    val = build_val_loader(cfg, shape(4), 0, 1)
     assert len(val) == 12
     first = [k for batch in val for k in sample_keys(batch)]
     second = [k for batch in val for k in sample_keys(batch)]
@@ -149,7 +153,7 @@ def test_cache_dir_keeps_a_local_dataset_untouched(datasets: dict[str, Path], tm
     write_synthetic_dataset(source, numbered_docs(8, SEQ, doc_len=21), SEQ)
     before = sorted(os.listdir(source))
     cfg = cfg_for(source, cache_dir=str(tmp_path / "cache"))
-    keys = draw(build_train_loader(cfg, 0, 1), 4)
+    keys = draw(build_train_loader(cfg, shape(), 0, 1), 4)
     assert len(set(keys)) == 8
     assert sorted(os.listdir(source)) == before
     assert list((tmp_path / "cache").glob("*/shard.*.mds"))  # decompressed in the cache instead
@@ -160,7 +164,7 @@ def _open_repeatedly(rank: int, cfg: DataConfig, start_at: float, times: int) ->
     while time.time() < start_at:
         time.sleep(0.001)
     for _ in range(times):
-        next(iter(build_val_loader(cfg, 0, 1)))
+        next(iter(build_val_loader(cfg, shape(4), 0, 1)))
     return times
 
 
@@ -168,7 +172,7 @@ def _open_repeatedly(rank: int, cfg: DataConfig, start_at: float, times: int) ->
 def test_jobs_opening_datasets_at_the_same_moment_all_succeed(datasets: dict[str, Path]) -> None:
     """Streaming probes /dev/shm for a free name and then creates it; independent jobs of one machine
     (a study's runs, an evaluation beside training) opening at once must not collide."""
-    cfg = cfg_for(micro_batch=4, global_batch=4, val_streams=[{"path": str(datasets["main"])}])
+    cfg = cfg_for(val_streams=[{"path": str(datasets["main"])}])
     opened = run_cases([Call("open", _open_repeatedly, (cfg, time.time() + 3.0, 8))], 4)["open"]
     assert opened == [8] * 4
 
@@ -189,8 +193,8 @@ def test_a_prefix_taken_by_another_process_is_retried_with_fresh_streams(
         return real(*args, **kwargs)
 
     monkeypatch.setattr(streaming_dataset, "get_shm_prefix", lose_the_race_once)
-    cfg = cfg_for(datasets["a"], datasets["b"], micro_batch=5, global_batch=5)
+    cfg = cfg_for(datasets["a"], datasets["b"])
     cfg.streams[0].repeat, cfg.streams[1].choose = 2.0, 10
-    loader = build_train_loader(cfg, 0, 1)
+    loader = build_train_loader(cfg, shape(5), 0, 1)
     assert raised and Counter("a" if max(k) < 2000 else "b" for k in draw(loader, loader.micro_batches_per_epoch)) \
         == {"a": 80, "b": 10}

@@ -18,25 +18,25 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("isolated_streaming")]
 
 
 def _rank_main(rank: int, dataset: str, stop: int) -> dict:
-    from cplm_megatron.data.config import DataConfig
+    from cplm_megatron.data.config import BatchShape, DataConfig
     from cplm_megatron.data.loader import build_train_loader, build_val_loader
 
     dp_rank, dp_size = rank % 2, 2
-    cfg = DataConfig(streams=[{"path": dataset}], val_streams=[{"path": dataset}], seq_len=SEQ, micro_batch=2,
-                     global_batch=4, seed=11)
+    cfg = DataConfig(streams=[{"path": dataset}], val_streams=[{"path": dataset}], seed=11)
+    shape = BatchShape(SEQ, micro_batch=2, global_batch=4)
 
     def keys(batch) -> list[tuple[int, ...]]:
         return [tuple(row.tolist()) for row in batch["tokens"]]
 
-    loader = build_train_loader(cfg, dp_rank, dp_size)
+    loader = build_train_loader(cfg, shape, dp_rank, dp_size)
     draws = [keys(next(loader)) for _ in range(loader.micro_batches_per_epoch + 4)]
-    val = build_val_loader(cfg, dp_rank, dp_size)
+    val = build_val_loader(cfg, shape, dp_rank, dp_size)
     val_keys = [k for batch in val for k in keys(batch)]
-    first = build_train_loader(cfg, dp_rank, dp_size)
+    first = build_train_loader(cfg, shape, dp_rank, dp_size)
     for _ in range(stop):
         next(first)
     state = first.state_dict()
-    resumed = build_train_loader(cfg, dp_rank, dp_size)
+    resumed = build_train_loader(cfg, shape, dp_rank, dp_size)
     resumed.load_state_dict(state)
     rest = [keys(next(resumed)) for _ in range(len(draws) - stop)]
     return {"draws": draws, "per_epoch": loader.micro_batches_per_epoch, "val": val_keys, "state": state,

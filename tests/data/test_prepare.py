@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from cplm_megatron.data.atomic_output import OutputError
-from cplm_megatron.data.config import DataConfig
+from cplm_megatron.data.config import BatchShape, DataConfig
 from cplm_megatron.data.documents import InputError
 from cplm_megatron.data.loader import build_val_loader
 from cplm_megatron.data.manifest import DatasetError, read_manifest
@@ -20,9 +20,9 @@ pytestmark = pytest.mark.usefixtures("isolated_streaming")
 
 def stream_read_back(dataset_dir: Path, seq_len: int) -> list[int]:
     """The packed token stream as the training loader delivers it (first input + every real label)."""
-    cfg = DataConfig(val_streams=[{"path": str(dataset_dir)}], seq_len=seq_len, micro_batch=1, global_batch=1)
+    cfg = DataConfig(val_streams=[{"path": str(dataset_dir)}])
     stream: list[int] = []
-    for batch in build_val_loader(cfg, 0, 1):
+    for batch in build_val_loader(cfg, BatchShape(seq_len, 1, 1), 0, 1):
         if not stream:
             stream.append(int(batch["tokens"][0, 0]))
         stream += batch["labels"][0][batch["loss_mask"][0] == 1].tolist()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from cplm_megatron.data.config import DataConfig
+from cplm_megatron.data.config import BatchShape, DataConfig
 from cplm_megatron.data.loader import build_train_loader
 from cplm_megatron.data.manifest import DatasetError
 from tests.data_fixtures import numbered_docs, write_synthetic_dataset
@@ -49,7 +49,7 @@ def upload(endpoint: str, directory: Path, prefix: str) -> None:
 
 
 def keys_of(cfg: DataConfig, count: int) -> list[tuple[int, ...]]:
-    loader = build_train_loader(cfg, 0, 1)
+    loader = build_train_loader(cfg, BatchShape(SEQ, 3, 3), 0, 1)
     return [tuple(row.tolist()) for _ in range(count) for row in next(loader)["tokens"]]
 
 
@@ -57,7 +57,7 @@ def test_s3_stream_reads_the_same_samples_as_the_local_copy(s3_endpoint: str, tm
     local = tmp_path / "ds"
     write_synthetic_dataset(local, numbered_docs(24, SEQ, doc_len=21), SEQ, shard_size_limit=1 << 9)
     upload(s3_endpoint, local, "datasets/ds")
-    common = {"seq_len": SEQ, "micro_batch": 3, "global_batch": 3, "seed": 5}
+    common = {"seed": 5}
     from_s3 = keys_of(DataConfig(streams=[{"path": f"s3://{BUCKET}/datasets/ds", "name": "remote"}],
                                  cache_dir=str(tmp_path / "cache"), **common), 10)
     from_disk = keys_of(DataConfig(streams=[{"path": str(local)}], **common), 10)
@@ -70,6 +70,6 @@ def test_missing_remote_dataset_names_the_url(s3_endpoint: str, tmp_path: Path) 
     import boto3
 
     boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket=BUCKET)
-    cfg = DataConfig(streams=[{"path": f"s3://{BUCKET}/nothing-here"}], seq_len=SEQ, cache_dir=str(tmp_path / "c"))
+    cfg = DataConfig(streams=[{"path": f"s3://{BUCKET}/nothing-here"}], cache_dir=str(tmp_path / "c"))
     with pytest.raises(DatasetError, match=rf"cannot read s3://{BUCKET}/nothing-here/manifest\.json"):
-        build_train_loader(cfg, 0, 1)
+        build_train_loader(cfg, BatchShape(SEQ, 1, 1), 0, 1)

@@ -9,10 +9,12 @@ import pytest
 
 from cplm_megatron.errors import CheckpointError
 from cplm_megatron.training.checkpoint_lookup import (
+    CheckpointRecord,
     all_checkpoints,
     find_checkpoint,
     list_checkpoints,
     read_latest,
+    read_record,
     resolve_checkpoint,
 )
 from tests.training.checkpoint_files import (
@@ -137,3 +139,23 @@ def test_only_damaged_checkpoints_left_suggests_restoring_or_starting_over(run: 
                                               r"files, or start over with --set checkpoint.resume=false "
                                               r"checkpoint.overwrite=true"):
         resolve_checkpoint(run)
+
+
+def test_the_checkpoint_record_has_one_reader_and_a_version(tmp_path: Path) -> None:
+    """cplm_state.json round-trips; records of earlier versions of the trainer (no version key, no cp in the
+    layout) read as version 1 with cp=1; an unknown version or a record without a layout is refused by name."""
+    written = CheckpointRecord(iteration=7, consumed_tokens=3584, skipped_steps=1,
+                               layout={"tp": 2, "pp": 1, "dp": 1, "cp": 2}, has_optimizer=False)
+    (tmp_path / "cplm_state.json").write_text(written.to_json())
+    assert read_record(tmp_path) == written and written.layout_text == "tp=2 pp=1 dp=1 cp=2"
+    (tmp_path / "cplm_state.json").write_text(
+        '{"iteration": 4, "consumed_tokens": 512, "skipped_steps": 0, "layout": {"tp": 1, "pp": 2, "dp": 1}, '
+        '"has_optimizer": true}')
+    assert read_record(tmp_path) == CheckpointRecord(4, 512, 0, {"tp": 1, "pp": 2, "dp": 1, "cp": 1}, True, 1)
+    (tmp_path / "cplm_state.json").write_text('{"iteration": 4, "layout": {"tp": 1, "pp": 1, "dp": 1}, "version": 2}')
+    with pytest.raises(CheckpointError, match=r"cplm_state\.json is a checkpoint record of version 2; this "
+                                              r"cplm_megatron reads version 1"):
+        read_record(tmp_path)
+    (tmp_path / "cplm_state.json").write_text('{"iteration": 4}')
+    with pytest.raises(CheckpointError, match=r"cplm_state\.json has no layout \(tp, pp, dp\)"):
+        read_record(tmp_path)

@@ -3,8 +3,9 @@ world size (run before any process group)."""
 import pytest
 
 from cplm_megatron.config.loader import apply_overrides
+from cplm_megatron.data.config import BatchShape
 from cplm_megatron.errors import ConfigError
-from cplm_megatron.training.run_config import build_run_config, load_run_config
+from cplm_megatron.training.run_config import build_run_config, load_run_config, run_config_from_saved
 
 pytestmark = pytest.mark.mcore  # the outcome depends on megatron-core (both CI legs)
 
@@ -23,7 +24,9 @@ def test_recipe_then_overrides_apply_last():
     cfg = load_run_config(str(REPO / "configs/tiny.yaml"), ["train.iters=7", "model.num_layers=2", "copy_head.enabled=false"])
     assert cfg.train.iters == 7 and cfg.model.num_layers == 2 and not cfg.copy_head.enabled
     assert cfg.model.hidden_size == 128  # from the `tiny` preset
-    assert cfg.data.seq_len == cfg.train.seq_len  # the data section receives the batch shape
+    # the batch shape has one home: train.*, handed to the loaders as a BatchShape; the data section has no copy
+    assert cfg.train.shape == BatchShape(cfg.train.seq_len, cfg.train.micro_batch, cfg.train.global_batch)
+    assert not {"seq_len", "micro_batch", "global_batch"} & set(cfg.to_dict()["data"])
 
 
 def test_unknown_key_names_key_and_suggests():
@@ -89,7 +92,7 @@ def test_world_size_checks_name_the_keys(world, overrides, message):
 
 def test_world_size_checks_return_the_data_parallel_size():
     cfg = load_run_config(str(REPO / "configs/tiny.yaml"), ["parallel.tp=2", "train.micro_batch=2"])
-    assert cfg.validate_world(4) == 2 and cfg.data.num_microbatches(2) == 2  # global batch 8 = 2 x 2 x 2
+    assert cfg.validate_world(4) == 2 and cfg.train.shape.num_microbatches(2) == 2  # global batch 8 = 2 x 2 x 2
 
 
 @pytest.mark.parametrize("recipe", ["tiny", "smollm2_135m", "smollm2_360m", "smollm2_1p7b", "llama_7b", "llama_13b"])
@@ -105,3 +108,13 @@ def test_every_recipe_carries_the_studied_default(recipe):
     for override in decision["overrides"]:
         (section, key), value = parse_override(override)
         assert section == "copy_head" and getattr(cfg.copy_head, key) == value, (recipe, override)
+
+
+def test_a_saved_config_with_the_old_copy_of_the_batch_shape_under_data_still_reads():
+    """Checkpoints written while data.* repeated train.{seq_len, micro_batch, global_batch} stay loadable; a
+    user config with data.seq_len is refused (it would be a second home of the shape)."""
+    saved = load_run_config(str(REPO / "configs/tiny.yaml"), ["train.seq_len=128"]).to_dict()
+    legacy = {**saved, "data": {**saved["data"], "seq_len": 128, "micro_batch": 4, "global_batch": 32}}
+    assert run_config_from_saved(legacy).to_dict() == saved
+    with pytest.raises(ConfigError, match=r"data\.seq_len is set by train\.seq_len"):
+        build_run_config(legacy)

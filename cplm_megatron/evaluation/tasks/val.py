@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 
-from cplm_megatron.data.config import DataConfig
+from cplm_megatron.data.config import BatchShape, DataConfig
 from cplm_megatron.data.manifest import read_manifest
 from cplm_megatron.evaluation.metrics import DocumentTally, TokenTally, bootstrap_ratio_ci, document_index
 from cplm_megatron.evaluation.options import EvalOptions
@@ -39,9 +39,9 @@ def open_val_loader(paths: list[str], batch_size: int, document_masking: bool, v
     from cplm_megatron.data.loader import build_val_loader
 
     seq_len = read_manifest(paths[0]).seq_len
-    cfg = DataConfig(val_streams=list(paths), seq_len=seq_len, micro_batch=batch_size, global_batch=batch_size,
-                     document_masking=document_masking)
-    return build_val_loader(cfg, 0, 1, model_vocab_size=vocab_size, keep_last=keep_last)
+    cfg = DataConfig(val_streams=list(paths), document_masking=document_masking)
+    shape = BatchShape(seq_len, micro_batch=batch_size, global_batch=batch_size)
+    return build_val_loader(cfg, shape, 0, 1, model_vocab_size=vocab_size, keep_last=keep_last)
 
 
 def val_batches(loader, options: EvalOptions) -> list:
