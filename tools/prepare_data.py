@@ -2,28 +2,15 @@
 """Tokenize documents and pack them into fixed-length samples stored as MDS shards (zstd).
 
     python tools/prepare_data.py --input corpus/ --tokenizer tok/ --output data/mine --seq-len 2048 --workers 8
-
-Each document gets an EOD token appended; the token stream is cut into windows of seq_len + 1
-tokens that overlap by one token (every token is a label once); document boundaries are stored per
-sample. The last window is padded with EOD; the loader gives those labels loss-mask 0. The output
-directory holds index.json, shard.*.mds.zstd and manifest.json (documents, tokens, samples,
-tokenizer name/sha256/vocab size/EOD id, seq_len, source files). It appears only when complete; a
-rerun with the same inputs (paths, sizes, mtimes), tokenizer and settings checks the shards against
-index.json (sizes, hashes) and prints "up to date", or rebuilds a damaged dataset ("repaired"). Input
-files that are mostly not text (binary, UTF-16, Latin-1) are refused; see --max-invalid-utf8.
-Bad input: one `error:` line on stderr, exit code 2.
-
-Past one machine (slurm/prepare_data.sh runs this as a SLURM array):
-
-    python tools/prepare_data.py --part 2/8 --input 'corpus/**/*.jsonl.zst' @more.txt --tokenizer tok/ \
-        --output data/big --seq-len 2048        # part 2 of 8: a deterministic 1/8 of the files, by file
+    python tools/prepare_data.py --part 2/8 --input 'corpus/**/*.jsonl.zst' @more.txt ...  # 1/8 of the files
     python tools/prepare_data.py --merge --output data/big    # one dataset from data/big/part-*-of-00008
 
---input takes files, directories, glob patterns (quote them; ** spans directories) and @LIST files (one
-input per line); they are listed lazily, and a part keeps only its own files. A part writes
-OUTPUT/part-0000I-of-0000N/ with its own manifest; a rerun of a complete, intact part says "up to date".
-The merge (mosaicml-streaming's merge_index, manifests summed) holds exactly the documents of one run over
-the same inputs; only the packing at part edges differs.
+Each document gets an EOD appended; windows of seq_len + 1 tokens overlap by one (every token is a label
+once); the last is EOD-padded (loss-mask 0). OUTPUT (index.json, shard.*.mds.zstd, manifest.json) appears only
+when complete; a rerun with the same inputs, tokenizer and settings says "up to date" (shards checked) or
+rebuilds a damaged dataset ("repaired"). --input takes files, directories, quoted globs (** spans directories)
+and @LIST files. Mostly-not-text inputs are refused (--max-invalid-utf8). Bad input: one `error:` line, exit 2.
+The README (Data, "Past one machine") explains parts and the merge (slurm/prepare_data.sh).
 """
 from __future__ import annotations
 
@@ -84,23 +71,10 @@ def main(argv: list[str] | None = None) -> int:
         show_progress=not args.quiet, max_invalid_fraction=args.max_invalid_utf8, part=part,
         progress_interval=args.progress_every,
     )
-    manifest = result.manifest
     if result.damage:
         print(f"[prepare_data] the existing dataset was damaged and has been rebuilt: {result.damage}",
               file=sys.stderr)
-    summary = {
-        "status": ("repaired" if result.damage else "written") if result.rebuilt else "up to date",
-        "output": str(result.output),
-        "documents": manifest.documents,
-        "tokens": manifest.tokens,
-        "samples": manifest.samples,
-        "seq_len": manifest.seq_len,
-        "tokenizer": manifest.tokenizer.name,
-    }
-    if part is not None:
-        summary["part"] = f"{part[0]}/{part[1]}"
-        summary["files"] = len(manifest.source_files)
-    print(json.dumps(summary, indent=2))
+    print(json.dumps(result.summary(part), indent=2))
     return 0
 
 
@@ -111,12 +85,7 @@ def merge(args: argparse.Namespace) -> int:
         raise InputError(f"--merge takes only --output (and --parts N); drop {' and '.join(given)}")
     if args.parts is not None and args.parts < 1:
         raise InputError(f"--parts must be >= 1, got {args.parts}")
-    result = merge_parts(args.output, expected_parts=args.parts)
-    manifest = result.manifest
-    print(json.dumps({"status": "merged" if result.rebuilt else "up to date", "output": str(result.output),
-                      "parts": result.parts, "documents": manifest.documents, "tokens": manifest.tokens,
-                      "samples": manifest.samples, "seq_len": manifest.seq_len,
-                      "tokenizer": manifest.tokenizer.name}, indent=2))
+    print(json.dumps(merge_parts(args.output, expected_parts=args.parts).summary(), indent=2))
     return 0
 
 

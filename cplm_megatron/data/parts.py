@@ -38,6 +38,13 @@ class MergeResult:
     parts: int
     rebuilt: bool  # False: already merged from these very parts
 
+    def summary(self) -> dict[str, object]:
+        """What `tools/prepare_data.py --merge` prints (JSON)."""
+        m = self.manifest
+        return {"status": "merged" if self.rebuilt else "up to date", "output": str(self.output), "parts": self.parts,
+                "documents": m.documents, "tokens": m.tokens, "samples": m.samples, "seq_len": m.seq_len,
+                "tokenizer": m.tokenizer.name}
+
 
 def find_part_count(output: Path) -> int:
     """N, from the part-*-of-N directories in `output` (all must agree)."""

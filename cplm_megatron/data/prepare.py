@@ -98,6 +98,18 @@ class PrepareResult:
     rebuilt: bool  # False: the output was already up to date
     damage: str | None = None  # why an up-to-date output was rebuilt (damaged shards)
 
+    def summary(self, part: tuple[int, int] | None = None) -> dict[str, object]:
+        """What tools/prepare_data.py prints (JSON): status, output, the manifest's counts; a part's number."""
+        manifest = self.manifest
+        out: dict[str, object] = {
+            "status": ("repaired" if self.damage else "written") if self.rebuilt else "up to date",
+            "output": str(self.output), "documents": manifest.documents, "tokens": manifest.tokens,
+            "samples": manifest.samples, "seq_len": manifest.seq_len, "tokenizer": manifest.tokenizer.name,
+        }
+        if part is not None:
+            out.update(part=f"{part[0]}/{part[1]}", files=len(manifest.source_files))
+        return out
+
 
 def prepare_dataset(
     inputs: Sequence[PathLike],
