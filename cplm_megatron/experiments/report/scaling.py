@@ -21,6 +21,7 @@ from cplm_megatron.experiments.report.toolkit import plt, save, table
 from cplm_megatron.training.run_record import (
     LEGACY_NAMES,
     RUN_RECORD,
+    RunRecord,
     RunRecordError,
     read_run_record,
     run_record_path,
@@ -33,44 +34,27 @@ class ReportError(ValueError):
 
 @dataclass(frozen=True)
 class Record:
-    """One run's throughput record as a row of the report."""
+    """One run's throughput record (training/run_record.RunRecord, its throughput figures present) as a row of
+    the report."""
 
     path: Path
-    preset: str
-    copy_head: bool
-    nodes: int
-    tp: int
-    pp: int
-    dp: int
-    vpp: int | None
-    sp: bool
-    world_size: int
-    device: str
-    seq_len: int
-    global_batch: int
-    iterations: int
-    tokens_per_sec: float
-    tflops_per_device: float
-    mfu: float
-    step_time: float
-    peak_memory_gib: float
-    flops_per_token: float
-    config_hash: str
+    run: RunRecord
 
     @property
     def layout(self) -> str:
         """Compact layout name: tp2pp2vpp4sp."""
-        return f"tp{self.tp}pp{self.pp}" + (f"vpp{self.vpp}" if self.vpp else "") + ("sp" if self.sp else "")
+        lay = self.run.layout
+        return f"tp{lay.tp}pp{lay.pp}" + (f"vpp{lay.vpp}" if lay.vpp else "") + ("sp" if lay.sp else "")
 
     @property
     def series(self) -> tuple[str, bool, str, int, int]:
         """Runs that differ only in node count (and so data parallelism)."""
-        return (self.preset, self.copy_head, self.layout, self.seq_len, self.global_batch)
+        return (self.run.preset, self.run.copy_head, self.layout, self.run.seq_len, self.run.global_batch)
 
     @property
     def pair_key(self) -> tuple[str, int, str, int, int]:
         """Runs that differ only in the copy head."""
-        return (self.preset, self.nodes, self.layout, self.seq_len, self.global_batch)
+        return (self.run.preset, self.run.nodes, self.layout, self.run.seq_len, self.run.global_batch)
 
 
 def record_of(run_dir: Path) -> Record:
@@ -83,13 +67,7 @@ def record_of(run_dir: Path) -> Record:
     path = run_record_path(run_dir)
     if None in (run.tokens_per_sec, run.tflops_per_device, run.mfu, run.step_time):
         raise ReportError(f"{path}: no throughput figures (the launch trained too few steps to time)")
-    lay = run.layout
-    return Record(path=path, preset=run.preset, copy_head=run.copy_head, nodes=run.nodes, tp=lay.tp, pp=lay.pp,
-                  dp=lay.dp, vpp=lay.vpp or None, sp=lay.sp, world_size=lay.world_size, device=run.device,
-                  seq_len=run.seq_len, global_batch=run.global_batch, iterations=run.iterations,
-                  tokens_per_sec=run.tokens_per_sec, tflops_per_device=run.tflops_per_device, mfu=run.mfu,
-                  step_time=run.step_time, peak_memory_gib=run.peak_memory_gib, flops_per_token=run.flops_per_token,
-                  config_hash=run.config_hash)
+    return Record(path=path, run=run)
 
 
 def load_records(roots: Sequence[Path]) -> list[Record]:
@@ -106,8 +84,8 @@ def load_records(roots: Sequence[Path]) -> list[Record]:
                           "finish? (each run writes it at the end; check the study's logs/)")
     size = {}  # model size order: the smallest FLOPs/token among a preset's records
     for r in records:
-        size[r.preset] = min(size.get(r.preset, r.flops_per_token), r.flops_per_token)
-    return sorted(records, key=lambda r: (size[r.preset], r.preset, not r.copy_head, r.layout, r.nodes))
+        size[r.run.preset] = min(size.get(r.run.preset, r.run.flops_per_token), r.run.flops_per_token)
+    return sorted(records, key=lambda r: (size[r.run.preset], r.run.preset, not r.run.copy_head, r.layout, r.run.nodes))
 
 
 @dataclass(frozen=True)
@@ -125,7 +103,7 @@ def scaling_series(records: Sequence[Record]) -> dict[tuple, list[ScalingPoint]]
     """Series key -> points by node count; repeated runs of a configuration are averaged."""
     grouped: dict[tuple, dict[tuple[int, int], list[float]]] = defaultdict(lambda: defaultdict(list))
     for r in records:
-        grouped[r.series][(r.nodes, r.world_size)].append(r.tokens_per_sec)
+        grouped[r.series][(r.run.nodes, r.run.layout.world_size)].append(r.run.tokens_per_sec)
     out = {}
     for key, by_size in grouped.items():
         sizes = sorted(by_size)
@@ -163,14 +141,14 @@ def cplm_overheads(records: Sequence[Record]) -> list[Overhead]:
     """Copy head on/off pairs of otherwise equal configurations (repeated runs averaged)."""
     runs: dict[tuple, dict[bool, list[Record]]] = defaultdict(lambda: defaultdict(list))
     for r in records:
-        runs[r.pair_key][r.copy_head].append(r)
+        runs[r.pair_key][r.run.copy_head].append(r)
     out = []
     for (preset, nodes, layout, _seq, _gbs), by_head in runs.items():
         if True in by_head and False in by_head:
             on, off = by_head[True], by_head[False]
             out.append(Overhead(preset, nodes, layout,
-                                mean(r.tokens_per_sec for r in off), mean(r.tokens_per_sec for r in on),
-                                mean(r.flops_per_token for r in off), mean(r.flops_per_token for r in on)))
+                                mean(r.run.tokens_per_sec for r in off), mean(r.run.tokens_per_sec for r in on),
+                                mean(r.run.flops_per_token for r in off), mean(r.run.flops_per_token for r in on)))
     return out
 
 
@@ -219,6 +197,15 @@ def plot_overhead(overheads: Sequence[Overhead], output: Path) -> list[str]:
     return ["cplm_overhead.png"]
 
 
+def _run_row(run: RunRecord, layout: str, efficiency: float) -> list[str]:
+    """One row of the runs table."""
+    devices = run.layout.world_size
+    return [run.preset, "on" if run.copy_head else "off", str(run.nodes), str(devices), layout, str(run.layout.dp),
+            str(run.seq_len), str(run.global_batch), f"{run.tokens_per_sec:,.0f}", f"{run.tokens_per_sec / devices:,.0f}",
+            f"{run.tflops_per_device:.2f}", f"{100 * run.mfu:.1f}%", f"{run.step_time:.3f}", f"{run.peak_memory_gib:.2f}",
+            f"{100 * efficiency:.1f}%", run.config_hash, run.device]
+
+
 def render_markdown(records: Sequence[Record], series: dict[tuple, list[ScalingPoint]],
                     overheads: Sequence[Overhead], plots: Sequence[str], roots: Sequence[Path]) -> str:
     """The report: runs, scaling efficiency, CPLM overhead, plots."""
@@ -227,12 +214,7 @@ def render_markdown(records: Sequence[Record], series: dict[tuple, list[ScalingP
              "per-device throughput relative to the smallest run of the same model, copy head, layout, "
              "sequence length and global batch (100% = linear scaling).")
     lines = ["# Scaling report", "", intro, "", "## Runs", ""]
-    rows = [[r.preset, "on" if r.copy_head else "off", str(r.nodes), str(r.world_size), r.layout, str(r.dp),
-             str(r.seq_len), str(r.global_batch), f"{r.tokens_per_sec:,.0f}",
-             f"{r.tokens_per_sec / r.world_size:,.0f}", f"{r.tflops_per_device:.2f}", f"{100 * r.mfu:.1f}%",
-             f"{r.step_time:.3f}", f"{r.peak_memory_gib:.2f}",
-             f"{100 * efficiency[(r.series, r.nodes, r.world_size)]:.1f}%", r.config_hash, r.device]
-            for r in records]
+    rows = [_run_row(r.run, r.layout, efficiency[(r.series, r.run.nodes, r.run.layout.world_size)]) for r in records]
     lines += table(["model", "copy head", "nodes", "devices", "layout", "dp", "seq", "global batch", "tokens/s",
                      "tokens/s/device", "TFLOP/s/device", "MFU", "step (s)", "peak mem (GiB)", "scaling eff.",
                      "config", "device"], rows)
