@@ -20,7 +20,7 @@ import os
 import sys
 
 from cplm_megatron.cli import exit_2_on
-from cplm_megatron.data.documents import DEFAULT_MAX_INVALID_FRACTION, SPLIT_MODES, InputError
+from cplm_megatron.data.documents import InputError, add_reading_arguments
 from cplm_megatron.data.inputs import parse_part
 from cplm_megatron.data.parts import merge_parts
 from cplm_megatron.data.prepare import DEFAULT_PROGRESS_INTERVAL, prepare_dataset
@@ -41,13 +41,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--progress-every", type=float, default=DEFAULT_PROGRESS_INTERVAL, metavar="SEC",
                         help="seconds between progress lines when stderr is not a terminal (job logs)")
     parser.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1), help="tokenizer processes")
-    parser.add_argument("--split-by", choices=SPLIT_MODES, default="file",
-                        help="documents of plain-text files: whole file, each line, or blank-line paragraphs")
-    parser.add_argument("--text-field", default="text", help="JSON field / parquet column holding the text")
+    add_reading_arguments(parser)
     parser.add_argument("--shard-size", default=DEFAULT_SHARD_SIZE_LIMIT, help="uncompressed bytes per shard, e.g. 64mb")
-    parser.add_argument("--max-invalid-utf8", type=float, default=DEFAULT_MAX_INVALID_FRACTION, metavar="FRACTION",
-                        help="refuse an input file whose share of invalid-UTF-8/NUL bytes is larger (binary data, "
-                             "another encoding); 1 accepts anything (bad bytes are replaced). Default: %(default)s")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     return parser.parse_args(argv)
 

@@ -19,7 +19,7 @@ import json
 import sys
 
 from cplm_megatron.cli import exit_2_on
-from cplm_megatron.data.documents import DEFAULT_MAX_INVALID_FRACTION, SPLIT_MODES
+from cplm_megatron.data.documents import add_reading_arguments
 from cplm_megatron.data.tokenizer import DEFAULT_EOD_TOKEN
 from cplm_megatron.data.tokenizer_training import train_tokenizer_from_files
 from cplm_megatron.errors import UserError
@@ -35,12 +35,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--vocab-size", type=int, required=True, help="vocabulary size incl. the EOD token")
     parser.add_argument("--output", required=True, help="tokenizer directory to write")
     parser.add_argument("--eod-token", default=DEFAULT_EOD_TOKEN, help="end-of-document token (also BOS/EOS/pad)")
-    parser.add_argument("--split-by", choices=SPLIT_MODES, default="file", help="documents of plain-text files")
-    parser.add_argument("--text-field", default="text", help="JSON field / parquet column holding the text")
+    add_reading_arguments(parser)
     parser.add_argument("--min-frequency", type=int, default=2, help="minimum pair count for a merge")
-    parser.add_argument("--max-invalid-utf8", type=float, default=DEFAULT_MAX_INVALID_FRACTION, metavar="FRACTION",
-                        help="refuse an input file whose share of invalid-UTF-8/NUL bytes is larger (binary data, "
-                             "another encoding); 1 accepts anything (bad bytes are replaced). Default: %(default)s")
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
     return parser.parse_args(argv)
 

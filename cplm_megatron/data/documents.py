@@ -14,6 +14,7 @@ bytes are mostly not text (invalid UTF-8 or NUL: binary data, UTF-16, Latin-1) i
 """
 from __future__ import annotations
 
+import argparse
 import gzip
 import io
 import json
@@ -31,6 +32,17 @@ COMPRESSION_SUFFIXES = (".gz", ".zst")
 SPLIT_MODES = ("file", "line", "paragraph")
 
 DEFAULT_MAX_INVALID_FRACTION = 0.1  # binary files measure 0.25-0.55, UTF-8 text 0
+
+
+def add_reading_arguments(parser: argparse.ArgumentParser) -> None:
+    """--split-by, --text-field, --max-invalid-utf8: how the data tools (prepare_data, train_tokenizer) read
+    documents out of their input files."""
+    parser.add_argument("--split-by", choices=SPLIT_MODES, default="file",
+                        help="documents of plain-text files: whole file, each line, or blank-line paragraphs")
+    parser.add_argument("--text-field", default="text", help="JSON field / parquet column holding the text")
+    parser.add_argument("--max-invalid-utf8", type=float, default=DEFAULT_MAX_INVALID_FRACTION, metavar="FRACTION",
+                        help="refuse an input file whose share of invalid-UTF-8/NUL bytes is larger (binary data, "
+                             "another encoding); 1 accepts anything (bad bytes are replaced). Default: %(default)s")
 
 PathLike = str | Path
 _PARAGRAPH_BREAK = re.compile(r"\n(?:[ \t]*\n)+")
