@@ -287,11 +287,7 @@ class Checkpointer:
         """Finalize finished async saves (non-blocking)."""
         if self._queue is not None and not self._broken:
             self._check_writers()
-            try:
-                self._queue.maybe_finalize_async_calls(blocking=False)
-            except BaseException as e:  # torch's CheckpointException is a BaseException
-                self._raise_if_storage_failed(e)
-                raise
+            self._finalize_finished(blocking=False)
 
     def wait(self) -> None:
         """Block until every in-flight async save is finalized."""
@@ -301,8 +297,12 @@ class Checkpointer:
 
         while self._check_writers():  # poll (collectively), so a writer that dies is noticed
             time.sleep(0.05)
+        self._finalize_finished(blocking=True)
+
+    def _finalize_finished(self, blocking: bool) -> None:
+        """Run the finalize step of the async saves whose writers finished (`blocking`: wait for all)."""
         try:
-            self._queue.maybe_finalize_async_calls(blocking=True)
+            self._queue.maybe_finalize_async_calls(blocking=blocking)
         except BaseException as e:  # torch's CheckpointException is a BaseException
             self._raise_if_storage_failed(e)
             raise
