@@ -138,7 +138,8 @@ def read_record(path: Path) -> CheckpointRecord:
                               f"cplm_megatron's trainer")
     known = {f.name for f in fields(CheckpointRecord)}
     return CheckpointRecord(**{**{k: v for k, v in data.items() if k in known},
-                               "layout": {k: int(layout.get(k, 1)) for k in LAYOUT_KEYS}, "version": 1})
+                               "layout": {k: int(layout.get(k, 1)) for k in LAYOUT_KEYS},
+                               "version": CHECKPOINT_RECORD_VERSION})
 
 
 def _index_problems(path: Path) -> tuple[List[str], bool]:
