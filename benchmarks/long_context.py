@@ -4,6 +4,12 @@ baseline and a tiny CPLM trained with context parallelism at one length, scored 
 
   taskset -c 0 .venv/bin/python benchmarks/long_context.py            # CP=2 at 8k, scored at 4k/8k/16k/32k
 
+Training has two phases, as long-context models are usually made: --short-iters steps at --short-seq-len in
+one process (where copying is learned at a CPU's budget: from scratch at 8k neither model left chance in 120
+steps), then --iters steps at --seq-len with parallel.cp=--cp from the short phase's weights
+(checkpoint.load, load_optimizer=false; RoPE: the same weights serve every length). --short-iters 0 trains
+at --seq-len from scratch.
+
 Each model is the tiny recipe (configs/tiny.yaml: Llama-style, RoPE) at vocabulary --vocab on synthetic
 `copy+passkey` data (even samples a span and its repeat, odd ones a passkey sample with the needle at an even
 spread of depths; data/synthetic.py), trained by pretrain/pretrain_cplm.py under torchrun with
@@ -23,8 +29,9 @@ import platform
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -47,40 +54,74 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--runs", type=Path, default=REPO / "runs" / "long_context", help="run directories (one per model)")
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "long_context")
     p.add_argument("--name", default="long_context_cpu", help="file name of the JSON and the plot")
-    p.add_argument("--seq-len", type=int, default=8192, help="training sequence length")
-    p.add_argument("--cp", type=int, default=2, help="context-parallel size of training (processes)")
-    p.add_argument("--iters", type=int, default=200)
-    p.add_argument("--global-batch", type=int, default=2, help="sequences per step (micro-batch 1)")
-    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--seq-len", type=int, default=8192, help="training sequence length of the long phase")
+    p.add_argument("--cp", type=int, default=2, help="context-parallel size of the long phase (processes)")
+    p.add_argument("--iters", type=int, default=30, help="steps of the long phase")
+    p.add_argument("--global-batch", type=int, default=2, help="sequences per step of the long phase (micro-batch 1)")
+    p.add_argument("--lr", type=float, default=5e-4, help="peak learning rate of the long phase")
+    p.add_argument("--short-seq-len", type=int, default=256, help="sequence length of the short phase")
+    p.add_argument("--short-iters", type=int, default=300, help="steps of the short phase (0: none)")
+    p.add_argument("--short-global-batch", type=int, default=16, help="sequences per step of the short phase")
+    p.add_argument("--short-lr", type=float, default=2e-3, help="peak learning rate of the short phase")
     p.add_argument("--vocab", type=int, default=512)
     p.add_argument("--lengths", type=_ints, default=[4096, 8192, 16384, 32768], help="scored context lengths")
     p.add_argument("--depths", type=_floats, default=[0.0, 0.5, 1.0], help="passkey needle depths")
     p.add_argument("--samples", type=int, default=4, help="copy sequences and passkey samples per depth, per length")
     p.add_argument("--batch-size", type=int, default=1)
     args = p.parse_args(argv)
-    if args.seq_len % (2 * args.cp) or args.global_batch < 1 or args.iters < 2 or args.samples < 1:
+    if args.seq_len % (2 * args.cp) or args.global_batch < 1 or args.iters < 2 or args.samples < 1 \
+            or args.short_iters < 0 or args.short_iters == 1 or args.short_seq_len < 2 or args.short_global_batch < 1:
         p.error(f"need --seq-len divisible by 2 x --cp ({2 * args.cp}), --global-batch >= 1, --iters >= 2, "
-                f"--samples >= 1")
+                f"--samples >= 1, --short-iters 0 or >= 2, --short-seq-len >= 2, --short-global-batch >= 1")
     return args
 
 
-def train_overrides(args: argparse.Namespace, run_dir: Path, copy_head: bool) -> List[str]:
-    """The recipe overrides of one model's run (the same for both but the copy head)."""
+@dataclass(frozen=True)
+class Phase:
+    """One training phase of a model: its length, layout, batch, steps and where it starts from."""
+
+    name: str  # "short" | "long"
+    seq_len: int
+    cp: int
+    global_batch: int
+    micro_batch: int
+    iters: int
+    lr: float
+    load: Optional[Path] = None  # weights to start from (the short phase's run dir)
+
+
+def phases(args: argparse.Namespace, name: str) -> List[Tuple[Phase, Path]]:
+    """The phases of one model's training and their run directories (the long one last: it is scored)."""
+    long_dir = args.runs / name
+    if not args.short_iters:
+        return [(Phase("long", args.seq_len, args.cp, args.global_batch, 1, args.iters, args.lr), long_dir)]
+    short_dir = args.runs / f"{name}-short"
+    return [(Phase("short", args.short_seq_len, 1, args.short_global_batch, args.short_global_batch,
+                   args.short_iters, args.short_lr), short_dir),
+            (Phase("long", args.seq_len, args.cp, args.global_batch, 1, args.iters, args.lr, load=short_dir),
+             long_dir)]
+
+
+def train_overrides(args: argparse.Namespace, phase: Phase, run_dir: Path, copy_head: bool) -> List[str]:
+    """The recipe overrides of one model's phase (the same for both models but the copy head)."""
     sets = {
         "run.dir": run_dir, "copy_head.enabled": str(copy_head).lower(), "model.vocab_size": args.vocab,
         "model.max_position_embeddings": max([args.seq_len, *args.lengths]), "data.synthetic": "copy+passkey",
-        "data.document_masking": "false", "parallel.cp": args.cp, "train.seq_len": args.seq_len,
-        "train.micro_batch": 1, "train.global_batch": args.global_batch, "train.iters": args.iters,
-        "train.lr": args.lr, "train.min_lr": args.lr / 10, "train.log_interval": max(1, args.iters // 50),
-        "train.eval_interval": 0, "schedule.warmup_iters": max(1, min(20, args.iters // 10)),
-        "checkpoint.interval": max(1, args.iters // 5), "checkpoint.keep": 1, "logging.wandb": "false",
+        "data.document_masking": "false", "parallel.cp": phase.cp, "train.seq_len": phase.seq_len,
+        "train.micro_batch": phase.micro_batch, "train.global_batch": phase.global_batch, "train.iters": phase.iters,
+        "train.lr": phase.lr, "train.min_lr": phase.lr / 10, "train.log_interval": max(1, phase.iters // 50),
+        "train.eval_interval": 0, "schedule.warmup_iters": max(1, min(20, phase.iters // 10)),
+        "checkpoint.interval": max(1, phase.iters // 5), "checkpoint.keep": 1, "logging.wandb": "false",
     }
+    if phase.load is not None:
+        sets.update({"checkpoint.load": phase.load, "checkpoint.load_optimizer": "false"})
     return [f"{k}={v}" for k, v in sets.items()]
 
 
-def train_command(args: argparse.Namespace, run_dir: Path, copy_head: bool) -> List[str]:
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={args.cp}"]
-    return [*launcher, str(PRETRAIN), "--config", str(RECIPE), "--set", *train_overrides(args, run_dir, copy_head)]
+def train_command(args: argparse.Namespace, phase: Phase, run_dir: Path, copy_head: bool) -> List[str]:
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={phase.cp}"]
+    return [*launcher, str(PRETRAIN), "--config", str(RECIPE), "--set",
+            *train_overrides(args, phase, run_dir, copy_head)]
 
 
 def portable(cmd: List[str]) -> str:
@@ -88,7 +129,7 @@ def portable(cmd: List[str]) -> str:
     def arg(a: str) -> str:
         if a == sys.executable:
             return "python"
-        head, sep, tail = a.partition("=") if a.startswith(("run.dir=",)) else ("", "", a)
+        head, sep, tail = a.partition("=") if a.startswith(("run.dir=", "checkpoint.load=")) else ("", "", a)
         path = Path(tail)
         if path.is_absolute() and path.is_relative_to(REPO):
             tail = str(path.relative_to(REPO))
@@ -121,26 +162,36 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def train(args: argparse.Namespace, name: str, copy_head: bool) -> Dict[str, Any]:
-    """Train (or finish) one model's run; its directory, wall time of this call and losses."""
-    run_dir = args.runs / name
+def train_phase(args: argparse.Namespace, name: str, copy_head: bool, phase: Phase, run_dir: Path) -> Dict[str, Any]:
+    """Train (or finish) one phase of one model; its directory, wall and CPU time of this call and losses."""
     start, cpu = time.perf_counter(), _children_cpu()
-    if _last_iteration(run_dir) < args.iters:
+    if _last_iteration(run_dir) < phase.iters:
         run_dir.mkdir(parents=True, exist_ok=True)
-        cmd = train_command(args, run_dir, copy_head)
+        cmd = train_command(args, phase, run_dir, copy_head)
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+        print(f"[long_context] training {name} ({phase.name} phase: {phase.iters} steps at {phase.seq_len} tokens, "
+              f"cp={phase.cp}); log {run_dir / 'train.log'}", flush=True)
         with open(run_dir / "train.log", "a") as log:
             log.write("$ " + " ".join(cmd) + "\n")
             log.flush()
             code = subprocess.run(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
         if code != 0:
             tail = (run_dir / "train.log").read_text(errors="replace").splitlines()[-15:]
-            raise SystemExit(f"training {name} failed (exit {code}); {run_dir / 'train.log'} ends:\n" + "\n".join(tail))
+            raise SystemExit(f"training {name} ({phase.name} phase) failed (exit {code}); {run_dir / 'train.log'} "
+                             f"ends:\n" + "\n".join(tail))
     losses = _losses(run_dir)
-    return {"run_dir": str(run_dir), "train_seconds_this_call": round(time.perf_counter() - start, 1),
+    return {"phase": phase.name, "run_dir": str(run_dir), "seq_len": phase.seq_len, "cp": phase.cp,
+            "train_seconds_this_call": round(time.perf_counter() - start, 1),
             "train_cpu_seconds_this_call": round(_children_cpu() - cpu, 1),  # every training process's CPU time
             "iterations": _last_iteration(run_dir), "first_loss": losses.get(min(losses)) if losses else None,
-            "final_loss": losses.get(max(losses)) if losses else None}
+            "final_loss": losses.get(max(losses)) if losses else None,
+            "command": portable(train_command(args, phase, run_dir, copy_head))}
+
+
+def train(args: argparse.Namespace, name: str, copy_head: bool) -> Dict[str, Any]:
+    """Every phase of one model; the long (last, scored) phase's figures at the top, all phases under 'phases'."""
+    done = [train_phase(args, name, copy_head, phase, run_dir) for phase, run_dir in phases(args, name)]
+    return {**{k: v for k, v in done[-1].items() if k not in ("phase", "command")}, "phases": done}
 
 
 def evaluate(args: argparse.Namespace, runs: Dict[str, Dict[str, Any]]) -> None:
@@ -181,8 +232,9 @@ def plot(report: Dict[str, Any], path: Path) -> None:
         ax.set_xscale("log", base=2)
         ax.set(title=title, xlabel="context length (tokens)", ylabel="accuracy", ylim=(-0.02, 1.02))
         ax.legend(fontsize=8)
-    fig.suptitle(f"tiny models trained at {trained} with CP={report['settings']['cp']} "
-                 f"({report['settings']['iters']} iterations)")
+    s = report["settings"]
+    short = f"{s['short_iters']} steps at {s['short_seq_len']}, then " if s["short_iters"] else ""
+    fig.suptitle(f"tiny models: {short}{s['iters']} steps at {trained} with CP={s['cp']}")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -205,8 +257,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         "settings": settings,
         "environment": {"torch": torch.__version__, "threads": torch.get_num_threads(), "machine": platform.machine(),
                         "cpu_affinity": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None},
-        "train_commands": {name: portable(train_command(args, Path(run["run_dir"]), copy_head))
-                           for (name, copy_head), run in zip(MODELS.items(), runs.values())},
+        "train_commands": {name: " && ".join(phase["command"] for phase in run["phases"]) for name, run in runs.items()},
         "runs": runs,
     }
     args.out.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,6 @@
-"""benchmarks/long_context.py end to end at a very small size: both tiny models trained with CP=2 (torchrun, 2
-processes) at seq 256 for 3 iterations, scored by length (128, 256 and 512: beyond the trained length), the JSON
-and the plot written."""
+"""benchmarks/long_context.py end to end at a very small size: both tiny models trained 2 steps at seq 64 in one
+process, then from those weights with CP=2 (torchrun, 2 processes) at seq 256 for 3 steps, scored by length (128,
+256 and 512: beyond the trained length), the JSON and the plot written."""
 import json
 import os
 import subprocess
@@ -21,7 +21,8 @@ def test_tiny_cp2_pipeline_writes_results_by_length(tmp_path):
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([sys.executable, str(SCRIPT), "--runs", str(tmp_path / "runs"), "--out", str(out),
                            "--seq-len", "256", "--iters", "3", "--lengths", ",".join(map(str, LENGTHS)),
-                           "--depths", "0,1", "--samples", "1", "--vocab", str(VOCAB)],
+                           "--depths", "0,1", "--samples", "1", "--vocab", str(VOCAB), "--short-seq-len", "64",
+                           "--short-iters", "2", "--short-global-batch", "2"],
                           env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((out / "long_context_cpu.json").read_text())
@@ -29,13 +30,20 @@ def test_tiny_cp2_pipeline_writes_results_by_length(tmp_path):
     assert report["settings"]["cp"] == 2 and report["settings"]["seq_len"] == 256
     assert set(report["runs"]) == {"baseline", "cplm"}
     for name, run in report["runs"].items():
-        command = report["train_commands"][name]
-        assert command.startswith("python -m torch.distributed.run --standalone --nproc_per_node=2 "
-                                  "pretrain/pretrain_cplm.py --config configs/tiny.yaml")
-        for item in ("parallel.cp=2", "train.seq_len=256", "data.synthetic=copy+passkey",
-                     "model.max_position_embeddings=512", f"copy_head.enabled={str(name == 'cplm').lower()}"):
-            assert item in command.split(), (name, item)
-        assert "[train] layout tp=1 pp=1 dp=1 cp=2 " in (Path(run["run_dir"]) / "train.log").read_text()
+        short, long = run["phases"]
+        assert (short["phase"], short["seq_len"], short["cp"], short["iterations"]) == ("short", 64, 1, 2)
+        assert (long["phase"], long["seq_len"], long["cp"], long["iterations"]) == ("long", 256, 2, 3)
+        assert report["train_commands"][name] == f"{short['command']} && {long['command']}"
+        for phase, nproc, items in ((short, 1, ("parallel.cp=1", "train.seq_len=64")),
+                                    (long, 2, ("parallel.cp=2", "train.seq_len=256", "checkpoint.load_optimizer=false",
+                                               f"checkpoint.load={short['run_dir']}"))):
+            assert phase["command"].startswith(f"python -m torch.distributed.run --standalone --nproc_per_node={nproc} "
+                                               "pretrain/pretrain_cplm.py --config configs/tiny.yaml")
+            for item in (*items, "data.synthetic=copy+passkey", "model.max_position_embeddings=512",
+                         f"copy_head.enabled={str(name == 'cplm').lower()}"):
+                assert item in phase["command"].split(), (name, phase["phase"], item)
+        log = (Path(run["run_dir"]) / "train.log").read_text()
+        assert "[train] layout tp=1 pp=1 dp=1 cp=2 " in log and f"started from {short['run_dir']}" in log
         assert run["iterations"] == 3 and run["final_loss"] > 0 and run["copy_head"] == (name == "cplm")
         assert run["train_cpu_seconds_this_call"] > 0 and run["eval_cpu_seconds"] > 0
         assert run["chance"] == {"copy_accuracy": pytest.approx(1 / (VOCAB - 1)),
