@@ -154,8 +154,10 @@ def write_study_report(output: Path, summary: dict[str, Any], spamlang: list[dic
              _plot_passkey(output, summary)]
     decision = summary["decision"]
     where = summary.get("where", "CPU")
-    ran = (f"wall time {summary.get('wall_seconds', 0) / 60:.0f} min on 2 CPU cores (2 single-threaded runs at a "
-           f"time)" if where == "CPU" else f"{where}, ~{summary.get('gpu_hours_estimated', 0):.0f} GPU-hours planned")
+    ran = (f"{summary.get('run_seconds_total', 0) / 60:.0f} min of run time (training + evaluation) summed over "
+           f"{summary.get('runs_with_timing', 0)} timed runs, each single-threaded, {summary.get('jobs', 1)} at a time "
+           f"(~{summary.get('wall_seconds', 0) / 60:.0f} min of wall time)" if where == "CPU"
+           else f"{where}, ~{summary.get('gpu_hours_estimated', 0):.0f} GPU-hours planned")
     lines = [
         f"# Recipe study: CPLM training objectives x seeds x scales ({where})", "",
         f"Command: `{summary.get('command', '')}`; {ran}.", "",
