@@ -68,6 +68,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--depths", type=_floats, default=[0.0, 0.5, 1.0], help="passkey needle depths")
     p.add_argument("--samples", type=int, default=4, help="copy sequences and passkey samples per depth, per length")
     p.add_argument("--batch-size", type=int, default=1)
+    p.add_argument("--phase-lengths", type=_ints, default=[], metavar="L,...",
+                   help="also score each model's earlier phases (the short phase) at these lengths: where what they "
+                        "learned stops working")
     args = p.parse_args(argv)
     if args.seq_len % (2 * args.cp) or args.global_batch < 1 or args.iters < 2 or args.samples < 1 \
             or args.short_iters < 0 or args.short_iters == 1 or args.short_seq_len < 2 or args.short_global_batch < 1:
@@ -210,6 +213,9 @@ def evaluate(args: argparse.Namespace, runs: Dict[str, Dict[str, Any]]) -> None:
             run.update(evaluate_by_length(MegatronScorer.load(run["run_dir"]), args.lengths, options))
             run["eval_seconds"] = round(time.perf_counter() - start, 1)
             run["eval_cpu_seconds"] = round(sum(row["cpu_seconds"] for row in run["by_length"]), 1)
+            for phase in run["phases"][:-1] if args.phase_lengths else []:
+                phase["by_length"] = evaluate_by_length(MegatronScorer.load(phase["run_dir"]), args.phase_lengths,
+                                                        options)["by_length"]
 
 
 def plot(report: Dict[str, Any], path: Path) -> None:
@@ -267,6 +273,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         cells = "  ".join(f"{name}: passkey@1 {row['passkey_first_token_accuracy']:.3f} copy {row['copy_accuracy']:.3f}"
                           for name, row in zip(runs, length_rows))
         print(f"length {length_rows[0]['length']:>6}  {cells}")
+    for name, run in runs.items():
+        for phase in run["phases"]:
+            for row in phase.get("by_length", []):
+                print(f"{name} {phase['phase']} phase, length {row['length']:>6}: passkey@1 "
+                      f"{row['passkey_first_token_accuracy']:.3f} copy {row['copy_accuracy']:.3f}")
     print(f"results: {args.out / (args.name + '.json')}, {args.out / (args.name + '.png')}")
     return 0
 

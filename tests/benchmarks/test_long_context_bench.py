@@ -22,7 +22,7 @@ def test_tiny_cp2_pipeline_writes_results_by_length(tmp_path):
     proc = subprocess.run([sys.executable, str(SCRIPT), "--runs", str(tmp_path / "runs"), "--out", str(out),
                            "--seq-len", "256", "--iters", "3", "--lengths", ",".join(map(str, LENGTHS)),
                            "--depths", "0,1", "--samples", "1", "--vocab", str(VOCAB), "--short-seq-len", "64",
-                           "--short-iters", "2", "--short-global-batch", "2"],
+                           "--short-iters", "2", "--short-global-batch", "2", "--phase-lengths", "32,64"],
                           env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((out / "long_context_cpu.json").read_text())
@@ -32,6 +32,7 @@ def test_tiny_cp2_pipeline_writes_results_by_length(tmp_path):
     for name, run in report["runs"].items():
         short, long = run["phases"]
         assert (short["phase"], short["seq_len"], short["cp"], short["iterations"]) == ("short", 64, 1, 2)
+        assert [row["length"] for row in short["by_length"]] == [32, 64] and "by_length" not in long
         assert (long["phase"], long["seq_len"], long["cp"], long["iterations"]) == ("long", 256, 2, 3)
         assert report["train_commands"][name] == f"{short['command']} && {long['command']}"
         for phase, nproc, items in ((short, 1, ("parallel.cp=1", "train.seq_len=64")),
@@ -55,4 +56,4 @@ def test_tiny_cp2_pipeline_writes_results_by_length(tmp_path):
             assert [cell["depth"] for cell in row["passkey_by_depth"]] == [0.0, 1.0]
             assert row["copy_sequences"] == row["passkey_samples_per_depth"] == 1 and row["cpu_seconds"] > 0
             assert ("copy_head_accuracy" in row and "copy_mean_gate" in row) == (name == "cplm")
-    assert "length    512" in proc.stdout
+    assert "length    512" in proc.stdout and "cplm short phase, length     64:" in proc.stdout
