@@ -88,6 +88,12 @@ def stop_part(out: Path, index: int) -> list[int]:
     return stopped
 
 
+def cluster_state() -> str:
+    """squeue, sinfo and the job logs' names: what a test that waited in vain saw (jobs pending, nodes down)."""
+    commands = (["squeue", "-a", "-o", "%i %j %T %R"], ["sinfo", "-N", "-o", "%N %T %E"])
+    return "\n".join(subprocess.run(cmd, capture_output=True, text=True).stdout.strip() for cmd in commands)
+
+
 def part_files_state(part: Path) -> dict[str, tuple[int, int]]:
     return {p.name: (p.stat().st_ino, p.stat().st_mtime_ns) for p in part.iterdir()}
 
@@ -111,6 +117,8 @@ def test_array_of_parts_and_merge_redo_a_killed_part_and_train(local_slurm, stdl
     while not list(out.glob(".part-00002-of-00003.tmp-*/shard.*")) and time.monotonic() < deadline:
         assert first.proc.poll() is None, first.wait()[1]
         time.sleep(0.05)
+    if not list(out.glob(".part-00002-of-00003.tmp-*/shard.*")):
+        pytest.fail(f"part 2 wrote no shard within {JOB_TIMEOUT} s; the cluster then:\n{cluster_state()}")
     assert stop_part(out, 2), "part 2's prepare_data process was not found"
     assert not (out / "part-00002-of-00003" / "manifest.json").exists(), \
         "part 2 finished before it could be killed; raise PART_BYTES[2]"
