@@ -96,7 +96,7 @@ gpu-dry-run: $(GPU_IMAGE_STAMP)
 	  bash benchmarks/gpu/run_gpu_checks.sh --cpu-dry-run $(if $(STEPS),--steps $(STEPS))
 
 lint: setup
-	$(BIN)/ruff check cplm_megatron kernels pretrain tools tests benchmarks
+	$(BIN)/ruff check cplm_megatron cplm_kernels pretrain tools tests benchmarks
 	$(BIN)/shellcheck slurm/*.sh slurm/local_cluster/*.sh benchmarks/gpu/*.sh .ci/run
 
 clean-data:

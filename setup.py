@@ -3,7 +3,7 @@
 Two import packages are installed:
   * ``cplm_megatron`` (from ``cplm_megatron/``): configs, model, parallel setup, data, training, HF,
     evaluation, experiments; the recipes and model presets of ``configs/`` as ``cplm_megatron.recipes``.
-  * ``cplm_kernels``  (from ``kernels/``): the fused Copy-Paste Triton kernels and their PyTorch
+  * ``cplm_kernels``  (from ``cplm_kernels/``): the fused Copy-Paste Triton kernels and their PyTorch
     references; importable without megatron-core.
 Entry points: ``cplm-pretrain`` (``python -m cplm_megatron.pretrain``), ``cplm-evaluate``
 (``python -m cplm_megatron.evaluate``).
@@ -60,7 +60,7 @@ setup(
     description="Copy-Paste Language Models on Megatron-Core: vocab-parallel copy head, fused kernels",
     python_requires=">=3.10",
     packages=[*find_packages(include=["cplm_megatron", "cplm_megatron.*"]), "cplm_megatron.recipes", "cplm_kernels"],
-    package_dir={"cplm_kernels": "kernels", "cplm_megatron.recipes": "configs"},
+    package_dir={"cplm_megatron.recipes": "configs"},
     package_data={"cplm_megatron": ["py.typed"], "cplm_megatron.hf": ["*.py", "lm_eval_tasks/*.yaml"],
                   "cplm_megatron.recipes": ["*.yaml", "models/*.yaml"]},
     entry_points={"console_scripts": ["cplm-pretrain = cplm_megatron.pretrain:script_main",

@@ -67,8 +67,8 @@ def test_layers_import_one_way():
 
 
 def test_kernels_import_nothing_of_the_project():
-    """cplm_kernels (kernels/) sits below everything: the model layer calls it, never the reverse."""
-    kernels = PACKAGE.parent / "kernels"
+    """cplm_kernels sits below everything: the model layer calls it, never the reverse."""
+    kernels = PACKAGE.parent / "cplm_kernels"
     imports = [(p.name, line) for p in sorted(kernels.rglob("*.py")) for line, _ in imported_layers_of(p)]
     assert imports == []
 

@@ -46,7 +46,7 @@ SRC=$(mktemp -d "${TMPDIR:-/tmp}/cplm-wheel.XXXXXX")
 BUILT=$(mktemp -d "$DEST/.build.XXXXXX")
 trap 'rm -rf "$SRC" "$BUILT"' EXIT
 git ls-files -z --cached --others --exclude-standard -- setup.py setup.cfg pyproject.toml MANIFEST.in cplm_megatron \
-  kernels configs | tar --null -T - -cf - 2>/dev/null | tar -xf - -C "$SRC"
+  cplm_kernels configs | tar --null -T - -cf - 2>/dev/null | tar -xf - -C "$SRC"
 ISOLATION=()  # setuptools here: build without an isolated env (no download); else pip fetches it
 if "$BUILD_PY" -c "import setuptools, wheel" 2>/dev/null; then ISOLATION=(--no-build-isolation); fi
 "$BUILD_PY" -m pip wheel -q --disable-pip-version-check --no-deps "${ISOLATION[@]}" -w "$BUILT" "$SRC" \
