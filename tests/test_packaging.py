@@ -11,6 +11,7 @@ import site
 import subprocess
 import sys
 import zipfile
+from importlib.metadata import packages_distributions
 from pathlib import Path
 
 import pytest
@@ -132,3 +133,12 @@ def test_runs_a_two_run_study_from_another_directory_and_reuses_it(installed, tm
     again = study("subprocess")
     assert again.count(": reused (finished earlier with the same commands)") == 2, again
     assert {p: p.stat().st_mtime_ns for p in out.glob("runs/*/eval.json")} == evaluated
+
+
+def test_no_package_of_the_checkout_shadows_an_installed_module():
+    """Run from the checkout (pytest, tools/), a top-level package directory hides the installed module of its name
+    from every library: transformers 5.25 imports Hugging Face's `kernels`, and our kernels/ broke tests/hf."""
+    ours = sorted(p.parent.name for p in REPO.glob("*/__init__.py"))
+    installed_by = packages_distributions()
+    clashes = {name: installed_by[name] for name in ours if set(installed_by.get(name, [])) - {"cplm-megatron"}}
+    assert clashes == {}, f"rename these checkout packages: {clashes}"
