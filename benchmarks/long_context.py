@@ -11,14 +11,17 @@ steps), then --iters steps at --seq-len with parallel.cp=--cp from the short pha
 at --seq-len from scratch.
 
 Each model is the tiny recipe (configs/tiny.yaml: Llama-style, RoPE) at vocabulary --vocab on synthetic
-`copy+passkey` data (even samples a span and its repeat, odd ones a passkey sample with the needle at an even
-spread of depths; data/synthetic.py), trained by pretrain/pretrain_cplm.py under torchrun with
+`COPY_TASK+passkey` data (even samples copy, odd ones a passkey sample with the needle at an even spread of
+depths; data/synthetic.py). --copy-task copy_random (the default): a span of random length recurs at a random
+later offset inside random tokens, so where to copy from must be found by content; copy: a span and its repeat
+at seq_len/2, which a model learns by position (and which then fails at any other length). Trained by pretrain/pretrain_cplm.py under torchrun with
 parallel.cp=--cp, model.max_position_embeddings the longest scored length (RoPE: no parameters to grow), plain
 causal attention. Both are then scored in this process at CP=1 (evaluation/scorers.py) by
-cplm_megatron.evaluation.long_context at every --lengths: copy accuracy (chance 1/(V-1)) and passkey
-first-token accuracy over --depths (chance 1/(V-3)). A run whose last checkpoint is at --iters is not trained
-again; an interrupted one resumes. Writes OUT/NAME.json (settings, command, per-run training time and
-evaluation by length) and OUT/NAME.png.
+cplm_megatron.evaluation.long_context at every --lengths: copy accuracy on samples of the training copy task's
+layout (chance 1/(V-1)) and passkey first-token accuracy over --depths (chance 1/(V-3)). Runs live in
+RUNS/COPY_TASK/MODEL[-short]; a run whose last checkpoint is at its phase's steps is not trained again (its
+training time is read back from the run dir's bench_timing.json); an interrupted one resumes. Writes OUT/NAME.json
+(settings, command, per-run training time and evaluation by length) and OUT/NAME.png.
 """
 from __future__ import annotations
 
@@ -39,6 +42,8 @@ sys.path.insert(0, str(REPO))
 PRETRAIN = REPO / "pretrain" / "pretrain_cplm.py"
 RECIPE = REPO / "configs" / "tiny.yaml"
 MODELS = {"baseline": False, "cplm": True}
+COPY_TASKS = {"copy_random": "random", "copy": "half"}  # training task -> its evaluation layout
+TIMING = "bench_timing.json"  # a phase's training seconds and CPU seconds, summed over every attempt
 
 
 def _ints(text: str) -> List[int]:
@@ -64,6 +69,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--short-global-batch", type=int, default=16, help="sequences per step of the short phase")
     p.add_argument("--short-lr", type=float, default=2e-3, help="peak learning rate of the short phase")
     p.add_argument("--vocab", type=int, default=512)
+    p.add_argument("--copy-task", choices=COPY_TASKS, default="copy_random",
+                   help="the copy half of the training data, and the layout of the scored copy samples")
     p.add_argument("--lengths", type=_ints, default=[4096, 8192, 16384, 32768], help="scored context lengths")
     p.add_argument("--depths", type=_floats, default=[0.0, 0.5, 1.0], help="passkey needle depths")
     p.add_argument("--samples", type=int, default=4, help="copy sequences and passkey samples per depth, per length")
@@ -95,10 +102,10 @@ class Phase:
 
 def phases(args: argparse.Namespace, name: str) -> List[Tuple[Phase, Path]]:
     """The phases of one model's training and their run directories (the long one last: it is scored)."""
-    long_dir = args.runs / name
+    long_dir = args.runs / args.copy_task / name
     if not args.short_iters:
         return [(Phase("long", args.seq_len, args.cp, args.global_batch, 1, args.iters, args.lr), long_dir)]
-    short_dir = args.runs / f"{name}-short"
+    short_dir = args.runs / args.copy_task / f"{name}-short"
     return [(Phase("short", args.short_seq_len, 1, args.short_global_batch, args.short_global_batch,
                    args.short_iters, args.short_lr), short_dir),
             (Phase("long", args.seq_len, args.cp, args.global_batch, 1, args.iters, args.lr, load=short_dir),
@@ -109,7 +116,7 @@ def train_overrides(args: argparse.Namespace, phase: Phase, run_dir: Path, copy_
     """The recipe overrides of one model's phase (the same for both models but the copy head)."""
     sets = {
         "run.dir": run_dir, "copy_head.enabled": str(copy_head).lower(), "model.vocab_size": args.vocab,
-        "model.max_position_embeddings": max([args.seq_len, *args.lengths]), "data.synthetic": "copy+passkey",
+        "model.max_position_embeddings": max([args.seq_len, *args.lengths]), "data.synthetic": f"{args.copy_task}+passkey",
         "data.document_masking": "false", "parallel.cp": phase.cp, "train.seq_len": phase.seq_len,
         "train.micro_batch": phase.micro_batch, "train.global_batch": phase.global_batch, "train.iters": phase.iters,
         "train.lr": phase.lr, "train.min_lr": phase.lr / 10, "train.log_interval": max(1, phase.iters // 50),
@@ -165,9 +172,21 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def _add_timing(run_dir: Path, seconds: float, cpu_seconds: float) -> Dict[str, float]:
+    """Adds one attempt's training time to the run dir's totals; returns the totals."""
+    path = run_dir / TIMING
+    total = json.loads(path.read_text()) if path.is_file() else {"train_seconds": 0.0, "train_cpu_seconds": 0.0}
+    total = {"train_seconds": round(total["train_seconds"] + seconds, 1),
+             "train_cpu_seconds": round(total["train_cpu_seconds"] + cpu_seconds, 1)}
+    path.write_text(json.dumps(total) + "\n")
+    return total
+
+
 def train_phase(args: argparse.Namespace, name: str, copy_head: bool, phase: Phase, run_dir: Path) -> Dict[str, Any]:
-    """Train (or finish) one phase of one model; its directory, wall and CPU time of this call and losses."""
+    """Train (or finish) one phase of one model; its directory, training time (every attempt) and losses."""
     start, cpu = time.perf_counter(), _children_cpu()
+    timing_path = run_dir / TIMING
+    totals = json.loads(timing_path.read_text()) if timing_path.is_file() else None
     if _last_iteration(run_dir) < phase.iters:
         run_dir.mkdir(parents=True, exist_ok=True)
         cmd = train_command(args, phase, run_dir, copy_head)
@@ -182,10 +201,11 @@ def train_phase(args: argparse.Namespace, name: str, copy_head: bool, phase: Pha
             tail = (run_dir / "train.log").read_text(errors="replace").splitlines()[-15:]
             raise SystemExit(f"training {name} ({phase.name} phase) failed (exit {code}); {run_dir / 'train.log'} "
                              f"ends:\n" + "\n".join(tail))
+        # every training process's CPU time (children of this process: torchrun and its workers)
+        totals = _add_timing(run_dir, time.perf_counter() - start, _children_cpu() - cpu)
     losses = _losses(run_dir)
     return {"phase": phase.name, "run_dir": str(run_dir), "seq_len": phase.seq_len, "cp": phase.cp,
-            "train_seconds_this_call": round(time.perf_counter() - start, 1),
-            "train_cpu_seconds_this_call": round(_children_cpu() - cpu, 1),  # every training process's CPU time
+            **(totals or {"train_seconds": None, "train_cpu_seconds": None}),  # None: trained before timing was kept
             "iterations": _last_iteration(run_dir), "first_loss": losses.get(min(losses)) if losses else None,
             "final_loss": losses.get(max(losses)) if losses else None,
             "command": portable(train_command(args, phase, run_dir, copy_head))}
@@ -206,7 +226,7 @@ def evaluate(args: argparse.Namespace, runs: Dict[str, Dict[str, Any]]) -> None:
 
     setup_compat()
     options = EvalOptions(batch_size=args.batch_size, limit=args.samples, passkey_depths=tuple(args.depths),
-                          show_progress=False)
+                          copy_layout=COPY_TASKS[args.copy_task], show_progress=False)
     with single_process_megatron():
         for run in runs.values():
             start = time.perf_counter()
@@ -226,7 +246,8 @@ def plot(report: Dict[str, Any], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
-    panels = (("passkey_first_token_accuracy", "passkey: first key token"), ("copy_accuracy", "copy: repeat"))
+    panels = (("passkey_first_token_accuracy", "passkey: first key token"),
+              ("copy_accuracy", f"copy ({report['settings']['copy_task']}): repeat"))
     trained = report["settings"]["seq_len"]
     for ax, (key, title) in zip(axes, panels):
         for name, run in report["runs"].items():

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from cplm_megatron.cli import exit_2_on, quiet_known_warnings
+from cplm_megatron.data.synthetic import COPY_LAYOUTS
 from cplm_megatron.evaluation.options import DEFAULT_LIMITS, EvalOptions
 from cplm_megatron.evaluation.runner import (
     evaluate,
@@ -56,6 +57,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--seed", type=int, default=0, help="offset of the synthetic tasks' sample seed")
     p.add_argument("--copy-length", type=int, default=EvalOptions.copy_length)
+    p.add_argument("--copy-layout", choices=COPY_LAYOUTS, default=EvalOptions.copy_layout,
+                   help="copy samples: half = a span and its repeat (data.synthetic=copy); random = a span of random "
+                        "length recurring at a random later offset (data.synthetic=copy_random)")
     p.add_argument("--spamlang-length", type=int, default=EvalOptions.spamlang_length)
     p.add_argument("--passkey-lengths", type=_numbers(int), default=EvalOptions.passkey_lengths,
                    help="context lengths, e.g. 64,128,256")
@@ -78,7 +82,7 @@ def options_from_args(args: argparse.Namespace) -> EvalOptions:
     return EvalOptions(
         batch_size=args.batch_size, limit=args.limit, seed=args.seed, data=args.data,
         dev_data=args.dev_data, val_all=args.val_all,
-        copy_length=args.copy_length, spamlang_length=args.spamlang_length,
+        copy_length=args.copy_length, copy_layout=args.copy_layout, spamlang_length=args.spamlang_length,
         passkey_lengths=tuple(args.passkey_lengths), passkey_depths=tuple(args.passkey_depths),
         gradient_source=args.gradient_source, lm_eval_tasks=args.lm_eval_tasks,
         lm_eval_include=args.lm_eval_include, lm_eval_args=tuple(args.lm_eval_arg),

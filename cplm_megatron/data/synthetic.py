@@ -1,5 +1,9 @@
 """Synthetic token tasks that probe copying: SpamLang, repeated random spans, passkey retrieval.
 
+Two copy tasks: `copy` (a span and its repeat; the repeat always starts at seq_len/2, so a model can learn
+where to copy from by position) and `copy_random` (a span of random length recurring at a random later offset
+inside random tokens: where to copy from must be found by content, as in text).
+
 Every sample is a pure function of (task, seed, sample index), so loaders over these tasks shard by
 data-parallel rank and resume exactly from a sample counter. Token id 0 is reserved (EOD/padding);
 task symbols are drawn from [first_token, vocab_size).
@@ -11,7 +15,8 @@ from typing import Any, Dict, Iterator, List, Tuple
 
 import torch
 
-TASKS = ("spamlang", "copy", "passkey")
+TASKS = ("spamlang", "copy", "copy_random", "passkey")
+COPY_LAYOUTS = ("half", "random")  # copy_sample / copy_random_sample
 STATE_FORMAT = "cplm-synthetic-loader/1"
 
 
@@ -33,6 +38,40 @@ def copy_sample(index: int, seq_len: int, vocab_size: int, seed: int = 0, first_
     span = torch.randint(first_token, vocab_size, (half,), generator=g)
     tokens = torch.cat([span, span, span[: seq_len + 1 - 2 * half]])
     return tokens, half
+
+
+@dataclass
+class CopySample:
+    """Tokens in which one span recurs: the repeat (but its first token) is what copying predicts."""
+
+    tokens: torch.Tensor  # [length]
+    repeat_start: int  # position of the repeat's first token
+    repeat_len: int
+
+
+def copy_random_sample(index: int, seq_len: int, vocab_size: int, seed: int = 0, first_token: int = 1) -> CopySample:
+    """seq_len + 1 random tokens in which a span of random length (1/8 to 1/2 of them) starting at a random
+    position recurs at a random later position (the two never overlap)."""
+    n = seq_len + 1
+    if n < 8:
+        raise ValueError(f"copy_random needs seq_len >= 7 (a span of >= 2 tokens and its repeat), got {seq_len}")
+    g = _generator(seed, index)
+    tokens = torch.randint(first_token, vocab_size, (n,), generator=g)
+    span = int(torch.randint(max(2, n // 8), n // 2 + 1, (1,), generator=g))
+    start = int(torch.randint(0, n - 2 * span + 1, (1,), generator=g))
+    repeat = int(torch.randint(start + span, n - span + 1, (1,), generator=g))
+    tokens[repeat:repeat + span] = tokens[start:start + span]
+    return CopySample(tokens=tokens, repeat_start=repeat, repeat_len=span)
+
+
+def copy_task_sample(layout: str, index: int, seq_len: int, vocab_size: int, seed: int = 0) -> CopySample:
+    """A sample of the copy task of `layout` ('half': `copy`, 'random': `copy_random`)."""
+    if layout == "half":
+        tokens, half = copy_sample(index, seq_len, vocab_size, seed)
+        return CopySample(tokens=tokens, repeat_start=half, repeat_len=seq_len + 1 - half)
+    if layout == "random":
+        return copy_random_sample(index, seq_len, vocab_size, seed)
+    raise ValueError(f"unknown copy layout {layout!r}; choose one of {COPY_LAYOUTS}")
 
 
 @dataclass
@@ -82,6 +121,8 @@ def task_sample(task: str, index: int, seq_len: int, vocab_size: int, seed: int)
         return spamlang_sample(index, seq_len, vocab_size, seed)
     if part == "copy":
         return copy_sample(index, seq_len, vocab_size, seed)[0]
+    if part == "copy_random":
+        return copy_random_sample(index, seq_len, vocab_size, seed).tokens
     return passkey_sample(index, seq_len + 1, (index * _GOLDEN) % 1.0, vocab_size, seed).tokens
 
 

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from cplm_megatron.data.synthetic import COPY_LAYOUTS
+
 # Sequences per task when `limit` is not given (passkey: per length x depth cell; val: the whole set).
 DEFAULT_LIMITS: dict[str, int | None] = {"val": None, "copy": 64, "passkey": 8, "spamlang": 64, "gradient": 8}
 # Synthetic evaluation samples use their own seed so they are not the training samples (SpamLang,
@@ -21,6 +23,7 @@ class EvalOptions:
     val_all: bool = False  # `val` scores every sample whatever `limit` says
     dev_data: str | None = None  # prepared dataset for tuning (cache lambda/theta); None: `data`'s sibling dev/
     copy_length: int = 128  # tokens per copy sequence (a span and its repeat)
+    copy_layout: str = "half"  # half: span + span (the `copy` training task); random: as `copy_random`
     spamlang_length: int = 128
     passkey_lengths: tuple[int, ...] = (64, 128, 256)
     passkey_depths: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
@@ -48,6 +51,8 @@ class EvalOptions:
         if self.copy_length < 4 or self.spamlang_length < 2:
             raise ValueError(f"copy_length must be >= 4 and spamlang_length >= 2 (got {self.copy_length}, "
                              f"{self.spamlang_length})")
+        if self.copy_layout not in COPY_LAYOUTS:
+            raise ValueError(f"copy_layout must be one of {COPY_LAYOUTS}, got {self.copy_layout!r}")
         if not self.passkey_lengths or not self.passkey_depths:
             raise ValueError("passkey_lengths and passkey_depths must not be empty")
         bad_depths = [d for d in self.passkey_depths if not 0.0 <= d <= 1.0]

@@ -1,6 +1,6 @@
 """benchmarks/long_context.py end to end at a very small size: both tiny models trained 2 steps at seq 64 in one
 process, then from those weights with CP=2 (torchrun, 2 processes) at seq 256 for 3 steps, scored by length (128,
-256 and 512: beyond the trained length), the JSON and the plot written."""
+256 and 512: beyond the trained length), the JSON and the plot written; a second call reuses the runs."""
 import json
 import os
 import subprocess
@@ -40,13 +40,14 @@ def test_tiny_cp2_pipeline_writes_results_by_length(tmp_path):
                                                f"checkpoint.load={short['run_dir']}"))):
             assert phase["command"].startswith(f"python -m torch.distributed.run --standalone --nproc_per_node={nproc} "
                                                "pretrain/pretrain_cplm.py --config configs/tiny.yaml")
-            for item in (*items, "data.synthetic=copy+passkey", "model.max_position_embeddings=512",
+            for item in (*items, "data.synthetic=copy_random+passkey", "model.max_position_embeddings=512",
                          f"copy_head.enabled={str(name == 'cplm').lower()}"):
                 assert item in phase["command"].split(), (name, phase["phase"], item)
         log = (Path(run["run_dir"]) / "train.log").read_text()
         assert "[train] layout tp=1 pp=1 dp=1 cp=2 " in log and f"started from {short['run_dir']}" in log
         assert run["iterations"] == 3 and run["final_loss"] > 0 and run["copy_head"] == (name == "cplm")
-        assert run["train_cpu_seconds_this_call"] > 0 and run["eval_cpu_seconds"] > 0
+        assert run["train_cpu_seconds"] > 0 and run["eval_cpu_seconds"] > 0
+        assert Path(run["run_dir"]).parent == tmp_path / "runs" / "copy_random"
         assert run["chance"] == {"copy_accuracy": pytest.approx(1 / (VOCAB - 1)),
                                  "passkey_first_token_accuracy": pytest.approx(1 / (VOCAB - 3))}
         assert [row["length"] for row in run["by_length"]] == LENGTHS
@@ -57,3 +58,10 @@ def test_tiny_cp2_pipeline_writes_results_by_length(tmp_path):
             assert row["copy_sequences"] == row["passkey_samples_per_depth"] == 1 and row["cpu_seconds"] > 0
             assert ("copy_head_accuracy" in row and "copy_mean_gate" in row) == (name == "cplm")
     assert "length    512" in proc.stdout and "cplm short phase, length     64:" in proc.stdout
+    assert report["settings"]["copy_task"] == "copy_random"
+    # a second call trains nothing and reports the training time the first one recorded
+    again = subprocess.run([*proc.args, "--name", "again"], env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and "training" not in again.stdout, again.stdout[-3000:] + again.stderr[-3000:]
+    second = json.loads((out / "again.json").read_text())
+    for name, run in report["runs"].items():
+        assert [p["train_seconds"] for p in second["runs"][name]["phases"]] == [p["train_seconds"] for p in run["phases"]]

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cplm_megatron.data.synthetic import copy_sample, passkey_sample
+from cplm_megatron.data.synthetic import copy_random_sample, copy_sample, passkey_sample
 from cplm_megatron.evaluation.options import EvalOptions
 from cplm_megatron.evaluation.runner import evaluate, format_table, parse_tasks
 from cplm_megatron.evaluation.tasks import copy, passkey, spamlang, val
@@ -35,6 +35,19 @@ def test_copy_scores_the_repeat_after_its_first_token():
     # the scorer's fp32 log(CONF) averaged over 256 tokens: ~|log CONF| * 2^-24 per term, ~1e-7
     assert result.metrics["copy_loss"] == pytest.approx(-math.log(CONF), abs=1e-6)
     assert result.details["scored_tokens"] == 8 * (64 - 32)  # positions 32..63 predict the repeat's tokens 2..33
+
+
+def test_copy_random_layout_scores_each_samples_own_repeat():
+    """copy_layout=random: the mask follows each sample's repeat (start and length vary), so the induction rule
+    is exact there too, and the scored count is the sum of the repeats' lengths less their first tokens."""
+    opts = options(copy_length=64, copy_layout="random")
+    samples = [copy_random_sample(i, 64, VOCAB, opts.eval_seed) for i in range(8)]
+    assert all(len(set(s.tokens.tolist())) == 65 - s.repeat_len for s in samples)  # only the repeat recurs
+    assert len({(s.repeat_start, s.repeat_len) for s in samples}) > 4
+    result = copy.run(InductionScorer(VOCAB, confidence=CONF), opts)
+    assert result.metrics["copy_accuracy"] == 1.0 and result.metrics["copy_sequence_accuracy"] == 1.0
+    assert result.details["scored_tokens"] == sum(s.repeat_len - 1 for s in samples)
+    assert result.details["layout"] == "random"
 
 
 def test_spamlang_counts_position_zero():
@@ -103,7 +116,7 @@ def test_runner_table_and_task_names():
 
 @pytest.mark.parametrize("bad, message", [
     ({"batch_size": 0}, "batch_size"), ({"passkey_depths": (1.5,)}, "depths"),
-    ({"gradient_source": "text"}, "gradient_source"),
+    ({"gradient_source": "text"}, "gradient_source"), ({"copy_layout": "middle"}, "copy_layout"),
 ])
 def test_options_are_validated(bad, message):
     with pytest.raises(ValueError, match=message):

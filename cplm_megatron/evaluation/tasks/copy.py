@@ -1,8 +1,10 @@
 """`copy`: random token spans repeated once; next-token accuracy and loss on the repeat.
 
-A sample is span + span (cplm_megatron.data.synthetic.copy_sample). Scored positions are those
-predicting the 2nd..last token of the repeat: the first repeated token follows the span's last token,
-which the model has not seen followed by anything yet, so it is not copyable.
+`copy_layout` 'half' (the default): a sample is span + span (cplm_megatron.data.synthetic.copy_sample);
+'random': a span of random length recurs at a random later offset inside random tokens
+(copy_random_sample), so where to copy from is found by content, not by position. Scored positions are
+those predicting the 2nd..last token of the repeat: the first repeated token follows a token the model has
+not seen followed by the span yet, so it is not copyable.
 
 For a CPLM model also: `copy_head_accuracy` (the argmax of the copy head's own distribution p_copy,
 without the LM head) and `copy_mean_gate` (the mean mixture weight g on the scored positions): how
@@ -13,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from cplm_megatron.data.synthetic import copy_sample
+from cplm_megatron.data.synthetic import CopySample, copy_task_sample
 from cplm_megatron.evaluation.metrics import TokenTally, argmax_correct
 from cplm_megatron.evaluation.options import EvalOptions
 from cplm_megatron.evaluation.scorers import Batch, HFScorer, MegatronScorer, Scorer, document_segments
@@ -27,11 +29,11 @@ def check_length(length: int, scorer: Scorer, what: str) -> None:
                          f"choose a shorter {what}")
 
 
-def repeat_mask(batch_size: int, length: int) -> torch.Tensor:
-    """Bool [b, length]: label positions predicting the 2nd..last token of the repeat."""
-    half = (length + 1) // 2
-    mask = torch.zeros(batch_size, length, dtype=torch.bool)
-    mask[:, half:] = True
+def repeat_mask(samples: list[CopySample], length: int) -> torch.Tensor:
+    """Bool [b, length]: label positions predicting the 2nd..last token of each sample's repeat."""
+    mask = torch.zeros(len(samples), length, dtype=torch.bool)
+    for row, sample in enumerate(samples):
+        mask[row, sample.repeat_start:sample.repeat_start + sample.repeat_len - 1] = True
     return mask
 
 
@@ -82,12 +84,13 @@ def run(scorer: Scorer, options: EvalOptions) -> TaskResult:
     length = options.copy_length
     check_length(length, scorer, "copy_length")
     n = options.sequences("copy")
-    samples = [copy_sample(i, length, scorer.vocab_size, options.eval_seed)[0] for i in range(n)]
+    samples = [copy_task_sample(options.copy_layout, i, length, scorer.vocab_size, options.eval_seed) for i in range(n)]
     tally = TokenTally()
     sequences_right = head_right = 0
     gate_sum = 0.0
-    for batch in progress(list(batches_of(samples, options.batch_size)), "copy", options.show_progress):
-        select = repeat_mask(*batch["labels"].shape)
+    batches = list(batches_of([s.tokens for s in samples], options.batch_size))
+    for first, batch in progress(list(zip(range(0, n, options.batch_size), batches)), "copy", options.show_progress):
+        select = repeat_mask(samples[first:first + options.batch_size], length)
         parts = copy_parts(scorer, batch) if scorer.has_copy_head else None
         if parts is not None:
             log_probs, p_copy, gate = parts
@@ -103,4 +106,5 @@ def run(scorer: Scorer, options: EvalOptions) -> TaskResult:
                "copy_accuracy_chance": 1.0 / (scorer.vocab_size - 1)}
     if parts is not None:
         metrics.update(copy_head_accuracy=head_right / tally.count, copy_mean_gate=gate_sum / tally.count)
-    return TaskResult("copy", metrics, {"sequences": n, "length": length, "scored_tokens": tally.count})
+    return TaskResult("copy", metrics, {"sequences": n, "length": length, "layout": options.copy_layout,
+                                        "scored_tokens": tally.count})
