@@ -14,14 +14,15 @@ Each model is the tiny recipe (configs/tiny.yaml: Llama-style, RoPE) at vocabula
 `COPY_TASK+passkey` data (even samples copy, odd ones a passkey sample with the needle at an even spread of
 depths; data/synthetic.py). --copy-task copy_random (the default): a span of random length recurs at a random
 later offset inside random tokens, so where to copy from must be found by content; copy: a span and its repeat
-at seq_len/2, which a model learns by position (and which then fails at any other length). Trained by pretrain/pretrain_cplm.py under torchrun with
-parallel.cp=--cp, model.max_position_embeddings the longest scored length (RoPE: no parameters to grow), plain
-causal attention. Both are then scored in this process at CP=1 (evaluation/scorers.py) by
-cplm_megatron.evaluation.long_context at every --lengths: copy accuracy on samples of the training copy task's
-layout (chance 1/(V-1)) and passkey first-token accuracy over --depths (chance 1/(V-3)). Runs live in
-RUNS/COPY_TASK/MODEL[-short]; a run whose last checkpoint is at its phase's steps is not trained again (its
-training time is read back from the run dir's bench_timing.json); an interrupted one resumes. Writes OUT/NAME.json
-(settings, command, per-run training time and evaluation by length) and OUT/NAME.png.
+at seq_len/2, which a model learns by position (and which then fails at any other length). Trained by
+pretrain/pretrain_cplm.py under torchrun with parallel.cp=--cp, model.max_position_embeddings the longest scored
+length (RoPE: no parameters to grow), plain causal attention. Both are then scored in this process at CP=1
+(evaluation/scorers.py) by cplm_megatron.evaluation.long_context at every --lengths: copy accuracy on samples of
+the training copy task's layout (chance 1/(V-1); beside it a copier matching the current token alone, on the same
+samples) and passkey first-token accuracy over --depths (chance 1/(V-3)). Runs live in RUNS/COPY_TASK/MODEL[-short];
+a run whose last checkpoint is at its phase's steps is not trained again (its training time is read back from the
+run dir's bench_timing.json); an interrupted one resumes. Writes OUT/NAME.json (settings, command, per-run
+training time and evaluation by length) and OUT/NAME.png.
 """
 from __future__ import annotations
 
@@ -65,7 +66,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--global-batch", type=int, default=2, help="sequences per step of the long phase (micro-batch 1)")
     p.add_argument("--lr", type=float, default=5e-4, help="peak learning rate of the long phase")
     p.add_argument("--short-seq-len", type=int, default=256, help="sequence length of the short phase")
-    p.add_argument("--short-iters", type=int, default=300, help="steps of the short phase (0: none)")
+    p.add_argument("--short-iters", type=int, default=600, help="steps of the short phase (0: none)")
     p.add_argument("--short-global-batch", type=int, default=16, help="sequences per step of the short phase")
     p.add_argument("--short-lr", type=float, default=2e-3, help="peak learning rate of the short phase")
     p.add_argument("--vocab", type=int, default=512)
@@ -253,8 +254,13 @@ def plot(report: Dict[str, Any], path: Path) -> None:
         for name, run in report["runs"].items():
             rows = run["by_length"]
             ax.plot([r["length"] for r in rows], [r[key] for r in rows], marker="o", label=name)
-        chance = next(iter(report["runs"].values()))["chance"][key]
+        first = next(iter(report["runs"].values()))
+        chance = first["chance"][key]
         ax.axhline(chance, color="gray", linestyle="--", linewidth=1, label=f"chance {chance:.2g}")
+        if key == "copy_accuracy":  # the same samples for every model
+            rows = first["by_length"]
+            ax.plot([r["length"] for r in rows], [r["copy_accuracy_one_token_match"] for r in rows], color="gray",
+                    linestyle=":", marker=".", label="one-token match (no model)")
         ax.axvline(trained, color="gray", linestyle=":", linewidth=1, label=f"trained at {trained}")
         ax.set_xscale("log", base=2)
         ax.set(title=title, xlabel="context length (tokens)", ylabel="accuracy", ylim=(-0.02, 1.02))
@@ -293,12 +299,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     for length_rows in zip(*(run["by_length"] for run in runs.values())):
         cells = "  ".join(f"{name}: passkey@1 {row['passkey_first_token_accuracy']:.3f} copy {row['copy_accuracy']:.3f}"
                           for name, row in zip(runs, length_rows))
-        print(f"length {length_rows[0]['length']:>6}  {cells}")
+        print(f"length {length_rows[0]['length']:>6}  {cells}  "
+              f"(one-token match {length_rows[0]['copy_accuracy_one_token_match']:.3f})")
     for name, run in runs.items():
         for phase in run["phases"]:
             for row in phase.get("by_length", []):
                 print(f"{name} {phase['phase']} phase, length {row['length']:>6}: passkey@1 "
-                      f"{row['passkey_first_token_accuracy']:.3f} copy {row['copy_accuracy']:.3f}")
+                      f"{row['passkey_first_token_accuracy']:.3f} copy {row['copy_accuracy']:.3f} "
+                      f"(one-token match {row['copy_accuracy_one_token_match']:.3f})")
     print(f"results: {args.out / (args.name + '.json')}, {args.out / (args.name + '.png')}")
     return 0
 

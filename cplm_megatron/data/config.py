@@ -86,7 +86,8 @@ class DataConfig:
     # local datasets are decompressed in place (next to their .zstd shards; needs write access).
     cache_dir: str | None = None
     verify_shards: bool = True  # hash-check local shards at start, once per machine (sizes: always)
-    synthetic: str | None = None  # "spamlang" | "copy" | "copy_random" | "passkey" or a "+" mixture: generated task data (ablations)
+    # "spamlang" | "copy" | "copy_random" | "passkey" or a "+" mixture: generated task data (ablations)
+    synthetic: str | None = None
 
     def __post_init__(self) -> None:
         self.streams = [_as_stream(s) for s in self.streams]

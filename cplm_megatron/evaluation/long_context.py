@@ -1,8 +1,9 @@
 """Passkey retrieval and copy accuracy by context length: the `passkey` and `copy` tasks run at each length
 (benchmarks/long_context.py evaluates a baseline and a CPLM trained at one length on longer ones).
 
-Per length: `copy_accuracy` (next-token accuracy on the repeat of a span of length/2) with, for a CPLM,
-`copy_head_accuracy` and `copy_mean_gate`; `passkey_first_token_accuracy` (the retrieval figure: k_1 after the
+Per length: `copy_accuracy` (next-token accuracy on the repeat; `options.copy_layout` says where the repeat lies)
+beside `copy_accuracy_one_token_match` (a copier matching the current token alone, on the same samples) with, for
+a CPLM, `copy_head_accuracy` and `copy_mean_gate`; `passkey_first_token_accuracy` (the retrieval figure: k_1 after the
 query marker, averaged over the needle depths) with the whole-key `passkey_accuracy` and the per-depth cells.
 Chance values: 1/(V-1) for copy, 1/(V-3) for the passkey's first token (the tasks' own).
 """
@@ -17,7 +18,7 @@ from cplm_megatron.evaluation.options import EvalOptions
 from cplm_megatron.evaluation.scorers import Scorer
 from cplm_megatron.evaluation.tasks import TASKS
 
-COPY_KEYS = ("copy_accuracy", "copy_loss", "copy_head_accuracy", "copy_mean_gate")
+COPY_KEYS = ("copy_accuracy", "copy_accuracy_one_token_match", "copy_loss", "copy_head_accuracy", "copy_mean_gate")
 PASSKEY_KEYS = ("passkey_first_token_accuracy", "passkey_accuracy", "passkey_token_accuracy")
 
 

@@ -52,7 +52,8 @@ def test_tiny_cp2_pipeline_writes_results_by_length(tmp_path):
                                  "passkey_first_token_accuracy": pytest.approx(1 / (VOCAB - 3))}
         assert [row["length"] for row in run["by_length"]] == LENGTHS
         for row in run["by_length"]:
-            for key in ("copy_accuracy", "passkey_first_token_accuracy", "passkey_accuracy"):
+            for key in ("copy_accuracy", "copy_accuracy_one_token_match", "passkey_first_token_accuracy",
+                        "passkey_accuracy"):
                 assert 0 <= row[key] <= 1, (name, key)
             assert [cell["depth"] for cell in row["passkey_by_depth"]] == [0.0, 1.0]
             assert row["copy_sequences"] == row["passkey_samples_per_depth"] == 1 and row["cpu_seconds"] > 0

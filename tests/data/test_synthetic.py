@@ -3,8 +3,14 @@ and one clear error for an unknown task."""
 import pytest
 import torch
 
-from cplm_megatron.data.synthetic import (SyntheticLoader, copy_random_sample, copy_sample, copy_task_sample,
-                                         passkey_sample, task_sample)
+from cplm_megatron.data.synthetic import (
+    SyntheticLoader,
+    copy_random_sample,
+    copy_sample,
+    copy_task_sample,
+    passkey_sample,
+    task_sample,
+)
 
 
 def test_a_mixture_alternates_its_parts_by_sample_index():

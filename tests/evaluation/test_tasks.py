@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cplm_megatron.data.synthetic import copy_random_sample, copy_sample, passkey_sample
+from cplm_megatron.data.synthetic import CopySample, copy_random_sample, copy_sample, passkey_sample
 from cplm_megatron.evaluation.options import EvalOptions
 from cplm_megatron.evaluation.runner import evaluate, format_table, parse_tasks
 from cplm_megatron.evaluation.tasks import copy, passkey, spamlang, val
@@ -35,6 +35,7 @@ def test_copy_scores_the_repeat_after_its_first_token():
     # the scorer's fp32 log(CONF) averaged over 256 tokens: ~|log CONF| * 2^-24 per term, ~1e-7
     assert result.metrics["copy_loss"] == pytest.approx(-math.log(CONF), abs=1e-6)
     assert result.details["scored_tokens"] == 8 * (64 - 32)  # positions 32..63 predict the repeat's tokens 2..33
+    assert result.metrics["copy_accuracy_one_token_match"] == 1.0  # no span token recurs: one token suffices
 
 
 def test_copy_random_layout_scores_each_samples_own_repeat():
@@ -48,6 +49,18 @@ def test_copy_random_layout_scores_each_samples_own_repeat():
     assert result.metrics["copy_accuracy"] == 1.0 and result.metrics["copy_sequence_accuracy"] == 1.0
     assert result.details["scored_tokens"] == sum(s.repeat_len - 1 for s in samples)
     assert result.details["layout"] == "random"
+    assert result.metrics["copy_accuracy_one_token_match"] == 1.0
+
+
+def test_one_token_match_splits_ties_and_counts_successors():
+    """The one-token-match copier predicts the current token's most frequent earlier successor, ties split."""
+    def hits(tokens: list[int], start: int, length: int) -> float:
+        return copy.one_token_match_hits(CopySample(torch.tensor(tokens), start, length))
+
+    assert hits([1, 2, 1, 3, 9, 1, 2], 5, 2) == 0.5  # at 5 the 1 was followed by 2 and by 3 once each
+    assert hits([1, 2, 1, 2, 1, 3, 9, 1, 2], 7, 2) == 1.0  # 2 twice, 3 once
+    assert hits([1, 3, 1, 3, 1, 2, 9, 1, 2], 7, 2) == 0.0  # 3 twice: the right 2 loses
+    assert hits([4, 5, 6, 4, 5, 6], 3, 3) == 2.0  # a span of distinct tokens: every scored token
 
 
 def test_spamlang_counts_position_zero():
