@@ -127,6 +127,13 @@ def summarize_study(output: Path, settings: StudySettings, data_root: Path, comm
                                time.perf_counter())
 
 
+def recorded_spamlang_claims(output: Path) -> list[dict[str, Any]]:
+    """The SpamLang claims an earlier invocation wrote (OUTPUT/spamlang_h<hidden>/results.json, by hidden size), so a
+    summary that runs no SpamLang keeps them."""
+    paths = sorted(output.glob("spamlang_h*/results.json"), key=lambda p: int(p.parent.name.removeprefix("spamlang_h")))
+    return [claim for path in paths for claim in json.loads(path.read_text())["spamlang"]]
+
+
 def write_study_summary(output: Path, settings: StudySettings, data_root: Path, specs: list[Run],
                         spamlang: SpamLangSettings | None, jobs: int, threads: int, command: str,
                         on_done: Callable[[JobResult], None] | None, log: Callable[[str], None], start: float
@@ -136,7 +143,7 @@ def write_study_summary(output: Path, settings: StudySettings, data_root: Path, 
     finished = [spec for spec in specs if launcher.is_finished(spec)]
     log(f"[study] {len(finished)} of {len(specs)} runs finished")
     summary = summarize([load_run(spec, output) for spec in finished], planned=StudySettings().planned())
-    claims: list[dict[str, Any]] = []
+    claims = [] if spamlang is not None else recorded_spamlang_claims(output)
     if spamlang is not None:
         arm = ARMS[spamlang_arm(summary)]
         for hidden in spamlang.hiddens:
@@ -152,7 +159,6 @@ def write_study_summary(output: Path, settings: StudySettings, data_root: Path, 
                    run_seconds_total=sum(t for t in recorded if t is not None),
                    runs_with_timing=sum(t is not None for t in recorded), jobs=jobs,
                    settings=dataclasses.asdict(settings), spamlang=claims)
-    summary["wall_seconds"] = summary["run_seconds_total"] / max(1, jobs)
     summary_json = write_study_summary_json(output / "summary.json", summary)
     report = write_study_report(output, summary, claims)
     return StudyOutcome(report, summary_json, summary)

@@ -155,8 +155,9 @@ def write_study_report(output: Path, summary: dict[str, Any], spamlang: list[dic
     decision = summary["decision"]
     where = summary.get("where", "CPU")
     ran = (f"{summary.get('run_seconds_total', 0) / 60:.0f} min of run time (training + evaluation) summed over "
-           f"{summary.get('runs_with_timing', 0)} timed runs, each single-threaded, {summary.get('jobs', 1)} at a time "
-           f"(~{summary.get('wall_seconds', 0) / 60:.0f} min of wall time)" if where == "CPU"
+           f"{summary.get('runs_with_timing', 0)} timed runs, each single-threaded (runs reused from earlier "
+           f"invocations keep their own times); this invocation ran {summary.get('jobs', 1)} at a time for "
+           f"{summary.get('seconds_this_invocation', 0) / 60:.0f} min" if where == "CPU"
            else f"{where}, ~{summary.get('gpu_hours_estimated', 0):.0f} GPU-hours planned")
     lines = [
         f"# Recipe study: CPLM training objectives x seeds x scales ({where})", "",
