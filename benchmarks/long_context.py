@@ -173,21 +173,25 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def _timing(run_dir: Path) -> Optional[Dict[str, float]]:
+    """The run dir's training time totals (None: never trained by this script since timing was kept)."""
+    path = run_dir / TIMING
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
 def _add_timing(run_dir: Path, seconds: float, cpu_seconds: float) -> Dict[str, float]:
     """Adds one attempt's training time to the run dir's totals; returns the totals."""
-    path = run_dir / TIMING
-    total = json.loads(path.read_text()) if path.is_file() else {"train_seconds": 0.0, "train_cpu_seconds": 0.0}
+    total = _timing(run_dir) or {"train_seconds": 0.0, "train_cpu_seconds": 0.0}
     total = {"train_seconds": round(total["train_seconds"] + seconds, 1),
              "train_cpu_seconds": round(total["train_cpu_seconds"] + cpu_seconds, 1)}
-    path.write_text(json.dumps(total) + "\n")
+    (run_dir / TIMING).write_text(json.dumps(total) + "\n")
     return total
 
 
 def train_phase(args: argparse.Namespace, name: str, copy_head: bool, phase: Phase, run_dir: Path) -> Dict[str, Any]:
     """Train (or finish) one phase of one model; its directory, training time (every attempt) and losses."""
     start, cpu = time.perf_counter(), _children_cpu()
-    timing_path = run_dir / TIMING
-    totals = json.loads(timing_path.read_text()) if timing_path.is_file() else None
+    totals = _timing(run_dir)
     if _last_iteration(run_dir) < phase.iters:
         run_dir.mkdir(parents=True, exist_ok=True)
         cmd = train_command(args, phase, run_dir, copy_head)

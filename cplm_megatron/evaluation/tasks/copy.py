@@ -20,11 +20,11 @@ from collections import Counter, defaultdict
 
 import torch
 
-from cplm_megatron.data.synthetic import CopySample, copy_task_sample
+from cplm_megatron.data.synthetic import CopySample, copy_task_sample, make_batch
 from cplm_megatron.evaluation.metrics import TokenTally, argmax_correct
 from cplm_megatron.evaluation.options import EvalOptions
 from cplm_megatron.evaluation.scorers import Batch, HFScorer, MegatronScorer, Scorer, document_segments
-from cplm_megatron.evaluation.tasks.base import TaskResult, batches_of, progress
+from cplm_megatron.evaluation.tasks.base import TaskResult, progress
 
 
 def check_length(length: int, scorer: Scorer, what: str) -> None:
@@ -110,9 +110,10 @@ def run(scorer: Scorer, options: EvalOptions) -> TaskResult:
     tally = TokenTally()
     sequences_right = head_right = 0
     gate_sum = 0.0
-    batches = list(batches_of([s.tokens for s in samples], options.batch_size))
-    for first, batch in progress(list(zip(range(0, n, options.batch_size), batches)), "copy", options.show_progress):
-        select = repeat_mask(samples[first:first + options.batch_size], length)
+    chunks = [samples[i:i + options.batch_size] for i in range(0, n, options.batch_size)]
+    for chunk in progress(chunks, "copy", options.show_progress):
+        batch = make_batch([sample.tokens for sample in chunk])
+        select = repeat_mask(chunk, length)
         parts = copy_parts(scorer, batch) if scorer.has_copy_head else None
         if parts is not None:
             log_probs, p_copy, gate = parts
