@@ -25,6 +25,8 @@ def format_line(rec: Dict[str, Any], total_iters: int) -> str:
             f"MFU {100 * rec['mfu']:.2f}%",
             f"ETA {datetime.timedelta(seconds=int(rec['eta_sec']))}",
         ]
+        if rec.get("warmup"):
+            parts[-4] += " (warm-up)"
     if rec.get("skipped_steps"):
         parts.append(f"skipped {rec['skipped_steps']}")
     return " | ".join(parts)

@@ -58,6 +58,11 @@ class RunRecord:
     flops_per_token: float
     config_hash: str
     stopped_early: bool = False
+    # the rates above are over these steps: every step after the launch's first logged interval (its warm-up),
+    # or all of them when it logged once (includes_warmup)
+    measured_steps: int | None = None
+    includes_warmup: bool = False
+    lm_head_loss: str | None = None  # the LM-head loss path the run resolved (model.lm_head_loss)
     version: int = RUN_RECORD_VERSION
 
     def to_json(self) -> dict[str, Any]:

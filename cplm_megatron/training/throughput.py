@@ -1,9 +1,15 @@
-"""Throughput accounting: tokens/s, TFLOP/s per device, MFU against a configurable peak, ETA."""
+"""Throughput accounting: tokens/s, TFLOP/s per device, MFU against a configurable peak, ETA.
+
+Rates are the logging interval's own (the training steps since the previous log line, Megatron-LM's and
+torchtitan's convention), not a running average: the first interval of a launch holds compilation and
+allocator warm-up and is marked `warmup`; the run record's figures leave it out. Only the steps are timed
+(fetching their micro-batches, forward, backward, optimizer): evaluation and checkpoint saves are not.
+"""
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Callable, Dict, Optional
 
 import torch
 
@@ -23,39 +29,72 @@ def default_peak_tflops() -> float:
 
 
 @dataclass
+class _Span:
+    """Steps and the seconds they took."""
+
+    steps: int = 0
+    seconds: float = 0.0
+
+    def add(self, steps: int, seconds: float) -> None:
+        self.steps += steps
+        self.seconds += seconds
+
+
+@dataclass
 class SpeedMonitor:
-    """Windowed step timing -> throughput metrics."""
+    """Per-interval step timing -> throughput metrics (`interval`) and the launch's steady state (`steady`)."""
 
     flops_per_token: float
     tokens_per_step: int
     world_size: int
     peak_tflops: float
     total_iters: int
-    window: int = 20
-    _times: List[float] = field(default_factory=list)
-    _last: Optional[float] = None
+    clock: Callable[[], float] = time.perf_counter
+    _started: Optional[float] = None
+    _open: _Span = field(default_factory=_Span)  # the steps since the last log line
+    _warmup: _Span = field(default_factory=_Span)  # the first closed interval
+    _steady: _Span = field(default_factory=_Span)  # every closed interval after it
+    _closed: int = 0
 
-    def start(self) -> None:
-        self._last = time.perf_counter()
+    def begin_step(self) -> None:
+        """A training step starts (before its micro-batches are fetched)."""
+        self._started = self.clock()
 
-    def step(self) -> float:
-        """Record the end of a step; returns its duration in seconds."""
-        now = time.perf_counter()
-        dt = now - (self._last if self._last is not None else now)
-        self._last = now
-        self._times = (self._times + [dt])[-self.window:]
-        return dt
+    def end_step(self) -> float:
+        """The step ended; returns its duration in seconds."""
+        seconds = self.clock() - self._started
+        self._open.add(1, seconds)
+        return seconds
 
-    def metrics(self, iteration: int) -> Dict[str, float]:
-        if not self._times:
-            return {}
-        step_time = sum(self._times) / len(self._times)
+    def rates(self, step_time: float) -> Dict[str, float]:
+        """tokens/s, TFLOP/s per device and MFU at `step_time` seconds per step."""
         tokens_per_sec = self.tokens_per_step / step_time
         tflops = self.flops_per_token * tokens_per_sec / self.world_size / 1e12
-        return {
-            "step_time": step_time,
-            "tokens_per_sec": tokens_per_sec,
-            "tflops_per_device": tflops,
-            "mfu": tflops / self.peak_tflops,
-            "eta_sec": max(0, self.total_iters - iteration) * step_time,
-        }
+        return {"step_time": step_time, "tokens_per_sec": tokens_per_sec, "tflops_per_device": tflops,
+                "mfu": tflops / self.peak_tflops}
+
+    def interval(self, iteration: int) -> Dict[str, float]:
+        """The rates of the steps since the previous call (which closes the interval), `warmup` (True for a
+        launch's first interval), and the ETA at this rate; {} if no step ended since."""
+        span, warmup = self._open, self._closed == 0
+        if not span.steps:
+            return {}
+        step_time = span.seconds / span.steps
+        (self._warmup if warmup else self._steady).add(span.steps, span.seconds)
+        self._open, self._closed = _Span(), self._closed + 1
+        return {**self.rates(step_time), "interval_steps": span.steps, "warmup": warmup,
+                "eta_sec": max(0, self.total_iters - iteration) * step_time}
+
+    def steady(self) -> Dict[str, float]:
+        """The launch's figures for its record: every step after the first logged interval (the open one
+        included); a launch that logged at most once reports all its steps, marked as including warm-up."""
+        span, warmup_included = _Span(self._steady.steps, self._steady.seconds), False
+        if self._closed > 0:
+            span.add(self._open.steps, self._open.seconds)
+        if not span.steps:  # nothing measured after the warm-up interval: report the launch's every step
+            span, warmup_included = _Span(self._warmup.steps, self._warmup.seconds), True
+            span.add(self._open.steps, self._open.seconds)
+        if not span.steps:
+            return {}
+        return {**self.rates(span.seconds / span.steps), "measured_steps": span.steps,
+                "includes_warmup": warmup_included}

@@ -121,6 +121,8 @@ class Trainer:
         self._take_lock()  # before anything is written to run.dir
         self.is_logger = self.layout.rank == 0
         self.total_iters = cfg.train.total_iters()
+        if torch.cuda.is_available():  # this run's peak, also where one process trains several runs
+            torch.cuda.reset_peak_memory_stats()
         self.built = build_run(cfg, self.layout)
         self.chunks = wrap_ddp(self.built.chunks, cfg.optimizer, bf16=cfg.precision.dtype == "bf16")
         t = cfg.train
@@ -214,13 +216,13 @@ class Trainer:
         guard = NonFiniteGuard(t.max_nonfinite_steps)
         log_due, eval_due = Cadence(t.log_interval, also_at=self.total_iters), Cadence(t.eval_interval)
         policy = StopPolicy(cfg.checkpoint.interval, t.exit_after_iters, launch_start=self.state.iteration)
-        self.speed.start()
         try:
             while self.state.iteration < self.total_iters:
+                self.speed.begin_step()
                 batches, self._first_batches = self._first_batches or take(self.train_data, self.num_micro), None
                 result = train_step(self.chunks, self.optimizer, self.scheduler, batches, t.seq_len,
                                     t.micro_batch, cfg.data.document_masking)
-                self.speed.step()
+                self.speed.end_step()
                 self.state.iteration += 1
                 self.state.consumed_tokens += t.global_batch * t.seq_len
                 it = self.state.iteration
@@ -272,7 +274,7 @@ class Trainer:
         if not trained and existing is not None:
             print(f"[train] {existing} kept as it was: this launch trained no iteration", flush=True)
             return
-        speed = self.speed.metrics(self.state.iteration)
+        speed = self.speed.steady()
         write_run_record(self.run_dir, RunRecord(
             preset=self.cfg.model.preset,
             copy_head=self.cfg.copy_head.enabled,
@@ -291,6 +293,9 @@ class Trainer:
             flops_per_token=self.speed.flops_per_token,
             config_hash=self.cfg.hash(),
             stopped_early=stopped_early,
+            measured_steps=speed.get("measured_steps"),
+            includes_warmup=bool(speed.get("includes_warmup")),
+            lm_head_loss=self.cfg.model.lm_head_loss,
         ))
 
     def _log(self, result) -> None:
@@ -304,7 +309,7 @@ class Trainer:
             "consumed_tokens": self.state.consumed_tokens,
             "skipped_steps": self.state.skipped_steps,
             "time": time.time(),
-            **self.speed.metrics(self.state.iteration),
+            **self.speed.interval(self.state.iteration),
         }
         if self.cfg.copy_head.enabled:  # whatever else the model reports (CPLMGPTModel.metric_names)
             rec.update({k: v for k, v in m.items() if k not in rec and k != "tokens"})

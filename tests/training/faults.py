@@ -7,7 +7,9 @@ FAULT is one of
 * `crash_during_save`: exit 17 right after this iteration's shards are written, before the commit;
 * `kill_async_writer`: rank 0's background writer of this iteration's save is SIGKILLed while its
   file-writing workers (forked by it) are alive; they stop themselves at birth, so the kill always lands
-  mid-save and leaves them orphaned, as an out-of-memory kill of the writer would.
+  mid-save and leaves them orphaned, as an out-of-memory kill of the writer would;
+* `slow_first_step`: the launch's first training step takes ITERATION seconds longer (a stand-in for
+  compilation and allocator warm-up), for the interval throughput test.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import time
 from pathlib import Path
 from typing import List
 
-FAULTS = ("crash_during_save", "kill_async_writer")
+FAULTS = ("crash_during_save", "kill_async_writer", "slow_first_step")
 CRASH_EXIT_CODE = 17
 SCRIPT = Path(__file__).resolve()
 _STOP_GRANDCHILDREN_OF = {"pid": None}
@@ -48,8 +50,25 @@ def _kill_writers_mid_save(pids: List[int]) -> None:
     _STOP_GRANDCHILDREN_OF["pid"] = None
 
 
+def _slow_first_step(seconds: int) -> None:
+    """The trainer's first train_step of this process sleeps `seconds` first."""
+    from cplm_megatron.training import trainer
+
+    train_step, calls = trainer.train_step, []
+
+    def slow_train_step(*args, **kwargs):
+        if not calls:
+            time.sleep(seconds)
+        calls.append(1)
+        return train_step(*args, **kwargs)
+
+    trainer.train_step = slow_train_step
+
+
 def install(fault: str, iteration: int) -> None:
-    """Wrap this process's Checkpointer so that its save of `iteration` meets `fault`."""
+    """Wrap this process's Checkpointer so that its save of `iteration` meets `fault` (or slow its first step)."""
+    if fault == "slow_first_step":
+        return _slow_first_step(iteration)
     import torch.distributed as dist
 
     from cplm_megatron.training.checkpoint_lookup import iteration_of

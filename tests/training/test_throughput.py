@@ -1,0 +1,97 @@
+"""Logged throughput is the logging interval's own (training/throughput.py): a slow first step (compilation,
+allocator warm-up) is marked warm-up and drags neither the later log lines nor the run record."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cplm_megatron.training.throughput import SpeedMonitor
+from tests.training import pretrain_utils as pu
+
+
+class Clock:
+    """A clock the test advances by hand: the monitor's arithmetic on known step durations."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _monitor(clock: Clock, total: int = 10) -> SpeedMonitor:
+    return SpeedMonitor(flops_per_token=1e6, tokens_per_step=1000, world_size=2, peak_tflops=1.0, total_iters=total,
+                        clock=clock)
+
+
+def _steps(monitor: SpeedMonitor, clock: Clock, durations, gap: float = 0.0) -> None:
+    for seconds in durations:
+        monitor.begin_step()
+        clock.now += seconds
+        monitor.end_step()
+        clock.now += gap  # evaluation, checkpoint saves, logging: not a step's time
+
+
+def test_each_interval_reports_its_own_rate_and_the_first_is_warmup():
+    clock = Clock()
+    monitor = _monitor(clock)
+    _steps(monitor, clock, [10.0, 0.5], gap=3.0)
+    first = monitor.interval(2)
+    assert first["warmup"] and first["step_time"] == pytest.approx(5.25) and first["interval_steps"] == 2
+    _steps(monitor, clock, [0.5, 0.5, 0.5], gap=3.0)
+    second = monitor.interval(5)
+    assert not second["warmup"] and second["step_time"] == pytest.approx(0.5)
+    assert second["tokens_per_sec"] == pytest.approx(2000.0)
+    assert second["tflops_per_device"] == pytest.approx(1e6 * 2000 / 2 / 1e12)
+    assert second["mfu"] == pytest.approx(second["tflops_per_device"])
+    assert second["eta_sec"] == pytest.approx(5 * 0.5)  # the remaining steps at the recent rate
+    assert monitor.interval(5) == {}  # no step since
+
+
+def test_the_record_leaves_the_warmup_interval_out():
+    clock = Clock()
+    monitor = _monitor(clock)
+    _steps(monitor, clock, [10.0])
+    monitor.interval(1)
+    _steps(monitor, clock, [0.5, 0.5])
+    monitor.interval(3)
+    _steps(monitor, clock, [1.0])  # the open interval counts too
+    steady = monitor.steady()
+    assert steady["step_time"] == pytest.approx(2.0 / 3) and steady["measured_steps"] == 3
+    assert not steady["includes_warmup"]
+
+
+@pytest.mark.parametrize("logged", [True, False], ids=["logged-once", "never-logged"])
+def test_a_launch_without_a_second_interval_reports_every_step_marked(logged):
+    clock = Clock()
+    monitor = _monitor(clock)
+    _steps(monitor, clock, [3.0, 1.0])
+    if logged:
+        monitor.interval(2)
+    steady = monitor.steady()
+    assert steady["step_time"] == pytest.approx(2.0) and steady["measured_steps"] == 2 and steady["includes_warmup"]
+
+
+@pytest.mark.mcore
+@pytest.mark.slow  # a warm trainer process
+def test_a_slow_first_step_does_not_drag_later_logged_rates(tmp_path):
+    """The trainer end to end with its first step slowed by 3 s: each later line's step time is at most the wall
+    time between its log line and the previous one (the interval's own steps), and the record leaves step 1 out.
+    A running average since step 1 fails this (its step 2 would report >= 1.5 s)."""
+    run_dir = tmp_path / "run"
+    overrides = [f"run.dir={run_dir}", "data.synthetic=copy", "train.iters=6", "train.log_interval=1",
+                 "train.eval_interval=0", "checkpoint.enabled=false", "logging.wandb=false", "train.seq_len=64",
+                 "train.micro_batch=2", "train.global_batch=2"]
+    proc = pu.run(1, overrides, fault=("slow_first_step", 3))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    records = [r for r in pu.metrics(run_dir) if "step_time" in r]
+    assert [r["iteration"] for r in records] == list(range(1, 7))
+    assert records[0]["warmup"] and records[0]["step_time"] >= 3.0 and "(warm-up)" in proc.stdout
+    for previous, record in zip(records, records[1:]):
+        assert not record["warmup"]
+        # the 0.05 s: the interval's wall time also holds the previous line's logging, never less than its steps
+        assert record["step_time"] <= record["time"] - previous["time"] + 0.05, (previous, record)
+    summary = json.loads((run_dir / "run_record.json").read_text())
+    assert summary["measured_steps"] == 5 and not summary["includes_warmup"]
+    assert summary["step_time"] == pytest.approx(sum(r["step_time"] for r in records[1:]) / 5, rel=1e-6)
