@@ -37,7 +37,10 @@ def check_lm_head_loss(impl: str) -> None:
 
 def runnable_here(impl: str) -> str:
     """``impl``, or ``chunked`` for ``fused`` where the Triton kernels cannot run: for loading a model
-    trained on GPUs elsewhere (evaluation, conversion); the two compute the same values."""
+    trained on GPUs elsewhere (evaluation, conversion); the two compute the same values. ``auto`` (a config that
+    was never resolved by a launch) is Megatron's path: scoring one process, the fastest."""
+    if impl == "auto":
+        return "megatron"
     return "chunked" if impl == "fused" and not cplm_kernels.fused_available() else impl
 
 

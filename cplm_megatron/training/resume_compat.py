@@ -34,7 +34,8 @@ RESUME_CHANGEABLE: Dict[str, Any] = {
     "optimizer": {"weight_decay", "clip_grad", "overlap_grad_reduce", "overlap_param_gather", "bucket_size"},
     # the data loader refuses a resume position that no longer fits the streams (epoch size, seed, tokenizer)
     "data": {"streams", "val_streams", "num_workers", "cache_dir", "verify_shards", "epoch_size"},
-    "model": {"preset", "default_tp", "default_pp", "init_method_std", "attention_impl"},  # + same maths, other kernel
+    # + same maths, other kernel (attention, the LM-head loss path: `auto` may resolve otherwise on another machine)
+    "model": {"preset", "default_tp", "default_pp", "init_method_std", "attention_impl", "lm_head_loss"},
     "copy_head": {"impl", "block_size", "fp8", "gate_bias_init"},  # same math, another kernel; init only
 }
 

@@ -113,6 +113,10 @@ class Trainer:
         # The checks that need no process group run before one exists: a refusal costs no rendezvous.
         env = detect_env()
         dp = cfg.validate_world(env.world_size)
+        cfg, note = resolve_lm_head_loss(cfg, dp, env.local_world_size)
+        self.cfg = cfg  # the run as it trains: config.yaml, the record and the hash name the path in use
+        if note:
+            rank0_print(note, rank=env.rank)
         use_te_spec(cfg.model, cfg.precision)
         plan = plan_start(cfg)
         reclaimed = _tree_bytes(self.run_dir / "checkpoints") if plan.delete_existing else 0.0
@@ -318,6 +322,29 @@ class Trainer:
         if self.is_logger:
             print(format_line(rec, self.total_iters), flush=True)
         self.logger.log(rec)
+
+
+def resolve_lm_head_loss(cfg: RunConfig, dp: int, local_processes: int) -> tuple[RunConfig, Optional[str]]:
+    """`model.lm_head_loss: auto` resolved for this machine (model/lm_head_choice.py) and the line that says so;
+    any other value as it is (no line)."""
+    if cfg.model.lm_head_loss != "auto":
+        return cfg, None
+    from dataclasses import replace
+
+    from cplm_megatron.model.lm_head_choice import choose_lm_head_loss
+    from cplm_megatron.training.preflight import available_memory, memory_needed
+
+    def with_path(path: str) -> RunConfig:
+        return replace(cfg, model=replace(cfg.model, lm_head_loss=path))
+
+    have, _ = available_memory(local_processes)
+    cuda = torch.cuda.is_available()
+    device = f"the GPU's {have / 2**30:.1f} GiB" if cuda else f"the {have / 2**30:.1f} GiB of host memory per process"
+    p, t = cfg.parallel, cfg.train
+    choice = choose_lm_head_loss(cfg.model, t.seq_len * t.micro_batch // p.cp, p.tp,
+                                 4 if cfg.precision.dtype == "fp32" else 2, have, device, cuda,
+                                 fits=lambda path: memory_needed(with_path(path), dp) <= have)
+    return with_path(choice.path), f"[train] model.lm_head_loss=auto -> {choice.path}: {choice.reason}"
 
 
 def _tree_bytes(path: Path) -> float:

@@ -73,21 +73,29 @@ def test_a_launch_without_a_second_interval_reports_every_step_marked(logged):
     assert steady["step_time"] == pytest.approx(2.0) and steady["measured_steps"] == 2 and steady["includes_warmup"]
 
 
-@pytest.mark.mcore
-@pytest.mark.slow  # a warm trainer process
-def test_a_slow_first_step_does_not_drag_later_logged_rates(tmp_path):
-    """The trainer end to end with its first step slowed by 3 s: each later line's step time is at most the wall
-    time between its log line and the previous one (the interval's own steps), and the record leaves step 1 out.
-    A running average since step 1 fails this (its step 2 would report >= 1.5 s)."""
-    run_dir = tmp_path / "run"
+@pytest.fixture(scope="module")
+def slow_first_run(tmp_path_factory):
+    """A tiny run on synthetic data whose first step is 3 s slower (fault slow_first_step), with
+    model.lm_head_loss=auto: (run dir, stdout)."""
+    run_dir = tmp_path_factory.mktemp("throughput") / "run"
     overrides = [f"run.dir={run_dir}", "data.synthetic=copy", "train.iters=6", "train.log_interval=1",
                  "train.eval_interval=0", "checkpoint.enabled=false", "logging.wandb=false", "train.seq_len=64",
-                 "train.micro_batch=2", "train.global_batch=2"]
+                 "train.micro_batch=2", "train.global_batch=2", "model.lm_head_loss=auto"]
     proc = pu.run(1, overrides, fault=("slow_first_step", 3))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return run_dir, proc.stdout
+
+
+@pytest.mark.mcore
+@pytest.mark.slow  # a warm trainer process
+def test_a_slow_first_step_does_not_drag_later_logged_rates(slow_first_run):
+    """Each later line's step time is at most the wall time between its log line and the previous one (the
+    interval's own steps), and the record leaves step 1 out. A running average since step 1 fails this (its
+    step 2 would report >= 1.5 s)."""
+    run_dir, stdout = slow_first_run
     records = [r for r in pu.metrics(run_dir) if "step_time" in r]
     assert [r["iteration"] for r in records] == list(range(1, 7))
-    assert records[0]["warmup"] and records[0]["step_time"] >= 3.0 and "(warm-up)" in proc.stdout
+    assert records[0]["warmup"] and records[0]["step_time"] >= 3.0 and "(warm-up)" in stdout
     for previous, record in zip(records, records[1:]):
         assert not record["warmup"]
         # the 0.05 s: the interval's wall time also holds the previous line's logging, never less than its steps
@@ -95,3 +103,17 @@ def test_a_slow_first_step_does_not_drag_later_logged_rates(tmp_path):
     summary = json.loads((run_dir / "run_record.json").read_text())
     assert summary["measured_steps"] == 5 and not summary["includes_warmup"]
     assert summary["step_time"] == pytest.approx(sum(r["step_time"] for r in records[1:]) / 5, rel=1e-6)
+
+
+@pytest.mark.mcore
+@pytest.mark.slow
+def test_auto_lm_head_loss_is_resolved_reported_and_recorded(slow_first_run):
+    """model.lm_head_loss=auto on a tiny model: Megatron's path (its logits are a sliver of the host's memory),
+    said at start with the figures, and named in config.yaml and the run record."""
+    import yaml
+
+    run_dir, stdout = slow_first_run
+    line = next(line for line in stdout.splitlines() if "model.lm_head_loss=auto ->" in line)
+    assert line.startswith("[train] model.lm_head_loss=auto -> megatron: Megatron's logits take ") and "GiB" in line
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["model"]["lm_head_loss"] == "megatron"
+    assert json.loads((run_dir / "run_record.json").read_text())["lm_head_loss"] == "megatron"

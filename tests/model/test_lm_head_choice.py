@@ -1,0 +1,49 @@
+"""`model.lm_head_loss: auto` (model/lm_head_choice.py): Megatron's logits while they take at most 10% of the
+device's memory and the run fits with them; the tiled loss otherwise, fused on CUDA and chunked elsewhere."""
+from __future__ import annotations
+
+import pytest
+
+from cplm_megatron.model.accounting import GIB, lm_head_loss_bytes
+from cplm_megatron.model.config import load_preset
+from cplm_megatron.model.lm_head_choice import AUTO_LOGITS_SHARE, choose_lm_head_loss
+
+SMOLLM2_135M = load_preset("smollm2-135m")
+TOKENS = 2048 * 8  # the 135M recipe's micro-batch
+H200 = 139.8 * GIB
+
+
+def _logits(tokens: int = TOKENS) -> float:
+    """Megatron's working memory for the logits: [tokens, V] fp32 plus their bf16 copy (6 B per logit)."""
+    return lm_head_loss_bytes(SMOLLM2_135M, tokens, 1, "megatron", 2)["peak"]
+
+
+def test_the_logits_are_what_the_rule_weighs():
+    assert _logits() == pytest.approx(TOKENS * 49152 * 6)  # 4.5 GiB at 135M, seq 2048, micro 8
+
+
+def test_megatron_while_the_logits_are_a_small_share_of_the_device():
+    choice = choose_lm_head_loss(SMOLLM2_135M, TOKENS, 1, 2, H200, "an H200", on_cuda=True)
+    assert choice.path == "megatron" and "3.2% of an H200" in choice.reason
+
+
+@pytest.mark.parametrize("on_cuda, tiled", [(True, "fused"), (False, "chunked")])
+def test_the_tiled_loss_above_the_share(on_cuda, tiled):
+    device = _logits() / (AUTO_LOGITS_SHARE * 1.01)  # the logits take just over the share
+    assert choose_lm_head_loss(SMOLLM2_135M, TOKENS, 1, 2, device, "d", on_cuda).path == tiled
+    at_share = _logits() / AUTO_LOGITS_SHARE
+    assert choose_lm_head_loss(SMOLLM2_135M, TOKENS, 1, 2, at_share, "d", on_cuda).path == "megatron"
+
+
+def test_the_tiled_loss_where_only_it_fits():
+    fits_only_tiled = {"megatron": False, "fused": True, "chunked": True}
+    choice = choose_lm_head_loss(SMOLLM2_135M, TOKENS, 1, 2, H200, "d", True, fits=fits_only_tiled.get)
+    assert choice.path == "fused" and "fits only without them" in choice.reason
+    nothing_fits = {"megatron": False, "fused": False}
+    assert choose_lm_head_loss(SMOLLM2_135M, TOKENS, 1, 2, H200, "d", True, fits=nothing_fits.get).path == "megatron"
+
+
+def test_tensor_parallel_splits_the_logits():
+    device = 1.5 * _logits() / (AUTO_LOGITS_SHARE * 2)  # over the share at tp=1, under it at tp=2 (V/2 per GPU)
+    assert choose_lm_head_loss(SMOLLM2_135M, TOKENS, 1, 2, device, "d", True).path == "fused"
+    assert choose_lm_head_loss(SMOLLM2_135M, TOKENS, 2, 2, device, "d", True).path == "megatron"
