@@ -41,7 +41,7 @@ class ModelConfig:
     attention_impl: Literal["auto", "sdpa", "megatron", "te"] = "auto"
     # The LM head's cross entropy: Megatron's logits tensor, or computed over tiles without one
     # (cplm_megatron/model/lm_head_loss.py; chunked: torch, fused: Triton on GPUs). Same values. auto: Megatron's
-    # unless its logits would take > 10% of the device's memory (model/lm_head_choice.py), resolved at launch.
+    # unless its logits would take > 25% of the device's memory (model/lm_head_choice.py), resolved at launch.
     lm_head_loss: Literal["auto", "megatron", "chunked", "fused"] = "megatron"
     default_tp: int = 1  # suggested layout for 8-GPU nodes (model_info, SLURM scripts)
     default_pp: int = 1

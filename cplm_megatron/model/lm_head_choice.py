@@ -15,7 +15,7 @@ from typing import Callable, Optional
 from cplm_megatron.model.accounting import GIB, lm_head_loss_bytes
 from cplm_megatron.model.config import ModelConfig
 
-AUTO_LOGITS_SHARE = 0.10  # Megatron's logits may take up to this share of the device's memory
+AUTO_LOGITS_SHARE = 0.25  # Megatron's logits may take up to this share of the device's memory
 
 
 @dataclass(frozen=True)

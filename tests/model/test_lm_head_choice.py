@@ -1,4 +1,4 @@
-"""`model.lm_head_loss: auto` (model/lm_head_choice.py): Megatron's logits while they take at most 10% of the
+"""`model.lm_head_loss: auto` (model/lm_head_choice.py): Megatron's logits while they take at most 25% of the
 device's memory and the run fits with them; the tiled loss otherwise, fused on CUDA and chunked elsewhere."""
 from __future__ import annotations
 
