@@ -19,6 +19,7 @@ from typing import Any
 from cplm_megatron.errors import check_version
 from cplm_megatron.evaluation.results import read_eval_results
 from cplm_megatron.experiments.plan.run import Evaluation, Run
+from cplm_megatron.training.durable_files import read_metrics, write_atomic
 
 JOB_RECORD = "job.json"
 TIMING = "timing.json"  # a job's training and evaluation seconds, every attempt counted
@@ -162,7 +163,8 @@ def read_job_record(path: Path) -> JobRecord:
 
 
 def write_job_record(path: Path, record: JobRecord) -> None:
-    Path(path).write_text(json.dumps(record.to_json(), indent=2) + "\n")
+    """job.json, whole or not at all (a full disk leaves no half record that would refuse the relaunch)."""
+    write_atomic(Path(path), json.dumps(record.to_json(), indent=2) + "\n")
 
 
 STUDY_SUMMARY_VERSION = 1  # a study's summary.json; files without a version (written before it) are version 1
@@ -170,7 +172,7 @@ STUDY_SUMMARY_VERSION = 1  # a study's summary.json; files without a version (wr
 
 def write_study_summary_json(path: Path, summary: dict[str, Any]) -> Path:
     """A study's aggregate (its summary.json), with the format's version first."""
-    Path(path).write_text(json.dumps({"version": STUDY_SUMMARY_VERSION, **summary}, indent=2) + "\n")
+    write_atomic(Path(path), json.dumps({"version": STUDY_SUMMARY_VERSION, **summary}, indent=2) + "\n")
     return Path(path)
 
 
@@ -191,13 +193,26 @@ def read_study_summary(path: Path) -> dict[str, Any]:
     return data
 
 
-def run_seconds(run_dir: Path) -> float | None:
-    """Training + evaluation seconds of a finished job, every attempt counted (None when it recorded none)."""
-    path = Path(run_dir) / TIMING
+def read_timing(path: Path) -> dict[str, Any] | None:
+    """A job's timing.json (None when there is none); RecordError naming the file and the fix when it is not a
+    timing record."""
+    path = Path(path)
     if not path.is_file():
         return None
-    timing = json.loads(path.read_text())
-    return timing["train_seconds"] + timing["eval_seconds"]
+    try:
+        timing = json.loads(path.read_text())
+        for key in ("train_seconds", "eval_seconds"):
+            timing[key] = float(timing.get(key, 0.0))
+        return timing
+    except (OSError, UnicodeDecodeError, ValueError, TypeError, AttributeError) as e:
+        raise RecordError(f"{path} is not a readable timing record ({type(e).__name__}: {e}); remove it (the run's "
+                          f"time is then counted from its next attempt) or restore it") from None
+
+
+def run_seconds(run_dir: Path) -> float | None:
+    """Training + evaluation seconds of a finished job, every attempt counted (None when it recorded none)."""
+    timing = read_timing(Path(run_dir) / TIMING)
+    return None if timing is None else timing["train_seconds"] + timing["eval_seconds"]
 
 
 # ------------------------------------------------------------------------------------------ results
@@ -244,5 +259,4 @@ def load_run(spec: Run, output: Path) -> RunResults:
     for path in (metrics_path, eval_path):
         if not path.is_file():
             raise FileNotFoundError(f"{path} is missing: run {spec.name} did not finish (see {run_dir}/*.log)")
-    metrics = [json.loads(line) for line in metrics_path.read_text().splitlines() if line.strip()]
-    return RunResults(spec, metrics, read_eval_results(eval_path).checkpoints)
+    return RunResults(spec, read_metrics(run_dir), read_eval_results(eval_path).checkpoints)

@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 from typing import Any, Dict, Optional
 
+from cplm_megatron.training.durable_files import METRICS_FILE, append_line, read_json_lines, write_atomic
 from cplm_megatron.training.run_config import LoggingConfig
 
 
@@ -38,8 +39,9 @@ class MetricsLogger:
     def __init__(self, run_dir: Path, cfg: LoggingConfig, config: Dict[str, Any], active: bool,
                  resume_iteration: int = 0, run_name: str = ""):
         self.active = active
-        self.path = Path(run_dir) / "metrics.jsonl"
+        self.path = Path(run_dir) / METRICS_FILE
         self._wandb = None
+        self._skipped: list = []  # iterations whose record a failed write skipped
         if not active:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -48,21 +50,40 @@ class MetricsLogger:
             self._wandb = _init_wandb(Path(run_dir), cfg, config, run_name)
 
     def _truncate_after(self, iteration: int) -> None:
-        """Drop records past the resumed checkpoint (they are about to be recomputed)."""
+        """Drop records past the resumed checkpoint (they are about to be recomputed) and lines cut short by an
+        interrupted write (a full disk, a kill), said in one line."""
         if not self.path.exists():
             return
-        keep = [line for line in self.path.read_text().splitlines()
-                if line.strip() and json.loads(line).get("iteration", 0) <= iteration]
-        self.path.write_text("".join(line + "\n" for line in keep))
+        found = read_json_lines(self.path)
+        if found.bad_lines:
+            print(f"[train] {found.note(self.path)}", flush=True)
+        keep = [r for r in found.records if r.get("iteration", 0) <= iteration]
+        write_atomic(self.path, "".join(json.dumps(r) + "\n" for r in keep))
 
     def log(self, record: Dict[str, Any]) -> None:
         if not self.active:
             return
-        with open(self.path, "a") as f:
-            f.write(json.dumps(record) + "\n")
+        self._append(record)
         if self._wandb is not None:
             self._wandb.log({k: v for k, v in record.items() if isinstance(v, (int, float))},
                             step=record["iteration"])
+
+    def _append(self, record: Dict[str, Any]) -> None:
+        """One line of metrics.jsonl, whole or not at all: a failed write (a full disk) skips the record with one
+        line the first time, and says how many were skipped once writing works again (a resume from the last
+        checkpoint logs the lost iterations again)."""
+        try:
+            append_line(self.path, json.dumps(record))
+        except OSError as e:
+            if not self._skipped:
+                print(f"[train] cannot write {self.path} ({e.strerror or e}): skipping its records until it can be "
+                      f"written; the checkpoints are not affected", flush=True)
+            self._skipped.append(record.get("iteration"))
+            return
+        if self._skipped:
+            print(f"[train] {self.path} is writable again: {len(self._skipped)} record(s) were skipped (iterations "
+                  f"{self._skipped[0]}-{self._skipped[-1]})", flush=True)
+            self._skipped = []
 
     def close(self) -> None:
         if self._wandb is not None:

@@ -28,8 +28,10 @@ from cplm_megatron.experiments.records import (
     JobRecord,
     RecordError,
     read_job_record,
+    read_timing,
     write_job_record,
 )
+from cplm_megatron.training.durable_files import write_atomic
 
 PRETRAIN = "cplm_megatron.pretrain"
 EVALUATE = "cplm_megatron.evaluate"
@@ -162,8 +164,7 @@ class _JobClock:
 
     def __init__(self, run_dir: Path, key: str, interval: float = 30.0):
         self.path, self.key, self.interval = run_dir / TIMING, key, interval
-        record = json.loads(self.path.read_text()) if self.path.is_file() else {}
-        self.record = {"train_seconds": 0.0, "eval_seconds": 0.0, **record}
+        self.record = {"train_seconds": 0.0, "eval_seconds": 0.0, **(read_timing(self.path) or {})}
         self.record["attempts"] = int(self.record.get("attempts", 0)) + (key == "train_seconds")
         self.before = float(self.record[key])
         self.start = time.perf_counter()
@@ -182,9 +183,10 @@ class _JobClock:
     def write(self, complete: bool, seconds: float | None = None) -> None:
         self.record[self.key] = self.before + (self.seconds() if seconds is None else seconds)
         self.record["complete"] = complete
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.record) + "\n")
-        tmp.replace(self.path)
+        try:
+            write_atomic(self.path, json.dumps(self.record) + "\n")
+        except OSError:  # a full disk: the previous record stays whole; the next tick or the stop writes again
+            pass
 
     def stop(self, complete: bool = False) -> float:
         """Stop ticking, write the record; returns this attempt's seconds."""
@@ -248,7 +250,11 @@ class Launcher:
             run_dir.mkdir(parents=True, exist_ok=True)
             write_job_record(record_path, self.record(run))
         env = subprocess_env(self.threads)
-        clock = _JobClock(run_dir, "train_seconds")
+        try:
+            clock = _JobClock(run_dir, "train_seconds")
+        except RecordError as e:
+            result.error = str(e)
+            return result
         code = run_command(train_command(run, run_dir, self.processes), run_dir / "train.log", env, self.backend)
         result.train_seconds = clock.stop()
         if code != 0:
