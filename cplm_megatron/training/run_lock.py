@@ -1,8 +1,11 @@
-"""One run per run dir: RUN_DIR/run.lock, created exclusively (O_CREAT|O_EXCL, which shared filesystems
-honour), holding the holder's host, pid, job id and start time; its mtime is the heartbeat (touched every
-HEARTBEAT_S). A lock is stale when its holder is gone (the same SLURM job id: a requeued job's previous
-incarnation, on any node; same host: the pid is dead or is another process now; another host: no heartbeat for
-STALE_AFTER_S) and is then taken over; a live one refuses the launch.
+"""One run per run dir: RUN_DIR/run.lock, holding the holder's host, pid, job id and start time; its mtime is the
+heartbeat (touched every HEARTBEAT_S). The record is written whole to a file of this launch's own and then
+hard-linked to run.lock (link fails if run.lock exists, atomically, on local and shared filesystems), so a lock is
+never visible before its record is complete. A lock is stale when its holder is gone (the same SLURM job id: a
+requeued job's previous incarnation, on any node; same host: the pid is dead or is another process now; another
+host: no heartbeat for STALE_AFTER_S) and is then taken over; a live one refuses the launch. An empty or partial
+lock (a filesystem without hard links, where the lock is created and then written, or a writer that died
+mid-write) is live until it is STALE_AFTER_S old.
 """
 from __future__ import annotations
 
@@ -65,23 +68,47 @@ class RunLock:
 
     def acquire(self) -> Optional[str]:
         """Take the lock; returns a note when a stale one was taken over; raises ConfigError if a live run holds it."""
+        if self.path.is_dir() or (self.path.exists() and not self.path.is_file()):
+            raise ConfigError(f"{self.path} is not a lock file (a directory or a special file); remove it if no run "
+                              f"uses {self.path.parent}, then relaunch")
         self._created_dir = not self.path.parent.exists()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         note = None
         for _ in range(3):
             record = _holder_record()
-            try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
+            if not self._publish(record):
                 note = self._take_over_if_stale()
                 continue
-            with os.fdopen(fd, "w") as f:
-                json.dump(record, f)
             self._record = record
             self._thread = threading.Thread(target=self._beat, name="run-lock-heartbeat", daemon=True)
             self._thread.start()
             return note
         raise ConfigError(f"could not take {self.path}: other launches keep taking it; launch one run per run.dir")
+
+    def _publish(self, record: dict) -> bool:
+        """Make `record` the lock, complete from the moment it is visible (False: a lock exists)."""
+        text = json.dumps(record)
+        tmp = self.path.with_name(f"{LOCK_NAME}.{socket.gethostname()}.{os.getpid()}.tmp")
+        try:
+            with open(tmp, "w") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+            try:
+                os.link(tmp, self.path)
+                return True
+            except FileExistsError:
+                return False
+            except OSError:  # a filesystem without hard links: create exclusively, then write (see the module doc)
+                try:
+                    fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+                except FileExistsError:
+                    return False
+                with os.fdopen(fd, "w") as f:
+                    f.write(text)
+                return True
+        finally:
+            tmp.unlink(missing_ok=True)
 
     def _take_over_if_stale(self) -> str:
         try:
@@ -92,7 +119,14 @@ class RunLock:
             record = json.loads(text)
         except ValueError:
             record = {}
-        reason = _stale_reason(record, age) if record else "it is unreadable"
+        if not isinstance(record, dict):
+            record = {}
+        if not record and age <= STALE_AFTER_S:
+            raise ConfigError(
+                f"{self.path} is {'empty' if not text.strip() else 'partial'} and {age:.0f} s old: another launch may "
+                f"be writing it; wait for it, or choose another run.dir (a lock without a record is taken over "
+                f"once it is {STALE_AFTER_S:.0f} s old)")
+        reason = _stale_reason(record, age) if record else f"it holds no record and is {age:.0f} s old"
         if reason is None:
             raise ConfigError(
                 f"run.dir {self.path.parent} is in use by a live run (host {record.get('host')}, pid "

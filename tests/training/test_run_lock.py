@@ -69,6 +69,74 @@ def test_a_requeued_slurm_job_takes_over_its_previous_incarnations_lock_at_once(
     lock.release()
 
 
+class _SlowJson:
+    """json for run_lock with a 2 s pause in writing the record (as a loaded filesystem or a descheduled process
+    gives): the window in which a lock created before its record is complete was taken over as unreadable."""
+
+    loads = staticmethod(json.loads)
+
+    @staticmethod
+    def dump(*args, **kwargs):
+        time.sleep(2)
+        return json.dump(*args, **kwargs)
+
+    @staticmethod
+    def dumps(*args, **kwargs):
+        time.sleep(2)
+        return json.dumps(*args, **kwargs)
+
+
+def _take(run_dir: str, slow: bool, results) -> None:
+    """In a forked process: try to take the lock (its record written slowly if `slow`), report, hold it 4 s."""
+    if slow:
+        run_lock.json = _SlowJson
+    lock = RunLock(run_dir)
+    try:
+        lock.acquire()
+        results.put(("held", os.getpid()))
+    except ConfigError as e:
+        results.put(("refused", str(e)))
+        return
+    time.sleep(4)
+    lock.release()
+
+
+def test_a_lock_whose_record_is_still_being_written_is_not_taken_over(tmp_path):
+    """Two launches, the first one's record delayed 2 s: exactly one holds the lock (both did: issue 43 item 4)."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    results = ctx.Queue()
+    first = ctx.Process(target=_take, args=(str(tmp_path / "run"), True, results))
+    first.start()
+    time.sleep(0.5)
+    second = ctx.Process(target=_take, args=(str(tmp_path / "run"), False, results))
+    second.start()
+    outcomes = sorted([results.get(timeout=30), results.get(timeout=30)])
+    for p in (first, second):
+        p.join(timeout=30)
+    assert [o[0] for o in outcomes] == ["held", "refused"], outcomes
+    assert f"in use by a live run (host {os.uname().nodename}, pid {outcomes[0][1]}" in outcomes[1][1]
+
+
+def test_an_empty_lock_is_live_until_it_is_old_and_a_directory_is_one_line(tmp_path):
+    path = tmp_path / run_lock.LOCK_NAME
+    path.write_text("")
+    with pytest.raises(ConfigError, match=r"run.lock is empty and \d+ s old: another launch may be writing it"):
+        RunLock(tmp_path).acquire()
+    path.write_text('{"host": "node-1", "pi')
+    with pytest.raises(ConfigError, match=r"run.lock is partial"):
+        RunLock(tmp_path).acquire()
+    old = time.time() - run_lock.STALE_AFTER_S - 5
+    os.utime(path, (old, old))
+    lock = RunLock(tmp_path)
+    assert "it holds no record and is" in lock.acquire()
+    lock.release()
+    path.mkdir()
+    with pytest.raises(ConfigError, match=rf"{path} is not a lock file \(a directory or a special file\); remove it"):
+        RunLock(tmp_path).acquire()
+
+
 def test_a_refused_launch_leaves_no_new_run_dir(tmp_path):
     lock = RunLock(tmp_path / "new")
     lock.acquire()
