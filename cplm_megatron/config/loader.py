@@ -163,7 +163,7 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
             as_float = float(value)
         except (TypeError, ValueError):
             raise ConfigError(f"{key}: expected an integer, got {value!r}") from None
-        if as_float != int(as_float):
+        if as_float in (float("inf"), float("-inf")) or as_float != as_float or as_float != int(as_float):
             raise ConfigError(f"{key}: expected an integer, got {value!r}")
         return int(as_float)
     if tp is float:
