@@ -6,8 +6,10 @@ Unknown keys and invalid combinations are `ConfigError`s that name the key.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Literal, Optional, Sequence
@@ -153,6 +155,7 @@ class RunConfig:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
 
     def validate(self) -> None:
+        check_finite(self)
         if self.train.seq_len > self.model.max_position_embeddings:
             raise ConfigError(
                 f"train.seq_len={self.train.seq_len} exceeds model.max_position_embeddings="
@@ -178,6 +181,24 @@ class RunConfig:
     def hash(self) -> str:
         """Short hash of the resolved config (for scaling-study records)."""
         return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:12]
+
+
+def check_finite(section: Any, prefix: str = "") -> None:
+    """Every number of a config (dataclasses, lists and dicts of them) is finite: `.inf` or `.nan` in a recipe or
+    an override is a ConfigError naming the key (a learning rate of inf trained NaN weights and exited 0)."""
+    if dataclasses.is_dataclass(section):
+        items = [(f.name, getattr(section, f.name)) for f in dataclasses.fields(section)]
+    elif isinstance(section, dict):
+        items = list(section.items())
+    elif isinstance(section, (list, tuple)):
+        items = [(str(i), v) for i, v in enumerate(section)]
+    else:
+        return
+    for name, value in items:
+        key = f"{prefix}.{name}" if prefix else str(name)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ConfigError(f"{key} must be a finite number, got {value}")
+        check_finite(value, key)
 
 
 def _check_batch_keys(tree: Dict[str, Any]) -> None:

@@ -44,6 +44,12 @@ def test_unknown_key_names_key_and_suggests():
     ("parallel.sp=true", r"parallel\.sp=true needs parallel\.tp >= 2"),
     ("data.seq_len=128", r"data\.seq_len is set by train\.seq_len"),
     ("train.global_batch=6", r"train\.global_batch=6 is not a multiple of train\.micro_batch=4"),
+    # every number finite (issue 43 item 8: train.lr=inf trained NaN weights and exited 0)
+    ("train.lr=inf", r"^train\.lr must be a finite number, got inf$"),
+    ("optimizer.clip_grad=nan", r"^optimizer\.clip_grad must be a finite number, got nan$"),
+    ("model.rope_theta=.inf", r"^model\.rope_theta must be a finite number, got inf$"),
+    ("copy_head.lm_loss_weight=inf", r"^copy_head\.lm_loss_weight must be a finite number, got inf$"),
+    ("data.seed=nan", r"^data\.seed: expected an integer, got 'nan'$"),
 ])
 def test_bad_values_are_errors_naming_the_key(override, message):
     with pytest.raises(ConfigError, match=message):
