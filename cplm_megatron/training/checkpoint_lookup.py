@@ -4,7 +4,8 @@ Layout (written by `cplm_megatron.training.checkpointing`) under a checkpoint ro
 
     iter_0000100/   metadata.json, .metadata and *.distcp (torch_dist), common.pt (megatron-core 0.16;
                     0.19 keeps the common state in the torch_dist files), and last
-                    cplm_state.json, which marks the save as finished (a "committed" checkpoint)
+                    cplm_state.json, which marks the save as finished (a "committed" checkpoint) and records
+                    every other file's size and checksum (`content_damage` compares them)
     latest          "iter_0000100", moved only after every rank finished a save
     latest.trainer  the name the trainer last wrote to `latest` (written right after it): a `latest` that
                     points older than this was moved back by a person (a rollback); a `latest` equal to it
@@ -106,6 +107,9 @@ class CheckpointRecord:
     layout: Dict[str, int] = field(default_factory=lambda: {"tp": 1, "pp": 1, "dp": 1, "cp": 1})
     has_optimizer: bool = True  # false: weights only (converted or exported)
     version: int = CHECKPOINT_RECORD_VERSION
+    # {file name: {"bytes": size, CHECKSUM_ALGORITHM: hex digest}} of every other file of the checkpoint, computed
+    # from the files on disk when the save committed; None in records written before checksums were kept
+    files: Optional[Dict[str, Dict[str, Any]]] = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2)
@@ -136,10 +140,68 @@ def read_record(path: Path) -> CheckpointRecord:
     if not isinstance(layout, dict) or not all(isinstance(layout.get(k), int) for k in ("tp", "pp", "dp")):
         raise CheckpointError(f"checkpoint {path}: {STATE_JSON} has no layout (tp, pp, dp); it was not written by "
                               f"cplm_megatron's trainer")
+    files = data.get("files")
+    if files is not None and not (isinstance(files, dict) and all(
+            isinstance(v, dict) and isinstance(v.get("bytes"), int) and isinstance(v.get(CHECKSUM_ALGORITHM), str)
+            for v in files.values())):
+        raise CheckpointError(f"checkpoint {path}: {STATE_JSON} has a garbled file list (files: name -> bytes and "
+                              f"{CHECKSUM_ALGORITHM})")
     known = {f.name for f in fields(CheckpointRecord)}
     return CheckpointRecord(**{**{k: v for k, v in data.items() if k in known},
                                "layout": {k: int(layout.get(k, 1)) for k in LAYOUT_KEYS},
                                "version": CHECKPOINT_RECORD_VERSION})
+
+
+CHECKSUM_ALGORITHM = "xxh3_128"  # xxhash's 128-bit XXH3: ~10 GB/s per core, detects any flipped bits
+_CHUNK = 16 << 20
+
+
+def file_checksum(path: Path) -> str:
+    """The CHECKSUM_ALGORITHM digest of a file, read in 16 MiB chunks."""
+    import xxhash
+
+    digest, buffer = xxhash.xxh3_128(), bytearray(_CHUNK)
+    view = memoryview(buffer)
+    with open(path, "rb", buffering=0) as f:
+        while True:
+            n = f.readinto(buffer)
+            if not n:
+                return digest.hexdigest()
+            digest.update(view[:n])
+
+
+def checksum_files(path: Path, names: List[str]) -> Dict[str, Dict[str, Any]]:
+    """{name: {"bytes": size, CHECKSUM_ALGORITHM: digest}} of the files `names` of the checkpoint `path`."""
+    return {name: {"bytes": (Path(path) / name).stat().st_size, CHECKSUM_ALGORITHM: file_checksum(Path(path) / name)}
+            for name in names}
+
+
+def checkpoint_files(path: Path) -> List[str]:
+    """The files a checkpoint's checksums cover: every file in it but the record itself and temporaries, sorted."""
+    return sorted(p.name for p in Path(path).iterdir()
+                  if p.is_file() and p.name != STATE_JSON and not p.name.endswith(".tmp"))
+
+
+def content_damage(path: Path, record: CheckpointRecord, names: Optional[List[str]] = None) -> List[str]:
+    """The recorded files of checkpoint `path` (all, or those in `names`) that are missing or differ from the
+    checksums recorded when it was saved (empty: intact, or saved before checksums were kept)."""
+    if record.files is None:
+        return []
+    problems = []
+    for name in sorted(record.files) if names is None else names:
+        expected, file = record.files[name], Path(path) / name
+        if not file.is_file():
+            problems.append(f"{name} is missing")
+        elif file.stat().st_size != expected["bytes"]:
+            problems.append(f"{name} has {file.stat().st_size} bytes, {expected['bytes']} when saved")
+        elif file_checksum(file) != expected[CHECKSUM_ALGORITHM]:
+            problems.append(f"{name} differs from its checksum ({CHECKSUM_ALGORITHM}) recorded when it was saved")
+    return problems
+
+
+def is_intact(path: Path) -> bool:
+    """Whether a committed checkpoint is complete and its files match their recorded checksums (reads them all)."""
+    return not checkpoint_damage(path) and not content_damage(path, read_record(path))
 
 
 def _index_problems(path: Path) -> tuple[List[str], bool]:
@@ -176,7 +238,11 @@ def checkpoint_damage(path: Path) -> List[str]:
         problems.append(f"{STATE_JSON} is missing (the save never finished)")
     else:
         try:
-            read_record(path)
+            record = read_record(path)
+            named = iteration_of(path)
+            if named is not None and record.iteration != named:
+                problems.append(f"{STATE_JSON} says iteration {record.iteration}, its directory name iteration "
+                                f"{named} (renamed or copied over)")
         except CheckpointError as e:
             problems.append(str(e).split(": ", 1)[1])
     try:
@@ -198,14 +264,32 @@ def checkpoint_damage(path: Path) -> List[str]:
     return problems
 
 
-def _previous_complete(root: Path, before: Optional[int]) -> Optional[Path]:
-    """The newest committed, undamaged checkpoint older than iteration `before` (any, if None)."""
+def _previous_complete(root: Path, before: Optional[int], contents: bool = False) -> Optional[Path]:
+    """The newest committed, undamaged checkpoint older than iteration `before` (any, if None); `contents`: whose
+    files also match their checksums (reads them)."""
     for candidate in reversed(list_checkpoints(root)):
         if before is not None and iteration_of(candidate) >= before:
             continue
-        if not checkpoint_damage(candidate):
+        if (is_intact(candidate) if contents else not checkpoint_damage(candidate)):
             return candidate
     return None
+
+
+def damaged_contents_message(path: Path, problems: List[str]) -> str:
+    """The one line refusing checkpoint `path` whose files differ from their checksums: what differs, and the
+    previous intact checkpoint with the command that resumes from it (its files are read to check them)."""
+    path = Path(path)
+    root = path.parent
+    previous = _previous_complete(root, iteration_of(path), contents=True)
+    if previous is None:
+        fix = (f"no older intact checkpoint exists under {root}: restore the files from a copy, or start over with "
+               f"--set checkpoint.resume=false checkpoint.overwrite=true (deletes {root})")
+    elif (root / LATEST).is_file():
+        fix = (f"the previous intact checkpoint is {previous.name}: resume from it with echo {previous.name} > "
+               f"{root / LATEST} (the damaged one is then kept aside, not deleted)")
+    else:
+        fix = f"the previous intact checkpoint is {previous}: load that one instead"
+    return f"checkpoint {path} is damaged: {'; '.join(problems)}; {fix}"
 
 
 def newest_complete(root: Path, other_than: Optional[int] = None) -> Optional[Path]:

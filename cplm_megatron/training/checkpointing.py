@@ -4,7 +4,8 @@ Layout under `<run.dir>/checkpoints/`:
 
     iter_0000100/      model + optimizer (+ rng, when the layout matches) sharded tensors,
                        common state (iteration, consumed tokens, scheduler, data loader, config)
-    iter_0000100/cplm_state.json   the same scalars + saving layout, readable without torch (a versioned
+    iter_0000100/cplm_state.json   the same scalars + saving layout + the size and xxh3-128 checksum of every
+                                   other file, readable without torch (a versioned
                                    `checkpoint_lookup.CheckpointRecord`, written last: it commits the save)
     latest             "iter_0000100", written (atomically, by rank 0) only after every rank
                        finished writing; auto-resume reads it
@@ -12,8 +13,12 @@ Layout under `<run.dir>/checkpoints/`:
                        `latest` back) from a crash between the commit and the move (`resume`)
 
 A crash during a save leaves `latest` on the previous complete checkpoint; the partial directory is
-removed by the next successful save. Pruning (keep the newest `keep`) only ever deletes checkpoints of this
-run's own history: the ones this launch wrote and the ones up to the checkpoint it resumed from. Model and
+removed by the next successful save. The checksums are computed from the files on disk when a save commits (every
+rank reads its share) and checked before a checkpoint is loaded (`load`): a file changed since (a flipped bit, a
+bad disk, a partial copy) is a CheckpointError naming the previous intact checkpoint. Pruning (keep the newest
+`keep`) only ever deletes checkpoints of this run's own history: the ones this launch wrote and the ones up to the
+checkpoint it resumed from (checked when loaded), and never the one just committed, so the newest intact
+checkpoint is kept while anything newer is unchecked. Model and
 optimizer states reshard to any TP/PP/DP layout (optimizer: Megatron's `fully_reshardable` format); RNG
 states are restored only under the saving layout. Finding and checking checkpoints on disk:
 `checkpoint_lookup`.
@@ -23,6 +28,7 @@ from __future__ import annotations
 import os
 import random
 import shutil
+import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +44,10 @@ from cplm_megatron.training.checkpoint_lookup import (
     STATE_JSON,
     TRAINER_LATEST,
     CheckpointRecord,
+    checkpoint_files,
+    checksum_files,
+    content_damage,
+    damaged_contents_message,
     iter_dir_name,
     iteration_of,
     list_checkpoints,
@@ -218,14 +228,17 @@ class Checkpointer:
 
     def _finalize(self, target: Path, train_state: TrainState, has_optimizer: bool) -> None:
         dist.barrier()  # every rank's shards (and rank 0's metadata) are on disk
+        start = time.perf_counter()
+        files = _checksums(target)
         if dist.get_rank() == 0:
-            record = CheckpointRecord(**vars(train_state), layout=_layout(), has_optimizer=has_optimizer)
+            record = CheckpointRecord(**vars(train_state), layout=_layout(), has_optimizer=has_optimizer, files=files)
             _atomic_write(target / STATE_JSON, record.to_json())
             _atomic_write(self.root / LATEST, target.name + "\n")
             _atomic_write(self.root / TRAINER_LATEST, target.name + "\n")  # after: see checkpoint_lookup
             self._own.add(target.name)
             self._prune(keep_name=target.name)
-            self.log(f"[checkpoint] saved {target} (iteration {train_state.iteration})")
+            self.log(f"[checkpoint] saved {target} (iteration {train_state.iteration}); checksums of {len(files)} "
+                     f"files in {time.perf_counter() - start:.2f} s")
         dist.barrier()
 
     def _prune(self, keep_name: str) -> None:
@@ -293,8 +306,6 @@ class Checkpointer:
         """Block until every in-flight async save is finalized."""
         if self._queue is None or self._broken:
             return
-        import time
-
         while self._check_writers():  # poll (collectively), so a writer that dies is noticed
             time.sleep(0.05)
         self._finalize_finished(blocking=True)
@@ -333,6 +344,7 @@ class Checkpointer:
         from torch.distributed.checkpoint.api import CheckpointException
 
         record = read_record(path)
+        _verify_contents(path, record)
         if load_optimizer and optimizer is not None and not record.has_optimizer:
             raise CheckpointError(
                 f"checkpoint {path} holds weights only (converted or exported), no optimizer state; "
@@ -364,6 +376,32 @@ class Checkpointer:
         return {"train_state": ts, "data": loaded.get("data") if load_optimizer else None,
                 "config": loaded.get("config"), "same_layout": same_layout, "saved_layout": saved,
                 "layout": layout}
+
+
+def _checksums(target: Path) -> Dict[str, Dict[str, Any]]:
+    """Collective: the checksums of a saved checkpoint's files (every rank reads its share of them); rank 0 gets
+    them all, the other ranks an empty dict."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    names = [checkpoint_files(target) if rank == 0 else None]
+    dist.broadcast_object_list(names, src=0)
+    mine = checksum_files(target, names[0][rank::world])
+    gathered = [None] * world if rank == 0 else None
+    dist.gather_object(mine, gathered, dst=0)
+    return {name: entry for part in gathered or [] for name, entry in part.items()}
+
+
+def _verify_contents(path: Path, record: CheckpointRecord) -> None:
+    """Collective: every rank checks its share of the checkpoint's files against the checksums recorded when it was
+    saved; a difference anywhere is one CheckpointError on every rank, naming the previous intact checkpoint."""
+    names = sorted(record.files or {})
+    rank, world = dist.get_rank(), dist.get_world_size()
+    found = [None] * world
+    dist.all_gather_object(found, content_damage(path, record, names[rank::world]))
+    problems = sorted(p for part in found for p in part)
+    if problems:
+        message = [damaged_contents_message(Path(path), problems) if rank == 0 else None]
+        dist.broadcast_object_list(message, src=0)
+        raise CheckpointError(message[0])
 
 
 def read_latest_name(root: Path) -> Optional[str]:

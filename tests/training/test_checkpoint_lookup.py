@@ -11,7 +11,11 @@ from cplm_megatron.errors import CheckpointError
 from cplm_megatron.training.checkpoint_lookup import (
     CheckpointRecord,
     all_checkpoints,
+    checkpoint_files,
+    content_damage,
+    damaged_contents_message,
     find_checkpoint,
+    is_intact,
     list_checkpoints,
     read_latest,
     read_record,
@@ -32,6 +36,9 @@ pytestmark = pytest.mark.mcore  # the outcome depends on megatron-core (both CI 
 @pytest.fixture(scope="module")
 def saved_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A run dir with committed checkpoints at iterations 1, 2, 3 (`latest` -> iter_0000003)."""
+    from cplm_megatron.parallel.cpu_compat import apply_compat
+
+    apply_compat()  # a module fixture runs before the suite's per-test one (tests/conftest.py) when run alone
     run = tmp_path_factory.mktemp("lookup") / "run"
     write_checkpoints(tiny_config(run), [1, 2, 3])
     return run
@@ -100,8 +107,11 @@ FIX = r"point latest at the previous complete checkpoint: echo iter_0000002 > \S
     (lambda it: (it / ".metadata").unlink(), r"\.metadata \(the tensor index\) is missing"),
     (lambda it: (it / ".metadata").write_bytes(b"garbage"), r"\.metadata \(the tensor index\) is unreadable"),
     (lambda it: (it / "cplm_state.json").write_text("{"), r"cplm_state\.json is unreadable"),
+    # a record copied from another checkpoint: resuming from it set aside the checkpoint it resumed from (issue 43)
+    (lambda it: (it / "cplm_state.json").write_text((it / "cplm_state.json").read_text().replace(
+        '"iteration": 3', '"iteration": 7')), r"cplm_state\.json says iteration 7, its directory name iteration 3"),
 ], ids=["missing-shard", "truncated-shard", "missing-common", "missing-metadata", "missing-index", "garbled-index",
-        "garbled-record"])
+        "garbled-record", "record-of-another-iteration"])
 def test_a_damaged_latest_checkpoint_names_what_is_missing_and_the_fix(run: Path, damage, what: str) -> None:
     damage(run / "checkpoints" / "iter_0000003")
     for lookup in (lambda: find_checkpoint(run / "checkpoints"), lambda: resolve_checkpoint(run)):
@@ -159,3 +169,24 @@ def test_the_checkpoint_record_has_one_reader_and_a_version(tmp_path: Path) -> N
     (tmp_path / "cplm_state.json").write_text('{"iteration": 4}')
     with pytest.raises(CheckpointError, match=r"cplm_state\.json has no layout \(tp, pp, dp\)"):
         read_record(tmp_path)
+
+
+def test_checksums_name_a_changed_file_and_the_previous_intact_checkpoint(run: Path) -> None:
+    """Every file's size and xxh3-128 checksum is recorded when a save commits: a flipped byte (same size, the
+    structure intact: the torch_dist reader loads it without a word) is found, and the refusal names the newest older
+    checkpoint whose files match, skipping one that is damaged too."""
+    root = run / "checkpoints"
+    for it in (2, 3):
+        shard = shards(root / f"iter_{it:07d}")[0]
+        data = bytearray(shard.read_bytes())
+        data[len(data) // 2] ^= 0x01
+        shard.write_bytes(bytes(data))
+    record = read_record(root / "iter_0000003")
+    assert set(record.files) == set(checkpoint_files(root / "iter_0000003")) and "cplm_state.json" not in record.files
+    assert resolve_checkpoint(run).iteration == 3  # the structure is intact: only the checksums tell
+    problems = content_damage(root / "iter_0000003", record)
+    assert problems == ["__0_0.distcp differs from its checksum (xxh3_128) recorded when it was saved"]
+    assert damaged_contents_message(root / "iter_0000003", problems) == (
+        f"checkpoint {root}/iter_0000003 is damaged: {problems[0]}; the previous intact checkpoint is iter_0000001: "
+        f"resume from it with echo iter_0000001 > {root}/latest (the damaged one is then kept aside, not deleted)")
+    assert is_intact(root / "iter_0000001") and not is_intact(root / "iter_0000002")
