@@ -6,6 +6,7 @@ row end the run (`NonFiniteGuard`).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -25,19 +26,43 @@ class Cadence:
         return bool(self.interval and iteration % self.interval == 0) or iteration == self.also_at
 
 
+# 16-bit loss scaling starts at 2**32 and halves after every second overflow (megatron-core's DynamicGradScaler,
+# hysteresis 2): ~2 x 32 overflows in a row reach a scale of 1, past which more overflows mean the gradients overflow
+# fp16 whatever the scale.
+MAX_OVERFLOWS_IN_A_ROW = 70
+
+
 @dataclass
 class NonFiniteGuard:
-    """Counts skipped steps in a row (a non-finite loss, or a 16-bit loss-scale overflow); `max_in_a_row` of
-    them end the run with NonFiniteLossError."""
+    """Counts skipped steps in a row: a non-finite loss (`max_in_a_row` of them end the run with
+    NonFiniteLossError), or, with a finite loss, a 16-bit loss-scale overflow (the scaler lowers its scale and the
+    step is retried: its warm-up skips ~26 steps from the initial scale; MAX_OVERFLOWS_IN_A_ROW end the run)."""
 
     max_in_a_row: int
     in_a_row: int = 0
+    overflows: int = 0
 
-    def observe(self, iteration: int, skipped: bool, loss: float) -> Optional[str]:
-        """After each step: None for a step taken, else the line to print (raises at the limit)."""
+    def observe(self, iteration: int, skipped: bool, loss: float, loss_scale: Optional[float] = None) -> Optional[str]:
+        """After each step: None for a step taken (or an overflow after the first of a run of them), else the line to
+        print (raises at the limits)."""
         if not skipped:
-            self.in_a_row = 0
+            settled, self.in_a_row, self.overflows = self.overflows, 0, 0
+            if settled:
+                return (f"[train] iteration {iteration}: step taken at loss scale {_scale(loss_scale)} after {settled} "
+                        f"skipped for gradient overflow")
             return None
+        if math.isfinite(loss):
+            self.overflows += 1
+            if self.overflows >= MAX_OVERFLOWS_IN_A_ROW:
+                raise NonFiniteLossError(
+                    f"the gradients overflowed 16-bit floats for {self.overflows} consecutive steps (loss {loss:.4g}, "
+                    f"loss scale now {_scale(loss_scale)}; last at iteration {iteration}): use precision.dtype=bf16, "
+                    f"or lower optimizer.lr. Checkpoints on disk are from before the failure.")
+            if self.overflows > 1:
+                return None
+            return (f"[train] iteration {iteration}: gradients overflowed fp16 at loss scale {_scale(loss_scale)} "
+                    f"(loss {loss:.4f} is finite): step skipped, the loss scale is lowered and the next steps retry "
+                    f"(the scaler's warm-up skips a few dozen steps; said again when a step is taken)")
         self.in_a_row += 1
         if self.in_a_row >= self.max_in_a_row:
             raise NonFiniteLossError(
@@ -46,6 +71,10 @@ class NonFiniteGuard:
                 f"before the failure."
             )
         return f"[train] iteration {iteration}: non-finite loss ({loss}), step skipped ({self.in_a_row} in a row)"
+
+
+def _scale(loss_scale: Optional[float]) -> str:
+    return "?" if loss_scale is None else f"{loss_scale:g}"
 
 
 @dataclass

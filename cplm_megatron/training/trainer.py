@@ -231,7 +231,8 @@ class Trainer:
                 self.state.consumed_tokens += t.global_batch * t.seq_len
                 it = self.state.iteration
                 self.state.skipped_steps += int(result.skipped)
-                note = guard.observe(it, result.skipped, result.metrics["loss"])
+                scale = _loss_scale(self.optimizer) if result.skipped or guard.overflows else None  # no sync per step
+                note = guard.observe(it, result.skipped, result.metrics["loss"], scale)
                 if note:
                     rank0_print(note)
                 if log_due.due(it):
@@ -345,6 +346,14 @@ def resolve_lm_head_loss(cfg: RunConfig, dp: int, local_processes: int) -> tuple
                                  4 if cfg.precision.dtype == "fp32" else 2, have, device, cuda,
                                  fits=lambda path: memory_needed(with_path(path), dp) <= have)
     return with_path(choice.path), f"[train] model.lm_head_loss=auto -> {choice.path}: {choice.reason}"
+
+
+def _loss_scale(optimizer) -> Optional[float]:
+    """The optimizer's current 16-bit loss scale (1 without scaling; None if it has none)."""
+    try:
+        return float(optimizer.get_loss_scale())
+    except (AttributeError, TypeError, RuntimeError):
+        return None
 
 
 def _tree_bytes(path: Path) -> float:

@@ -26,6 +26,26 @@ def test_non_finite_guard_counts_skipped_steps_in_a_row_and_stops_at_the_limit()
         guard.observe(7, True, math.nan)
 
 
+def test_fp16_loss_scale_overflows_are_not_non_finite_losses():
+    """The loss scaler's warm-up skips ~26 steps with a finite loss (issue 43 item 8: every fp16 run stopped at
+    iteration 5 saying 'non-finite loss (15.37)'): said once with the scale, again when a step is taken; a
+    scaler that never settles ends the run naming bf16."""
+    guard = NonFiniteGuard(max_in_a_row=3)
+    first = guard.observe(1, True, 15.37, loss_scale=2.0**32)
+    assert first.startswith("[train] iteration 1: gradients overflowed fp16 at loss scale 4.29497e+09 (loss 15.3700 "
+                            "is finite): step skipped, the loss scale is lowered")
+    assert all(guard.observe(i, True, 15.0, loss_scale=2.0**(32 - i // 2)) is None for i in range(2, 27))
+    assert guard.in_a_row == 0 and guard.overflows == 26
+    assert guard.observe(27, False, 14.9, loss_scale=2.0**19) == ("[train] iteration 27: step taken at loss scale "
+                                                                   "524288 after 26 skipped for gradient overflow")
+    assert "(1 in a row)" in guard.observe(28, True, math.nan)  # a non-finite loss is still counted as one
+    assert guard.observe(29, True, 3.0, 1.0).startswith("[train] iteration 29: gradients overflowed")
+    with pytest.raises(NonFiniteLossError, match=r"overflowed 16-bit floats for 70 consecutive steps .* use "
+                                                 r"precision.dtype=bf16"):
+        for i in range(30, 100):
+            guard.observe(i, True, 3.0, 1.0)
+
+
 def test_stop_policy_checkpoints_on_interval_and_on_every_early_stop():
     policy = StopPolicy(checkpoint_interval=5, exit_after_iters=None, launch_start=0)
     assert [i for i in range(1, 12) if policy.save_due(i, stopping=False)] == [5, 10]

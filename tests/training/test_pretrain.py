@@ -174,6 +174,19 @@ def test_nonfinite_losses_are_skipped_then_abort(stdlib_corpus, tmp_path):
     assert read_latest(run_dir / "checkpoints") is None  # nothing saved from the diverged state
 
 
+def test_fp16_trains_through_the_loss_scalers_warm_up(tmp_path):
+    """fp16: the loss scaler skips ~20-30 steps from its initial scale (2**32) with finite losses; they are said to be
+    overflows and not counted as non-finite losses (every fp16 run exited 1 at iteration 5 before)."""
+    proc = pu.run(1, [f"run.dir={tmp_path / 'run'}", "precision.dtype=fp16", "data.synthetic=copy", "train.iters=30",
+                      "model.vocab_size=256", "train.seq_len=64", "train.micro_batch=2", "train.global_batch=2",
+                      "train.log_interval=5", "train.eval_interval=0", "logging.wandb=false",
+                      "checkpoint.enabled=false"])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "[train] iteration 1: gradients overflowed fp16 at loss scale 4.29497e+09" in proc.stdout
+    assert "step taken at loss scale" in proc.stdout and "non-finite loss" not in proc.stdout
+    assert "[train] done: 30 iterations" in proc.stdout
+
+
 @pytest.mark.mcore_latest  # end-to-end training and resume on the newest megatron-core too
 def test_bf16_tp2_saves_and_resumes(tmp_path):
     """Mixed precision (bf16 params, fp32 main params/grads): save at TP=2, resume, keep learning."""
@@ -261,13 +274,25 @@ def test_changed_model_is_refused_and_schedule_changes_take_effect(stdlib_corpus
     assert lr[10] == pytest.approx(peak, rel=1e-12) and reference_lr[10] < peak
 
 
-@pytest.mark.parametrize("damage, what", [("__0_0.distcp", "shard file __0_0.distcp is missing"),
-                                          ("common.pt", "common.pt (iteration, scheduler, data position, config) "
-                                                        "is missing")], ids=["shard", "common"])
+@pytest.mark.parametrize("damage, what", [
+    ("__0_0.distcp", "shard file __0_0.distcp is missing"),
+    ("common.pt", "common.pt (iteration, scheduler, data position, config) is missing"),
+    ("flip:__0_0.distcp", "__0_0.distcp differs from its checksum (xxh3_128) recorded when it was saved"),
+], ids=["shard", "common", "flipped-bytes"])
 def test_damaged_checkpoint_names_the_fix_and_the_fix_works(stdlib_corpus, tmp_path, stopped_at_4, reference,
                                                             damage, what):
+    """A missing file, or 4 KiB flipped inside a shard (loaded without a word before its checksums were kept: the
+    resumed losses differed and pruning then deleted the last intact checkpoint): one line naming the previous
+    intact checkpoint; following it resumes exactly and keeps the damaged one aside."""
     run_dir = copy_run(stopped_at_4, tmp_path)
-    (run_dir / "checkpoints" / "iter_0000004" / damage).unlink()
+    target = run_dir / "checkpoints" / "iter_0000004" / damage.removeprefix("flip:")
+    if damage.startswith("flip:"):
+        data = bytearray(target.read_bytes())
+        middle = len(data) // 2
+        data[middle:middle + 4096] = bytes(b ^ 0xFF for b in data[middle:middle + 4096])
+        target.write_bytes(bytes(data))
+    else:
+        target.unlink()
     overrides = pu.tiny_overrides(stdlib_corpus, run_dir, ITERS)
     damaged = pu.run(1, overrides)
     fix = f"echo iter_0000003 > {run_dir}/checkpoints/latest"
