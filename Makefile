@@ -6,7 +6,7 @@
 #   make test-mcore-latest  a second venv (.venv-mcore-latest) with the newest tested megatron-core, and
 #                           the megatron-core tests selected for it (pytest marker `mcore_latest`) on it
 #   make demo               setup + the end-to-end demo (corpus, TP=2 training, eval vs baseline, HF export)
-#   make gpu-dry-run OUT=DIR [STEPS=a,b]  the GPU check (benchmarks/gpu/run_gpu_checks.sh) at tiny sizes on CPU,
+#   make gpu-dry-run OUT=DIR [STEPS=a,b | GROUP=g]  the GPU check (benchmarks/gpu/run_gpu_checks.sh) at tiny sizes on CPU,
 #                           as the GPU machine sees it: .venv-gpu-image (only the GPU image's packages, CPU torch)
 #                           + the carried wheels (megatron-core 0.19.2's cp311 wheel, the project's own wheel)
 #                           installed by the script's install step; nothing editable; bf16, SDPA -> DIR
@@ -81,6 +81,7 @@ GPU_IMAGE_VENV ?= .venv-gpu-image
 GPU_IMAGE_STAMP := $(GPU_IMAGE_VENV)/.cplm-image-stamp
 GPU_IMAGE_PACKAGES := torch==2.13.0 triton transformers numpy pyyaml psutil packaging einops typing-extensions
 STEPS ?=
+GROUP ?=
 gpu-image-env: $(GPU_IMAGE_STAMP)
 
 $(GPU_IMAGE_STAMP): requirements/constraints-cpu.txt
@@ -90,10 +91,10 @@ $(GPU_IMAGE_STAMP): requirements/constraints-cpu.txt
 	@echo "[gpu-image-env] $(@D): $(GPU_IMAGE_PACKAGES)"
 
 gpu-dry-run: $(GPU_IMAGE_STAMP)
-	@test -n "$(OUT)" || { echo "usage: make gpu-dry-run OUT=DIR [STEPS=a,b]" >&2; exit 2; }
+	@test -n "$(OUT)" || { echo "usage: make gpu-dry-run OUT=DIR [STEPS=a,b | GROUP=check|perf|study]" >&2; exit 2; }
 	WHEEL_DIR=$(GPU_IMAGE_VENV)/wheels WHEEL_PYTHON_VERSION=3.11 bash benchmarks/gpu/prepare_wheels.sh
 	OUT="$(OUT)" PYTHON=$(GPU_IMAGE_VENV)/bin/python WHEEL_DIR=$(GPU_IMAGE_VENV)/wheels OMP_NUM_THREADS=1 \
-	  bash benchmarks/gpu/run_gpu_checks.sh --cpu-dry-run $(if $(STEPS),--steps $(STEPS))
+	  bash benchmarks/gpu/run_gpu_checks.sh --cpu-dry-run $(if $(STEPS),--steps $(STEPS)) $(if $(GROUP),--group $(GROUP))
 
 lint: setup
 	$(BIN)/ruff check cplm_megatron cplm_kernels pretrain tools tests benchmarks

@@ -8,11 +8,12 @@ figures of the README's GPU table.
 
 WORK_DIR holds the steps' files: plan.tsv (the planned steps and budgets, in order), steps.tsv (name, budget,
 exit code or "interrupted", seconds; one row as each step ends), env.json, compat.json, kernel_check.json,
-copy_kernel.json, train_<slot>_<variant>_<loss>.json + .yaml + .metrics.jsonl (the trainer's run_record.json, or
-run_record_stopped_early.json when its budget stopped it, resolved config and per-step metrics: the figures come
-from the per-step times after the warm-up steps),
-lm_head_loss.json. The summary runs after every step and from the script's EXIT trap, so it imports no torch
-(the memory estimate of Megatron's LM-head path is torch-free) and reads partial files as they are.
+copy_kernel.json, train_<group>_<run>.json + .yaml + .metrics.jsonl (benchmarks/gpu/runs.py; the trainer's
+run_record.json, or run_record_stopped_early.json when its budget stopped it, resolved config and per-step metrics:
+the figures come from the per-step times after the warm-up steps), peer_<group>.json (benchmarks/gpu/hf_peer.py),
+lm_head_loss.json, study.json (benchmarks/gpu/study_step.py). The summary runs after every step and from the
+script's EXIT trap, so it imports no torch (the memory estimate of Megatron's LM-head path is torch-free) and reads
+partial files as they are.
 """
 from __future__ import annotations
 
@@ -24,11 +25,12 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Optional
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from runs import SLOT_TITLES, group_runs, run_stem  # noqa: E402 - beside this script (torch-free)
+
 GPU_BUDGET_S = 360  # one pass + a machine start leave the 4 minutes a second start needs in a 15-minute lease
-TRAIN_SLOTS = ("small", "large")  # GPU: SmolLM2-135M and 1.7B; dry run: the tiny preset twice
-# (slot, variant, LM-head loss path) of the training steps, as run_gpu_checks.sh names them
-TRAIN_RUNS = (("small", "base", "megatron"), ("small", "base", "chunked"), ("small", "cplm", "chunked"),
-              ("large", "base", "chunked"), ("large", "cplm", "chunked"))
+TRAIN_STEPS = {"check": "train", "perf": "perf_train"}  # the step that trains each group's runs
+PEER_STEPS = {"check": "peer", "perf": "perf_peer"}
 # Every module a step imports from the project and megatron-core (the install check imports them all and each
 # must come from the private site dir, not from the checkout or an editable install)
 STEP_MODULES = ("megatron.core", "cplm_kernels", "cplm_kernels.configs", "cplm_kernels.linear_ce", "cplm_megatron",
@@ -197,8 +199,13 @@ def _metrics(path: Path) -> list[dict]:
 
 
 def measured_step_time(records: list[dict], warmup: int) -> tuple[Optional[float], int]:
-    """Mean step time over the steps after the first `warmup` ones (the wall time between the log line of step
-    `warmup` and the last one, per step), and how many steps that is; (None, 0) without two such lines."""
+    """Mean step time over the steps after the first `warmup` ones, and how many steps that is: from the
+    trainer's per-interval step times (`step_time` over `interval_steps` steps), or for records without them the
+    wall time between the log line of step `warmup` and the last one; (None, 0) without such steps."""
+    later = [r for r in records if r["iteration"] > warmup]
+    if later and all("interval_steps" in r for r in later):
+        steps = sum(r["interval_steps"] for r in later)
+        return sum(r["step_time"] * r["interval_steps"] for r in later) / steps, steps
     start = [r for r in records if r["iteration"] <= warmup]
     if not start or records[-1]["iteration"] <= start[-1]["iteration"]:
         return None, 0
@@ -227,8 +234,8 @@ def train_flops(config: dict) -> dict[str, float]:
 
 
 def run_figures(work: Path, name: str, warmup: int, device: Optional[str]) -> Optional[dict[str, Any]]:
-    """One training step's figures from its config and per-step metrics (warm-up steps excluded), each named with
-    its dtype, sequence length, micro batch, attention implementation and LM-head loss path."""
+    """One training run's figures from its config and per-step metrics (warm-up steps excluded), each named with
+    its dtype, sequence length, micro batch, attention implementation and the LM-head loss path it resolved."""
     import yaml
 
     config_path = work / f"{name}.yaml"
@@ -249,7 +256,8 @@ def run_figures(work: Path, name: str, warmup: int, device: Optional[str]) -> Op
         "preset": config["model"].get("preset"), "device": record.get("device") or device,
         "dtype": config["precision"]["dtype"], "seq_len": train["seq_len"], "micro_batch": train["micro_batch"],
         "global_batch": train["global_batch"], "attention_impl": config["model"].get("attention_impl"),
-        "lm_head_loss": config["model"].get("lm_head_loss"), "copy_head": bool(config["copy_head"]["enabled"]),
+        "lm_head_loss": record.get("lm_head_loss") or config["model"].get("lm_head_loss"),
+        "copy_head": bool(config["copy_head"]["enabled"]),
         "iterations": records[-1]["iteration"], "warmup_steps_excluded": warmup, "measured_steps": steps,
         "step_time": step_time, "tokens_per_sec": tokens_per_sec,
         "train_flops_per_token_full": flops["full"], "train_flops_per_token_causal": flops["causal"],
@@ -263,26 +271,43 @@ def run_figures(work: Path, name: str, warmup: int, device: Optional[str]) -> Op
     }
 
 
-def training_figures(work: Path, warmup: int, device: Optional[str] = None) -> dict[str, Any]:
-    """Per slot: every run's figures keyed `<variant>_<loss>`, the CPLM step-time overhead against the baseline
-    with the same loss path, and (where both ran) the chunked over Megatron loss path's baseline step time."""
+def group_figures(work: Path, group: str, warmup: int, device: Optional[str] = None) -> dict[str, Any]:
+    """Per slot: every run of the group that left figures, keyed by `TrainRun.key`, with each run's step time over
+    the slot's `base_auto` run (the recipes' default) and, where both ran, the copy head's step-time overhead
+    (`cplm_<loss>` against `base_<loss>`, the same loss path)."""
     out: dict[str, Any] = {}
-    for slot in TRAIN_SLOTS:
-        entry: dict[str, Any] = {}
-        for s, variant, loss in TRAIN_RUNS:
-            figures = run_figures(work, f"train_{s}_{variant}_{loss}", warmup, device) if s == slot else None
-            if figures is not None:
-                entry[f"{variant}_{loss}"] = figures
-        base, cplm = entry.get("base_chunked", {}), entry.get("cplm_chunked", {})
-        if base and cplm:
-            ratio = _ratio(cplm["step_time"], base["step_time"])
-            entry["cplm_step_time_overhead"] = None if ratio is None else round(ratio - 1, 4)
-            entry["cplm_step_time_overhead_basis"] = "cplm_chunked vs base_chunked (same LM-head loss path)"
-        if base and "base_megatron" in entry:
-            entry["base_chunked_over_megatron_loss_step_time"] = _ratio(base["step_time"],
-                                                                        entry["base_megatron"]["step_time"])
-        out[slot] = entry
+    for run in group_runs(group):
+        figures = run_figures(work, run_stem(group, run), warmup, device)
+        if figures is not None:  # config.yaml names the path `auto` resolved to; the run definition what it asked
+            out.setdefault(run.slot, {"title": SLOT_TITLES[run.slot]})[run.key] = {"lm_head_loss_asked": run.loss,
+                                                                                     **figures}
+    for entry in out.values():
+        base = entry.get("base_auto", {}).get("step_time")
+        for key, figures in list(entry.items()):
+            if isinstance(figures, dict) and key != "base_auto":
+                figures["step_time_over_base_auto"] = _ratio(figures["step_time"], base)
+            if key.startswith("cplm_") and isinstance(figures, dict):
+                ratio = _ratio(figures["step_time"], (entry.get("base_" + key[5:]) or {}).get("step_time"))
+                entry[f"cplm_step_time_overhead_{key[5:]}"] = None if ratio is None else round(ratio - 1, 4)
     return out
+
+
+def versus_peer(training: dict[str, Any], peers: dict[str, Any]) -> list[dict[str, Any]]:
+    """Ours (each slot's `base_auto`, the recipes' default) beside the peer at the same shape: tokens/s and their
+    ratio, eager and compiled."""
+    rows = []
+    variants = {k: v for peer in peers.values() if isinstance(peer, dict) for k, v in peer.get("variants", {}).items()}
+    for slot, entry in training.items():
+        ours = (entry.get("base_auto") or {}).get("tokens_per_sec")
+        row = {"slot": slot, "title": SLOT_TITLES.get(slot, slot), "ours_tokens_per_sec": ours}
+        for mode in ("eager", "compiled"):
+            peer = variants.get(f"{slot}_{mode}", {}).get("tokens_per_sec")
+            if peer is not None:
+                row[f"peer_{mode}_tokens_per_sec"] = peer
+                row[f"ours_over_peer_{mode}"] = _ratio(ours, peer)
+        if len(row) > 3:
+            rows.append(row)
+    return rows
 
 
 def step_status(rc: Optional[int], interrupted: bool = False) -> str:
@@ -320,33 +345,48 @@ def read_steps(work: Path) -> list[dict[str, Any]]:
 def figure_step(path: str) -> tuple:
     """The step(s) whose output a figure of missing_figures' dotted path comes from."""
     head, _, rest = path.partition(".")
-    if head == "training":
-        slot, _, key = rest.partition(".")
-        key = key.split(".")[0]
-        if key == "cplm_step_time_overhead":
-            return (f"train_{slot}_base_chunked", f"train_{slot}_cplm_chunked")
-        return (f"train_{slot}_{key}",)
+    if head in TRAIN_STEPS.values() or head in PEER_STEPS.values():
+        return (head,)
+    if head in ("training", "perf"):
+        return (TRAIN_STEPS["check" if head == "training" else "perf"],)
+    if head == "versus_peer":
+        return ("train", "peer")
     return ({"copy_kernel": "kernel_bench"}.get(head, head),)
 
 
+def _run_missing(section: str, group: str, figures: dict[str, Any]) -> list[str]:
+    """The dotted paths of a group's runs that are absent or have a null figure."""
+    missing = []
+    for run in group_runs(group):
+        got = figures.get(run.slot, {}).get(run.key)
+        if got is None:
+            missing.append(f"{section}.{run.slot}.{run.key}")
+            continue
+        missing += [f"{section}.{run.slot}.{run.key}.{k}" for k, v in got.items()
+                    if v is None and k != "step_time_over_base_auto"]
+    return missing
+
+
 def missing_figures(summary: dict, planned: Optional[set] = None) -> list[str]:
-    """Dotted paths of the GPU table's figures that are absent or null, of the planned steps only (a rerun of
-    some steps misses nothing the others measure)."""
+    """Dotted paths of the figures that are absent or null, of the planned steps only (a rerun of some steps
+    misses nothing the others measure)."""
     missing = []
     if not summary["copy_kernel"]:
         missing.append("copy_kernel")
     for shape, figures in summary["copy_kernel"].items():
         missing += [f"copy_kernel.{shape}.{k}" for k, v in figures.items() if v is None]
-    for slot, variant, loss in TRAIN_RUNS:
-        key = f"{variant}_{loss}"
-        run = summary["training"].get(slot, {}).get(key)
-        if run is None:
-            missing.append(f"training.{slot}.{key}")
-            continue
-        missing += [f"training.{slot}.{key}.{k}" for k, v in run.items() if v is None]
-    for slot in TRAIN_SLOTS:
-        if summary["training"].get(slot, {}).get("cplm_step_time_overhead") is None:
-            missing.append(f"training.{slot}.cplm_step_time_overhead")
+    missing += _run_missing("training", "check", summary["training"])
+    missing += _run_missing("perf", "perf", summary["perf"])
+    for slot in ("small", "large_4k"):
+        if summary["training"].get(slot, {}).get("cplm_step_time_overhead_auto") is None:
+            missing.append(f"training.{slot}.cplm_step_time_overhead_auto")
+    for group, step in PEER_STEPS.items():
+        peer = summary["peer"].get(group) or {}
+        if not peer.get("variants"):
+            missing.append(step)
+        missing += [f"{step}.{name}" for name, row in peer.get("variants", {}).items() if "error" in row]
+    if not summary["versus_peer"]:
+        missing.append("versus_peer")
     attention = summary["attention"] if isinstance(summary["attention"], dict) else {}
     if not attention.get("ratios"):
         missing.append("attention.ratios")
@@ -357,6 +397,10 @@ def missing_figures(summary: dict, planned: Optional[set] = None) -> list[str]:
         missing.append("kernel_check.passed")
     if not (summary["compat"] or {}).get("ok"):
         missing.append("compat.ok")
+    if not isinstance(summary["lm_head_loss"], dict):
+        missing.append("lm_head_loss")
+    if not isinstance(summary["study"], dict):
+        missing.append("study")
     if planned is None:
         return missing
     return [m for m in missing if set(figure_step(m)) <= planned]
@@ -368,6 +412,7 @@ def summarize(work: Path, dest: Path, dry_run: bool, budget_limit: int = GPU_BUD
     steps = read_steps(work)
     lm_head = _load(work / "lm_head_loss.json")
     env = _load(work / "env.json")
+    device = (env or {}).get("device")
     summary: dict[str, Any] = {
         "dry_run": dry_run,
         "note": "CPU dry run at tiny sizes: checks the script, NOT a measurement" if dry_run else "",
@@ -381,9 +426,13 @@ def summarize(work: Path, dest: Path, dry_run: bool, budget_limit: int = GPU_BUD
         "copy_kernel": kernel_figures(_load(work / "copy_kernel.json")),
         "attention": _load(work / "attention.json") or "attention step failed: see its log",
         "flops_convention": FLOPS_CONVENTION,
-        "training": training_figures(work, warmup, (env or {}).get("device")),
+        "training": group_figures(work, "check", warmup, device),
+        "perf": group_figures(work, "perf", warmup, device),
+        "peer": {group: _load(work / f"peer_{group}.json") for group in PEER_STEPS},
         "lm_head_loss": lm_head if lm_head is not None else "lm_head_loss step failed: see its log",
+        "study": _load(work / "study.json") or "study step failed or did not run: see its log",
     }
+    summary["versus_peer"] = versus_peer({**summary["perf"], **summary["training"]}, summary["peer"])
     summary["missing"] = missing_figures(summary, {s["name"] for s in steps})
     summary["summary_imported_torch"] = "torch" in sys.modules  # it must not: it runs from the EXIT trap
     tmp = dest.with_name(f".{dest.name}.tmp")

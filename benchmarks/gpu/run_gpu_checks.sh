@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# One prepared pass over the GPU-only paths, sized for one lease of a lent machine (one H200, 15 minutes of
-# device time per task, a machine start included; nothing can be downloaded there). The step budgets (and
-# nvidia-smi's) sum to <= 360 s, so a first pass plus a 1-2 minute machine start leave the 4 minutes a second
-# start needs (a rerun of some steps: --steps). Every step is time-boxed (`timeout -k`: SIGTERM at its budget
-# minus a grace, SIGKILL at its budget) and later steps run whatever an earlier one did.
+# Prepared passes over the GPU-only paths, each sized for one call of a lent machine (one H200; 15 minutes of
+# device time per lease, machine starts included; nothing can be downloaded there). A pass is a group of steps
+# whose budgets (and nvidia-smi's) sum to <= 360 s: the default `check` pass plus a 1-2 minute machine start leave
+# room for a rerun or for a second group on the still-warm machine (`--group perf` or `--group study`). Every step
+# is time-boxed (`timeout -k`: SIGTERM at its budget minus a grace, SIGKILL at its budget) and later steps run
+# whatever an earlier one did.
 #
-# The check runs the project as users install it: the install step puts the carried wheels (.whl/: megatron-core
-# and the project's own wheel, both built by prepare_wheels.sh) into a private site dir, the only entry of
+# The check runs the project as users install it: the install step puts the carried wheels (.whl/: megatron-core,
+# the project's own wheel, and whatever else prepare_wheels.sh carries) into a private site dir, the only entry of
 # PYTHONPATH, and every step runs from a scratch copy of the scripts (benchmarks/, pretrain/, configs/), so
 # nothing imports the checkout as a package. `install` runs on every call (--steps adds it): each call has a new
 # work dir, so a rerun installs again.
@@ -14,63 +15,75 @@
 # It always returns what it measured: after every step $OUT/steps.log, $OUT/summary.json (every planned step
 # with its status) and $OUT/details.tar.gz (every step's log and JSON) are rewritten, and an EXIT trap writes
 # them once more whatever ends the script (a signal, an error, the end). Benchmarks write their JSON after
-# every variant; a trainer's figures come from its per-step metrics (warm-up steps excluded). Three files,
-# since the device tool brings back at most 8. $OUT is the folder the device tool returns (set there); unset,
-# results go to benchmarks/results/gpu.
+# every variant and the training steps each run's record as it ends; a trainer's figures come from its per-step
+# metrics (warm-up steps excluded). $OUT is the folder the device tool returns (set there); unset, results go to
+# benchmarks/results/gpu.
 #
 #   bash benchmarks/gpu/prepare_wheels.sh                 # here, first: megatron-core + the project -> .whl/
-#   bash benchmarks/gpu/run_gpu_checks.sh                 # on the GPU machine: device tool run, carry [".whl"],
-#                                                         #   timeout_s 420 (360 s of budgets + slack; a rerun fits)
-#   bash benchmarks/gpu/run_gpu_checks.sh --steps train_large_base_chunked,lm_head_loss   # a rerun (+ install)
-#   make gpu-dry-run OUT=DIR                              # here: every step at tiny sizes on CPU, in an env with
+#   bash benchmarks/gpu/run_gpu_checks.sh                 # on the GPU machine, the check pass (carry .whl;
+#                                                         #   a command timeout of 420 s: 360 s of budgets + slack)
+#   bash benchmarks/gpu/run_gpu_checks.sh --group perf    # the lever matrix (a second call, same lease)
+#   bash benchmarks/gpu/run_gpu_checks.sh --steps study   # the study alone (as above)
+#   bash benchmarks/gpu/run_gpu_checks.sh --steps train,peer   # a rerun of some steps (+ install, summary)
+#   make gpu-dry-run OUT=DIR [STEPS=a,b] [GROUP=g]        # here: the steps at tiny sizes on CPU, in an env with
 #                                                         #   only the GPU image's packages (the same install step)
 #
-# Steps (budget in s; the README's table is tested against these lines):
-#   install        20  the carried wheels (megatron-core, the project) into a private site dir; every module a
-#                      step imports is imported and must come from there
-#   compat         15  the compat layer on CUDA: no CPU patch; the torch-fallback fixes (no Apex/TE in the image)
-#   kernel_check   60  fused copy kernels vs the PyTorch reference at T=4096 (bf16, fp32, FP8; d 64/128; ~18 cold
-#                      Triton compiles)
-#   kernel_bench   40  copy kernels at T = 4k/16k/32k, d=64: fused vs SDPA flash vs chunked vs naive, FP8 vs bf16,
-#                      extra memory
+# Steps by group (budget in s; docs/gpu-check.md's table is tested against these lines):
+#   check (the default):
+#   install        30  every carried wheel into a private site dir; every module a step imports is imported and
+#                      must come from there (a cold machine took 15 s)
+#   compat         30  the compat layer on CUDA: no CPU patch; the torch-fallback fixes (no Apex/TE in the image)
+#   kernel_check   45  fused copy kernels vs the PyTorch reference at T=4096 (bf16, fp32, FP8; d 64/128; ~18 cold
+#                      Triton compiles: 28 s measured)
+#   kernel_bench   30  copy kernels at T = 4k/16k/32k, d=64: fused vs SDPA flash vs chunked vs naive, FP8 vs bf16,
+#                      extra memory (21 s measured)
 #   attention      25  benchmarks/attention.py: document masking by every available backend (flash varlen, nested
-#                      jagged, per document) vs the dense-mask reference, seq 8192 / 2048, bf16: agreement, time,
-#                      extra memory; a row per variant as it finishes
-#   train_*       171  pretrain_cplm.py, bf16, local layer spec with SDPA attention, synthetic data, the LM-head
-#                      loss path named in the step: SmolLM2-135M (seq 2048, micro 8, 20 steps) baseline with
-#                      Megatron's loss and with chunked, CPLM with chunked (27 s each); SmolLM2-1.7B (seq 2048,
-#                      micro 2, 15 steps) baseline and CPLM with chunked (45 s each): tokens/s, MFU (full and
-#                      causal attention FLOPs), step time without the first 3 (warm-up) steps, peak memory
-#   lm_head_loss   20  benchmarks/lm_head_loss.py (Megatron's LM-head loss path vs chunked vs fused)
+#                      jagged, per document) vs the dense-mask reference, seq 8192 / 2048, bf16 (20 s measured)
+#   train          95  benchmarks/gpu/train_runs.py check: in one process, SmolLM2-1.7B at seq 4096 with four
+#                      micro-batches of 4 per step and SmolLM2-135M (seq 2048, micro 8), baseline and CPLM with
+#                      the recipes' LM-head loss (auto); 135M and 1.7B (seq 2048, micro 2) with the chunked loss
+#                      (benchmarks/gpu/runs.py): tokens/s, MFU (full and causal attention FLOPs), peak memory
+#   peer           85  benchmarks/gpu/hf_peer.py check: transformers' Llama at the 135M shape, eager and
+#                      torch.compile (~60 s of compilation)
+#   perf:
+#   perf_train    200  train_runs.py perf: each lever on and off (LM-head loss path, ...) at 135M and 1.7B/4k
+#   perf_peer      45  hf_peer.py perf: the peer at the 1.7B shapes (seq 4096 x 4 micro-batches; seq 2048)
+#   lm_head_loss   45  benchmarks/lm_head_loss.py (Megatron's LM-head loss path vs chunked vs fused)
+#   study:
+#   study         300  benchmarks/gpu/study_step.py: the code corpus from the machine's own Python sources, 135M
+#                      baseline vs CPLM on it, scored with their controls
+#   every group:
 #   summary         5  benchmarks/gpu/gpu_steps.py summary (no torch) -> $OUT/summary.json
 #   (nvidia-smi     4  before the steps, outside the step table)
 set -uo pipefail
 
 DRY_RUN=0
 ONLY=""
-usage() { echo "usage: run_gpu_checks.sh [--cpu-dry-run] [--steps NAME,NAME,...]" >&2; exit 2; }
+GROUP=""
+usage() { echo "usage: run_gpu_checks.sh [--cpu-dry-run] [--group check|perf|study] [--steps NAME,NAME,...]" >&2; exit 2; }
 while [ $# -gt 0 ]; do
   case "$1" in
     --cpu-dry-run) DRY_RUN=1 ;;
     --steps) [ $# -ge 2 ] || usage; ONLY=$2; shift ;;
     --steps=*) ONLY=${1#--steps=} ;;
+    --group) [ $# -ge 2 ] || usage; GROUP=$2; shift ;;
+    --group=*) GROUP=${1#--group=} ;;
     *) usage ;;
   esac
   shift
 done
+if [ -n "$ONLY" ] && [ -n "$GROUP" ]; then echo "--steps and --group: give one" >&2; exit 2; fi
 
 cd "$(dirname "$0")/../.." || exit 2
 ROOT=$PWD
-ORDER=(install compat kernel_check kernel_bench attention train_small_base_megatron train_small_base_chunked
-       train_small_cplm_chunked train_large_base_chunked train_large_cplm_chunked lm_head_loss summary)
-declare -A BUDGET=([install]=20 [compat]=15 [kernel_check]=60 [kernel_bench]=40 [attention]=25
-                   [train_small_base_megatron]=27 [train_small_base_chunked]=27 [train_small_cplm_chunked]=27
-                   [train_large_base_chunked]=45 [train_large_cplm_chunked]=45 [lm_head_loss]=20 [summary]=5)
+ORDER=(install compat kernel_check kernel_bench attention train peer perf_train perf_peer lm_head_loss study summary)
+declare -A BUDGET=([install]=30 [compat]=30 [kernel_check]=45 [kernel_bench]=30 [attention]=25 [train]=95
+                   [peer]=85 [perf_train]=200 [perf_peer]=45 [lm_head_loss]=45 [study]=300 [summary]=5)
+declare -A STEP_GROUPS=([check]="install compat kernel_check kernel_bench attention train peer summary"
+                   [perf]="install perf_train perf_peer lm_head_loss summary"
+                   [study]="install study summary")
 NVIDIA_SMI_BUDGET=4
 BUDGET_LIMIT=360
-TOTAL=$NVIDIA_SMI_BUDGET
-for name in "${ORDER[@]}"; do TOTAL=$((TOTAL + BUDGET[$name])); done
-if [ "$TOTAL" -gt "$BUDGET_LIMIT" ]; then echo "step budgets sum to ${TOTAL}s > ${BUDGET_LIMIT}s" >&2; exit 2; fi
 declare -A SELECTED=()
 if [ -n "$ONLY" ]; then
   IFS=, read -r -a wanted <<< "$ONLY"
@@ -81,7 +94,17 @@ if [ -n "$ONLY" ]; then
   SELECTED[install]=1  # a new work dir every call: a rerun installs the wheels again
   SELECTED[summary]=1
 else
-  for name in "${ORDER[@]}"; do SELECTED[$name]=1; done
+  GROUP=${GROUP:-check}
+  [ -n "${STEP_GROUPS[$GROUP]:-}" ] || { echo "--group: unknown group '$GROUP'; groups: ${!STEP_GROUPS[*]}" >&2; exit 2; }
+  for name in ${STEP_GROUPS[$GROUP]}; do SELECTED[$name]=1; done
+fi
+TOTAL=$NVIDIA_SMI_BUDGET
+for name in "${ORDER[@]}"; do
+  if [ -n "${SELECTED[$name]:-}" ]; then TOTAL=$((TOTAL + BUDGET[$name])); fi
+done
+if [ "$TOTAL" -gt "$BUDGET_LIMIT" ]; then
+  echo "the selected steps' budgets sum to ${TOTAL}s > ${BUDGET_LIMIT}s: select fewer (--steps) for one call" >&2
+  exit 2
 fi
 
 OUT=${OUT:-benchmarks/results/gpu}
@@ -180,10 +203,12 @@ mkdir -p "$WORK/site" "$WORK/tree"
 cp -r benchmarks pretrain configs "$WORK/tree/"
 rm -rf "$WORK/tree/benchmarks/results"
 export PYTHONPATH="$WORK/site" PYTHONNOUSERSITE=1
+STUDY_PYTHONPATH=$PYTHONPATH  # the study trains on real shards: it imports the carried mosaicml-streaming
 if [ "$DRY_RUN" = 1 ]; then
-  # The GPU image has no mosaicml-streaming and the check does not carry it: the dry run proves no step needs it.
+  # The check and perf steps train on synthetic data and must not need mosaicml-streaming (only the study step
+  # uses it, from the carried wheels): the dry run blocks it for them.
   mkdir -p "$WORK/block/streaming"
-  echo 'raise ImportError("mosaicml-streaming is not carried to the GPU machine: the checks must not import it")' \
+  echo 'raise ImportError("only the study step may import mosaicml-streaming (carried for it alone)")' \
     > "$WORK/block/streaming/__init__.py"
   export PYTHONPATH="$WORK/block:$PYTHONPATH"
 fi
@@ -191,36 +216,17 @@ cd "$WORK/tree" || exit 2
 
 # shellcheck disable=SC2329  # run by `step install` through bash -c (timeout needs a command)
 install_wheels() {
-  local mcore=("$WHEELS"/megatron_core-*.whl) project=("$WHEELS"/cplm_megatron-*.whl)
+  local mcore=("$WHEELS"/megatron_core-*.whl) project=("$WHEELS"/cplm_megatron-*.whl) wheels=("$WHEELS"/*.whl)
   if [ ! -e "${mcore[0]}" ] || [ ! -e "${project[0]}" ]; then
     echo "error: $WHEELS lacks the megatron-core or the project wheel: run bash benchmarks/gpu/prepare_wheels.sh" \
       "here first and carry .whl"
     return 2
   fi
-  echo "installing ${mcore[*]##*/} ${project[*]##*/} into $WORK/site"
+  echo "installing ${wheels[*]##*/} into $WORK/site"
   # --ignore-requires-python: the dry run installs megatron-core 0.19.2's cp311 wheel (its metadata asks for 3.12)
   "$PY" -m pip install -q --disable-pip-version-check --no-index --no-deps --no-compile --no-cache-dir \
-    --ignore-requires-python --upgrade --target "$WORK/site" "${mcore[@]}" "${project[@]}" || return 1
+    --ignore-requires-python --upgrade --target "$WORK/site" "${wheels[@]}" || return 1
   "$PY" benchmarks/gpu/gpu_steps.py install-check "$WORK"
-}
-
-train() {  # train SLOT VARIANT LOSS PRESET SEQ MICRO ITERS: one pretrain_cplm.py run on synthetic data
-  local variant=$2 loss=$3 preset=$4 seq=$5 micro=$6 iters=$7 run="$WORK/runs/$1_$2_$3" name="train_$1_$2_$3"
-  if [ -z "${SELECTED[$name]:-}" ]; then return 0; fi
-  step "$name" "$PY" pretrain/pretrain_cplm.py --config configs/smollm2_135m.yaml --set \
-    run.dir="$run" model.preset="$preset" model.attention_impl=sdpa model.lm_head_loss="$loss" \
-    copy_head.enabled="$([ "$variant" = cplm ] && echo true || echo false)" \
-    data.synthetic=copy data.document_masking=false train.tokens=null train.iters="$iters" train.seq_len="$seq" \
-    train.micro_batch="$micro" train.global_batch="$micro" train.log_interval=1 train.eval_interval=0 \
-    schedule.warmup_iters=2 checkpoint.enabled=false optimizer.distributed=false \
-    optimizer.overlap_grad_reduce=false optimizer.overlap_param_gather=false logging.wandb=false \
-    precision.dtype=bf16 parallel.timeout_minutes=2
-  for record in run_record.json run_record_stopped_early.json summary.json summary_stopped_early.json; do
-    [ -f "$run/$record" ] && cp "$run/$record" "$WORK/$name.json" && break
-  done
-  cp "$run/metrics.jsonl" "$WORK/$name.metrics.jsonl" 2>/dev/null
-  cp "$run/config.yaml" "$WORK/$name.yaml" 2>/dev/null
-  publish
 }
 
 log "$([ "$DRY_RUN" = 1 ] && echo "CPU DRY RUN (tiny sizes, not a measurement)" || echo "GPU checks"); budgets ${TOTAL}s; \
@@ -232,33 +238,29 @@ export -f install_wheels
 export PY DRY_RUN WORK WHEELS
 step install bash -c install_wheels
 step compat "$PY" benchmarks/gpu/gpu_steps.py compat "$WORK"
+DRY=()  # the Python steps' tiny-size flag in the dry run
+if [ "$DRY_RUN" = 1 ]; then DRY=(--dry-run); fi
 if [ "$DRY_RUN" = 1 ]; then
   step kernel_check "$PY" benchmarks/gpu_kernel_check.py --tiny --json "$WORK/kernel_check.json"
   step kernel_bench "$PY" benchmarks/copy_kernel.py --gpu-row-set --seq-lens 32 64 --head-dims 32 \
     --json "$WORK/copy_kernel.json"
   step attention "$PY" benchmarks/attention.py --quick --json "$WORK/attention.json"
-  train small base megatron tiny 64 2 4
-  train small base chunked tiny 64 2 4
-  train small cplm chunked tiny 64 2 4
-  train large base chunked tiny 128 2 4
-  train large cplm chunked tiny 128 2 4
 else
   step kernel_check "$PY" benchmarks/gpu_kernel_check.py --json "$WORK/kernel_check.json"
   step kernel_bench "$PY" benchmarks/copy_kernel.py --seq-lens 4096 16384 32768 --head-dims 64 \
     --json "$WORK/copy_kernel.json"
   step attention "$PY" benchmarks/attention.py --json "$WORK/attention.json"
-  train small base megatron smollm2-135m 2048 8 20
-  train small base chunked smollm2-135m 2048 8 20
-  train small cplm chunked smollm2-135m 2048 8 20
-  # 1.7B at micro 2: ~38 GiB planned with SDPA (tools/model_info.py; 76 with the unfused attention) of 139 GiB
-  train large base chunked smollm2-1.7b 2048 2 15
-  train large cplm chunked smollm2-1.7b 2048 2 15
 fi
-
-# ---- the LM-head loss benchmark: Megatron's output layer + CE vs chunked vs fused ----------------------
+step train "$PY" benchmarks/gpu/train_runs.py "$WORK" check "${DRY[@]}"
+step peer "$PY" benchmarks/gpu/hf_peer.py "$WORK" check "${DRY[@]}"
+step perf_train "$PY" benchmarks/gpu/train_runs.py "$WORK" perf "${DRY[@]}"
+step perf_peer "$PY" benchmarks/gpu/hf_peer.py "$WORK" perf "${DRY[@]}"
 LM_HEAD_ARGS=(--json "$WORK/lm_head_loss.json")
 if [ "$DRY_RUN" = 1 ]; then LM_HEAD_ARGS+=(--quick); fi
 step lm_head_loss "$PY" benchmarks/lm_head_loss.py "${LM_HEAD_ARGS[@]}"
+STUDY_ARGS=()
+if [ "$DRY_RUN" = 1 ]; then STUDY_ARGS=(--tiny); fi
+step study env PYTHONPATH="$STUDY_PYTHONPATH" "$PY" benchmarks/gpu/study_step.py "$WORK" "${STUDY_ARGS[@]}"
 
 step summary "$PY" benchmarks/gpu/gpu_steps.py summary "$WORK" "$OUT/summary.json" "${SUMMARY_FLAGS[@]}"
 RESULT=$(awk -F'\t' '$3 != 0 { bad = 1 } END { print bad + 0 }' "$WORK/steps.tsv")

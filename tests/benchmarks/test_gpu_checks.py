@@ -25,10 +25,13 @@ SCRIPT = GPU_DIR / "run_gpu_checks.sh"
 IMAGE_VENV = REPO / ".venv-gpu-image"
 IMAGE_PYTHON = IMAGE_VENV / "bin" / "python"
 IMAGE_WHEELS = IMAGE_VENV / "wheels"
-TRAIN_RUNS = [("small", "base", "megatron"), ("small", "base", "chunked"), ("small", "cplm", "chunked"),
-              ("large", "base", "chunked"), ("large", "cplm", "chunked")]
-STEPS = ["install", "compat", "kernel_check", "kernel_bench", "attention",
-         *(f"train_{slot}_{variant}_{loss}" for slot, variant, loss in TRAIN_RUNS), "lm_head_loss", "summary"]
+sys.path.insert(0, str(GPU_DIR))
+import runs as gpu_runs  # noqa: E402 - benchmarks/gpu/runs.py: the check's training runs, by group
+
+sys.path.remove(str(GPU_DIR))
+GROUP_STEPS = {"check": ["install", "compat", "kernel_check", "kernel_bench", "attention", "train", "peer", "summary"],
+               "perf": ["install", "perf_train", "perf_peer", "lm_head_loss", "summary"],
+               "study": ["install", "study", "summary"]}
 OUTPUTS = ["details.tar.gz", "steps.log", "summary.json"]
 # The GPU image's packages (torch, triton, transformers and their needs) and what it lacks: the image-only env
 # must not have any of the latter, or the dry run could not see a step that imports one
@@ -123,36 +126,79 @@ def _script_budgets() -> dict:
     return budgets
 
 
-def test_budgets_fit_and_the_header_and_readme_give_the_scripts_numbers():
-    budgets = _script_budgets()
-    assert sum(budgets.values()) <= 360
-    assert budgets["kernel_check"] >= 60 and budgets["attention"] >= 25 and 0 < budgets["summary"]
-    header = dict(re.findall(r"^#   \(?([\w*-]+)\s+(\d+)  ", SCRIPT.read_text(), re.M))
-    train = sum(v for k, v in budgets.items() if k.startswith("train_"))
-    expected = {k: v for k, v in budgets.items() if not k.startswith("train_")}
-    assert {k: int(v) for k, v in header.items()} == {**expected, "train_*": train}
-    section = (REPO / "README.md").read_text().split("## GPU checks", 1)[1].split("\n## ", 1)[0]
-    table = dict(re.findall(r"^\| `([\w-]+)` \| (\d+) \|", section, re.M))
+def _script_groups() -> dict:
+    block = re.search(r"declare -A STEP_GROUPS=\((.*?)\)\n", SCRIPT.read_text(), re.S).group(1)
+    return {k: v.split() for k, v in re.findall(r'\[(\w+)\]="([^"]*)"', block)}
+
+
+def test_each_group_fits_one_call_and_the_header_and_docs_give_the_scripts_numbers():
+    """Every group's budgets (+ nvidia-smi's) fit in 360 s; the budgets the first H200 pass showed were needed are
+    there (install and compat >= 30 s, lm_head_loss >= 45 s); the script's header and docs/gpu-check.md's table
+    state the script's numbers."""
+    budgets, groups = _script_budgets(), _script_groups()
+    assert groups == GROUP_STEPS
+    for steps in groups.values():
+        assert sum(budgets[s] for s in steps) + budgets["nvidia-smi"] <= 360, steps
+    assert budgets["install"] >= 30 and budgets["compat"] >= 30 and budgets["lm_head_loss"] >= 45
+    assert budgets["kernel_check"] >= 45 and budgets["attention"] >= 25 and 0 < budgets["summary"]
+    header = dict(re.findall(r"^#   \(?([\w-]+)\s+(\d+)  ", SCRIPT.read_text(), re.M))
+    assert {k: int(v) for k, v in header.items()} == budgets
+    page = (REPO / "docs" / "gpu-check.md").read_text()
+    table = dict(re.findall(r"^\| `([\w-]+)` \| (\d+) \|", page, re.M))
     assert {k: int(v) for k, v in table.items()} == budgets, table
-    assert f"| total | {sum(budgets.values())} |" in section
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(1800)  # ~4 min on a shared 2-core machine; every step is a fresh Python process
-def test_gpu_dry_run_runs_every_step_as_the_gpu_machine_sees_it(tmp_path: Path, image_env):
-    """`make gpu-dry-run OUT=DIR`: the image-only env (cached by the fixture), the wheels installed by the script's
-    own install step, nothing editable; a step importing a package the image lacks fails there."""
+def test_a_selection_over_one_calls_budget_is_refused():
+    proc = subprocess.run(["bash", str(SCRIPT), "--cpu-dry-run", "--steps", "train,perf_train,study"], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "> 360s: select fewer" in proc.stderr
+    proc = subprocess.run(["bash", str(SCRIPT), "--cpu-dry-run", "--group", "perf", "--steps", "train"], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "give one" in proc.stderr
+
+
+def _dry_run(tmp_path: Path, *args: str) -> tuple[Path, dict, subprocess.CompletedProcess]:
+    """`make gpu-dry-run OUT=DIR ARGS...`: (out dir, summary, the process), asserting it succeeded."""
     out = tmp_path / "out"
-    proc = subprocess.run(["make", "--no-print-directory", "gpu-dry-run", f"OUT={out}"], cwd=REPO,
+    proc = subprocess.run(["make", "--no-print-directory", "gpu-dry-run", f"OUT={out}", *args], cwd=REPO,
                           env=_env(tmp_path, {}), capture_output=True, text=True, timeout=1700)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
     assert sorted(p.name for p in out.iterdir()) == OUTPUTS
     summary = json.loads((out / "summary.json").read_text())
     assert summary["dry_run"] and "NOT a measurement" in summary["note"]
-    assert [s["name"] for s in summary["steps"]] == STEPS
+    assert summary["missing"] == [] and summary["summary_imported_torch"] is False
     assert all(s["rc"] == 0 and s["status"] == "ok" for s in summary["steps"]), summary["steps"]
     assert summary["budget_total_s"] + 4 <= summary["budget_limit_s"] == 360  # + nvidia-smi's 4 s
-    assert summary["missing"] == [] and summary["summary_imported_torch"] is False
+    return out, summary, proc
+
+
+def _assert_run(run: dict, train_run, loss: str) -> None:
+    """A training run's figures in the dry run: its shape, its resolved loss path, warm-up left out."""
+    shape = gpu_runs.shape(train_run, dry_run=True)
+    assert run["preset"] == "tiny" and run["dtype"] == "bf16" and run["attention_impl"] == "sdpa"
+    assert run["lm_head_loss_asked"] == train_run.loss and run["lm_head_loss"] == loss
+    assert run["copy_head"] == (train_run.variant == "cplm")
+    assert (run["seq_len"], run["micro_batch"], run["global_batch"]) == (shape.seq_len, shape.micro_batch,
+                                                                          shape.global_batch)
+    assert run["iterations"] == shape.iters and run["warmup_steps_excluded"] == 1
+    assert run["measured_steps"] == shape.iters - 1
+    assert run["tokens_per_sec"] == pytest.approx(shape.global_batch * shape.seq_len / run["step_time"])
+    assert run["train_flops_per_token_causal"] < run["train_flops_per_token_full"]
+    assert 0 < run["mfu_causal_attention"] < run["mfu_full_attention"]
+    assert run["mfu_full_attention"] / run["mfu_causal_attention"] == pytest.approx(
+        run["train_flops_per_token_full"] / run["train_flops_per_token_causal"])
+    assert run["record"] == "complete" and run["peak_memory_gib"] > 0 and run["memory_estimate_gib"] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)  # ~4 min on a shared 2-core machine
+def test_gpu_dry_run_runs_every_check_step_as_the_gpu_machine_sees_it(tmp_path: Path, image_env):
+    """`make gpu-dry-run OUT=DIR` (the check group): the image-only env (cached by the fixture), the wheels installed
+    by the script's own install step, nothing editable; a step importing a package the image lacks fails there.
+    Every training run of benchmarks/gpu/runs.py's check group trains (one process) and reports its figures with
+    the loss path `auto` resolved to; the peer trains eager and compiled; ours over the peer is in the summary."""
+    out, summary, proc = _dry_run(tmp_path)
+    assert [s["name"] for s in summary["steps"]] == GROUP_STEPS["check"]
     env = summary["environment"]
     assert env["megatron-core"] == "0.19.2" and env["python"].startswith("3.11")
     assert all("/site/" in origin for origin in env["module_origins"].values())
@@ -164,26 +210,24 @@ def test_gpu_dry_run_runs_every_step_as_the_gpu_machine_sees_it(tmp_path: Path, 
     assert kernel["fused_over_sdpa_flash"] > 0 and kernel["fused_over_chunked"] > 0 and kernel["fp8_fwd_speedup"] > 0
     assert 0 < kernel["fused_extra_mem_bytes"] < kernel["naive_extra_mem_bytes"] and kernel["naive_basis"] == "measured"
     assert "full T x T" in summary["flops_convention"] and "causal" in summary["flops_convention"]
-    for slot, variant, loss in TRAIN_RUNS:
-        run = summary["training"][slot][f"{variant}_{loss}"]
-        assert run["preset"] == "tiny" and run["dtype"] == "bf16" and run["attention_impl"] == "sdpa"
-        assert run["lm_head_loss"] == loss and run["copy_head"] == (variant == "cplm")
-        assert run["seq_len"] == (64 if slot == "small" else 128) and run["micro_batch"] == 2
-        # warm-up left out: 4 steps, the first excluded
-        assert run["iterations"] == 4 and run["warmup_steps_excluded"] == 1 and run["measured_steps"] == 3
-        assert run["tokens_per_sec"] == pytest.approx(2 * run["seq_len"] / run["step_time"])
-        assert run["train_flops_per_token_causal"] < run["train_flops_per_token_full"]
-        assert 0 < run["mfu_causal_attention"] < run["mfu_full_attention"]
-        assert run["mfu_full_attention"] / run["mfu_causal_attention"] == pytest.approx(
-            run["train_flops_per_token_full"] / run["train_flops_per_token_causal"])
-        assert run["record"] == "complete" and run["peak_memory_gib"] > 0
-    for slot in ("small", "large"):
-        entry = summary["training"][slot]
-        assert entry["cplm_chunked"]["memory_estimate_gib"] > entry["base_chunked"]["memory_estimate_gib"] > 0
-        assert entry["cplm_step_time_overhead"] == pytest.approx(
-            entry["cplm_chunked"]["step_time"] / entry["base_chunked"]["step_time"] - 1, abs=1e-3)  # 4 decimals
-    assert summary["training"]["small"]["base_chunked_over_megatron_loss_step_time"] > 0
-    assert summary["lm_head_loss"]["complete"] and summary["lm_head_loss"]["rows"]
+    for train_run in gpu_runs.CHECK:
+        _assert_run(summary["training"][train_run.slot][train_run.key], train_run,
+                    "megatron" if train_run.loss == "auto" else train_run.loss)
+    training = summary["training"]
+    for slot, loss in (("small", "auto"), ("large_4k", "auto"), ("large", "chunked")):
+        entry = training[slot]
+        assert entry[f"cplm_{loss}"]["memory_estimate_gib"] > entry[f"base_{loss}"]["memory_estimate_gib"] > 0
+        assert entry[f"cplm_step_time_overhead_{loss}"] == pytest.approx(
+            entry[f"cplm_{loss}"]["step_time"] / entry[f"base_{loss}"]["step_time"] - 1, abs=1e-3)  # 4 decimals
+    assert training["small"]["base_chunked"]["step_time_over_base_auto"] > 0
+    assert training["large_4k"]["base_auto"]["global_batch"] == 2 * training["large_4k"]["base_auto"]["micro_batch"]
+    peer = summary["peer"]["check"]["variants"]
+    assert set(peer) == {"small_eager", "small_compiled"} and peer["small_compiled"]["compiled"]
+    assert all(row["tokens_per_sec"] > 0 and row["seq_len"] == 64 for row in peer.values())
+    [versus] = summary["versus_peer"]
+    assert versus["slot"] == "small" and versus["ours_over_peer_eager"] == pytest.approx(
+        training["small"]["base_auto"]["tokens_per_sec"] / peer["small_eager"]["tokens_per_sec"], rel=1e-3)
+    assert versus["ours_over_peer_compiled"] > 0
     attention = summary["attention"]
     assert attention["selected_backend"] == "per_document"  # CPU: the exact path
     assert attention["variants"] == ["dense", "causal", "documents:per_document"]
@@ -194,7 +238,25 @@ def test_gpu_dry_run_runs_every_step_as_the_gpu_machine_sees_it(tmp_path: Path, 
     assert "CPU DRY RUN" in log and "[summary]" in proc.stdout
     with tarfile.open(out / "details.tar.gz") as tar:
         names = set(tar.getnames())
-    assert {f"./logs/{s}.log" for s in STEPS} <= names and "./train_large_cplm_chunked.json" in names
+    assert {f"./logs/{s}.log" for s in GROUP_STEPS["check"]} <= names
+    assert "./train_check_large_cplm_chunked.json" in names and "./peer_check.json" in names
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_gpu_dry_run_of_the_perf_matrix(tmp_path: Path, image_env):
+    """`make gpu-dry-run GROUP=perf`: every lever run of the matrix trains and is compared with its slot's
+    `base_auto`; the peer at the 1.7B/4k shape; the LM-head loss benchmark."""
+    _, summary, _ = _dry_run(tmp_path, "GROUP=perf")
+    assert [s["name"] for s in summary["steps"]] == GROUP_STEPS["perf"]
+    for train_run in gpu_runs.PERF:
+        run = summary["perf"][train_run.slot][train_run.key]
+        _assert_run(run, train_run, "megatron" if train_run.loss == "auto" else train_run.loss)
+        if train_run.key != "base_auto":
+            assert run["step_time_over_base_auto"] > 0
+    assert set(summary["peer"]["perf"]["variants"]) == {"large_4k_eager"}
+    assert [row["slot"] for row in summary["versus_peer"]] == ["large_4k"]
+    assert summary["lm_head_loss"]["complete"] and summary["lm_head_loss"]["rows"]
 
 
 def _wait_for(path: Path, text: str, proc: subprocess.Popen, timeout: float = 300) -> str:
