@@ -53,26 +53,25 @@ def test_time_is_the_flops_share_plus_the_traffic():
 
 
 def test_the_32k_recipe_follows_the_planners_rule():
-    """SmolLM2-1.7B at 32k on 8 x 80 GB: TP=2, CP=2 and TP=2 x CP=2 all fit; degree 1 (DP=8) does not. At
-    degree 2, TP=2's SP collectives move 2 x hidden bytes per token and layer for CP=2's 1 x (K/V of an MHA
-    model), the FLOPs per GPU being equal: the planner picks TP=1 x CP=2, and the recipe sets it. TP=2 x CP=2
-    needs least memory and communicates most per sequence (two model-parallel splits of one replica)."""
+    """SmolLM2-1.7B at 32k on 8 x 80 GB with Megatron's logits: TP=2 and TP=2 x CP=2 fit; degree 1 (DP=8) does
+    not, nor CP=2 (by 1.3 GiB). The planner picks TP=2 with SP, and the recipe sets it. TP=2 x CP=2 needs least
+    memory and communicates most per sequence (two model-parallel splits of one replica)."""
     cfg = load_run_config(str(RECIPE_32K))
     m, c = load_preset(cfg.model.preset), CopyHeadShape.of(cfg.copy_head)
     seq, mb = cfg.train.seq_len, cfg.train.micro_batch
     rows = plan_layouts(m, c, 8, seq, mb, USABLE_80GB, 2, "sdpa", cfg.data.document_masking)
     best = [r for r in rows if r["fits"]][0]
     assert (best["tp"], best["pp"], best["cp"], best["sp"]) == (cfg.parallel.tp, cfg.parallel.pp, cfg.parallel.cp,
-                                                                  cfg.parallel.sp) == (1, 1, 2, False)
+                                                                  cfg.parallel.sp) == (2, 1, 1, True)
     assert cfg.validate_world(8) == best["dp"] == 4
     plain = {(r["tp"], r["cp"]): r for r in rows
              if (r["pp"], r["recompute"], r["lm_head_loss"], r["offload_fraction"]) == (1, "none", "megatron", 0.0)}
-    assert not plain[1, 1]["fits"] and all(plain[k]["fits"] for k in ((2, 1), (1, 2), (2, 2)))
+    assert not plain[1, 1]["fits"] and not plain[1, 2]["fits"] and all(plain[k]["fits"] for k in ((2, 1), (2, 2)))
     time = {k: plain[k]["seconds_per_sequence"] for k in ((2, 1), (1, 2), (2, 2))}
     memory = {k: plain[k]["total_gib"] for k in time}
     assert time[1, 2] < time[2, 1] < time[2, 2]
-    assert memory[2, 2] < memory[2, 1] < memory[1, 2] < USABLE_80GB
-    assert memory[1, 2] == pytest.approx(memory_estimate(m, c, tp=1, dp=4, cp=2, seq_len=seq, micro_batch=mb)[
+    assert memory[2, 2] < memory[2, 1] < USABLE_80GB < memory[1, 2]
+    assert memory[2, 1] == pytest.approx(memory_estimate(m, c, tp=2, dp=4, sp=True, seq_len=seq, micro_batch=mb)[
         "total_distributed_optimizer_gib"])
     # the rule, on the whole plan: no offload, fewest extra FLOPs, least model parallelism, no pipeline, fastest
     key = [(r["offload_fraction"], round(r["extra_flops_pct"], 6), r["tp"] * r["pp"] * r["cp"], r["pp"],
