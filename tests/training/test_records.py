@@ -35,3 +35,39 @@ def test_a_cut_last_metrics_line_is_dropped_on_resume(stdlib_corpus, reference_r
             in longer.stdout)
     assert sorted(pu.losses(run_dir)) == list(range(1, REFERENCE_ITERS + 3))
     assert all(json.loads(line) for line in metrics.read_text().splitlines())
+
+
+@pytest.fixture
+def mounts():
+    """A private mount namespace (tests/training/private_mounts.py)."""
+    from tests.training.private_mounts import private_mounts
+
+    yield from private_mounts()
+
+
+def test_a_disk_filled_during_an_async_save_resumes_once_space_is_freed(stdlib_corpus, tmp_path, mounts):
+    """A 30 MiB filesystem holds two ~11 MiB checkpoints, not the third written beside them in the background: the
+    run stops with one line saying the disk is full, no record is left half written, and once the filesystem is
+    grown the same command resumes from the last complete checkpoint and finishes."""
+    from tests import harness
+    from tests.training.private_mounts import SCRIPT  # noqa: F401 - the wrapper the trainer runs under
+
+    disk = mounts.tmpfs(tmp_path / "disk", "30m")
+    run_dir = disk / "run"
+    overrides = pu.tiny_overrides(stdlib_corpus, run_dir, 10, **{"checkpoint.async_save": "true",
+                                                                  "checkpoint.interval": 2})
+    full = harness.run_pretrain(1, overrides, script=mounts.script(harness.PRETRAIN))
+    seen = mounts.seen(run_dir)
+    errors = [line for line in full.stderr.splitlines() if line.startswith("error: ")]
+    assert full.returncode == 2 and len(errors) == 1, full.stdout[-3000:] + full.stderr[-3000:]
+    assert "saving a checkpoint in" in errors[0] and "the disk is full" in errors[0], errors
+    assert (seen / "checkpoints" / "latest").read_text().strip() == "iter_0000004"
+    assert "Traceback" not in full.stderr, full.stderr[-3000:]
+    lines = (seen / "metrics.jsonl").read_text().splitlines()
+    assert lines and all(json.loads(line) for line in lines)  # whole records only
+    mounts.resize(disk, "80m")  # space freed
+    again = harness.run_pretrain(1, overrides, script=mounts.script(harness.PRETRAIN))
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert f"resumed from {run_dir}/checkpoints/iter_0000004 at iteration 4" in again.stdout
+    assert sorted(pu.losses(seen)) == list(range(1, 11))
+    assert (seen / "checkpoints" / "latest").read_text().strip() == "iter_0000010"
