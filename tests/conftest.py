@@ -1,9 +1,13 @@
 """Suite-wide fixtures: data (tests/data_fixtures.py) and the session's trained runs (tests/trained_runs.py);
-the environment every test starts from; markers."""
+the environment every test starts from; markers; and the session-end check that no test left a process behind
+(tests/session_processes.py)."""
 import os
 import shutil
+import sys
 
 import pytest
+
+from tests.session_processes import SessionProcesses
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("WANDB_MODE", "offline")
@@ -12,6 +16,22 @@ if shutil.which("nvidia-smi") is None:
     os.environ.setdefault("TRITON_INTERPRET", "1")  # fused copy kernels run in Triton's CPU interpreter
 
 pytest_plugins = ["tests.data_fixtures", "tests.trained_runs"]
+
+_PROCESSES = SessionProcesses()  # marks this session's processes before any is started
+
+
+def pytest_runtest_logstart(nodeid, location):
+    _PROCESSES.started(nodeid)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session, exitstatus):
+    """Fail the session when a process it started is still alive (they are killed and listed)."""
+    left = _PROCESSES.check()
+    if left:
+        print(f"\nerror: {len(left)} process(es) started by this test session are still running (now killed):\n  "
+              + "\n  ".join(left), file=sys.stderr, flush=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 # Markers live in the test modules (`pytestmark`): `slow`, `slurm`, and `mcore` where the outcome depends on
 # megatron-core. `make test-mcore-latest` runs `-m mcore_latest` on the newest megatron-core: every fast `mcore`

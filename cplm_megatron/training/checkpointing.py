@@ -53,6 +53,8 @@ from cplm_megatron.training.checkpoint_lookup import (
     list_checkpoints,
     read_record,
 )
+from cplm_megatron.training.orphan_watchdog import ensure_orphan_watchdog
+from cplm_megatron.training.orphan_watchdog import notice as notice_helpers
 from cplm_megatron.training.weights import load_model_state, model_sharded_state_dict
 
 OPTIM_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
@@ -154,14 +156,14 @@ class Checkpointer:
         self._own = {p.name for p in list_checkpoints(self.root)
                      if resumed_from is not None and iteration_of(p) <= resumed_from}
         self._queue = None
+        # megatron's Manager (started by the first save, sync or async) and the writers must not outlive a killed
+        # trainer
+        ensure_orphan_watchdog()
         if async_save:
             from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
 
             self._queue = AsyncCallsQueue(persistent=False)
             _become_subreaper()
-            from cplm_megatron.training.orphan_watchdog import start_orphan_watchdog
-
-            self._watchdog = start_orphan_watchdog()  # the writers' Manager must not outlive a killed trainer
 
     # ---------------------------------------------------------------- save
     def _sharded_state(self, chunks, optimizer, load: bool, with_rng: bool) -> Dict[str, Any]:
@@ -197,6 +199,7 @@ class Checkpointer:
             config=config,
         )
         request = self._write_shards(state, target)
+        notice_helpers()  # the Manager this save may have started
         # a snapshot: an async finalize runs steps later, when the live TrainState has moved on
         saved_state = TrainState(**vars(train_state))
         finalize = lambda: self._finalize(target, saved_state, has_optimizer=optimizer is not None)  # noqa: E731
@@ -224,6 +227,7 @@ class Checkpointer:
     def _schedule(self, request, target: Path) -> None:
         """Start an async save's background writer (megatron-core forks it)."""
         self._queue.schedule_async_request(request)
+        notice_helpers()  # the writer just forked
         self._in_flight = target
 
     def _finalize(self, target: Path, train_state: TrainState, has_optimizer: bool) -> None:

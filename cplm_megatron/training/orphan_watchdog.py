@@ -1,14 +1,19 @@
 """No orphans: a tiny watchdog process (a bare interpreter, no torch) that follows the trainer's helper processes
-(megatron's async-writer Manager, the writers) and SIGKILLs them when the trainer dies, whatever killed it
-(kill -9, os._exit, the OOM killer); multiprocessing's resource tracker is spared (it cleans shared memory)."""
+(megatron's Manager, spawned by the first checkpoint save, sync or async, the async writers, the data workers) and
+SIGKILLs them when the trainer dies, whatever killed it (kill -9, os._exit, the OOM killer); multiprocessing's
+resource tracker is spared: it cleans the shared memory and exits once the last process holding it is gone.
+
+One watchdog per process (`ensure_orphan_watchdog`); it rescans at once when told (`notice`: after a save started
+a helper), else every half second, and exits by itself when the trainer does."""
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+from typing import Optional
 
 _WATCH = r'''
-import os, sys, time
+import os, select, sys, time
 trainer, me = int(sys.argv[1]), os.getpid()
 def children():
     kids = {}
@@ -28,7 +33,7 @@ def descendants():
                 found.append((pid, start))
                 todo.append(pid)
     return found
-known = {}
+known, listening = {}, True
 while os.getppid() == trainer:
     for pid, start in descendants():
         try:
@@ -37,7 +42,10 @@ while os.getppid() == trainer:
             continue
         if b"resource_tracker" not in cmd:
             known[pid] = start
-    time.sleep(0.5)
+    if listening and select.select([sys.stdin], [], [], 0.5)[0]:
+        listening = bool(os.read(0, 4096))  # a notice: rescan now; end of file: poll only
+    else:
+        time.sleep(0.0 if listening else 0.5)
 for pid, start in known.items():
     try:
         if open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[19] == start:
@@ -45,9 +53,32 @@ for pid, start in known.items():
     except (OSError, IndexError):
         pass
 '''
+WATCHDOG_MARK = "cplm-orphan-watchdog"  # in the watchdog's command line (argv[2]): what the test suite spares
+
+_WATCHDOG: dict = {}  # pid of the watched process -> its watchdog
 
 
 def start_orphan_watchdog() -> subprocess.Popen:
-    """Start the watchdog of this process's helpers (it exits by itself when this process does)."""
-    return subprocess.Popen([sys.executable, "-I", "-S", "-c", _WATCH, str(os.getpid())], stdin=subprocess.DEVNULL,
-                            close_fds=True)
+    """Start a watchdog of this process's helpers (it exits by itself when this process does)."""
+    return subprocess.Popen([sys.executable, "-I", "-S", "-c", _WATCH, str(os.getpid()), WATCHDOG_MARK],
+                            stdin=subprocess.PIPE, close_fds=True)
+
+
+def ensure_orphan_watchdog() -> subprocess.Popen:
+    """This process's watchdog, started on first use (a forked child gets its own)."""
+    watchdog: Optional[subprocess.Popen] = _WATCHDOG.get(os.getpid())
+    if watchdog is None or watchdog.poll() is not None:
+        watchdog = _WATCHDOG[os.getpid()] = start_orphan_watchdog()
+    return watchdog
+
+
+def notice() -> None:
+    """Tell this process's watchdog (if any) to look for new helpers now (after a save started one)."""
+    watchdog = _WATCHDOG.get(os.getpid())
+    if watchdog is None or watchdog.stdin is None:
+        return
+    try:
+        watchdog.stdin.write(b"\n")
+        watchdog.stdin.flush()
+    except (BrokenPipeError, OSError, ValueError):
+        pass

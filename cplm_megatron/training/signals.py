@@ -1,8 +1,11 @@
-"""Graceful stop on SIGTERM/SIGUSR1/SIGINT: checkpoint at the next step boundary, exit with RESUME_EXIT_CODE.
+"""Graceful stop on SIGTERM/SIGUSR1/SIGINT/SIGHUP/SIGQUIT: checkpoint at the next step boundary, exit with
+RESUME_EXIT_CODE.
 
 SLURM sends USR1 ahead of the time limit (`--signal=B:USR1@...`, forwarded by slurm/launch.sh) and TERM
 on preemption/scancel; Ctrl-C is SIGINT (a terminal sends it to every process of the job: the python
-process, or torchrun and its workers). A second stop signal, arriving more than `REPEAT_AFTER_S` after
+process, or torchrun and its workers); a closed terminal or ssh session sends HUP, Ctrl-\\ sends QUIT. A worker
+started by torchrun watches its launcher: when torchrun is gone (killed with -9), the worker stops as on SIGTERM
+instead of training on alone. A second stop signal, arriving more than `REPEAT_AFTER_S` after
 the first (a launcher forwarding the same Ctrl-C is not a second one), stops the process at once
 (exit 128 + the signal: the work since the last checkpoint is lost). The handler only records the signal;
 `StopSignal.requested()` agrees on it across all ranks (a MAX all-reduce), so every rank saves and exits on
@@ -15,12 +18,15 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 import time
 from typing import Optional
 
 # sysexits.h EX_TEMPFAIL: "temporary failure; the user is invited to retry". Launchers requeue on it.
 RESUME_EXIT_CODE = 75
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+IGNORED_IF_IGNORED = (signal.SIGHUP, signal.SIGQUIT)  # left ignored when the process starts with them ignored
+LAUNCHER_POLL_S = 1.0  # how often a torchrun worker checks that torchrun is still its parent
 # A signal this long after the first is a second request (stop now); earlier ones are the same request
 # arriving twice (a Ctrl-C reaches the workers from the terminal and again from torchrun).
 REPEAT_AFTER_S = 1.0
@@ -56,9 +62,25 @@ class StopSignal:
         self._received_at = 0.0
         self._previous = {}
         for sig in self.SIGNALS:  # first: starting the resource tracker unblocks SIGINT/SIGTERM (multiprocessing)
+            if sig in IGNORED_IF_IGNORED and signal.getsignal(sig) == signal.SIG_IGN:
+                continue  # started with `nohup` (or in the background of a script): the user asked to ignore it
             self._previous[sig] = signal.signal(sig, self._handle)
         _start_resource_tracker_without(self.SIGNALS)
+        _ACTIVE[:] = [self]
+        self._watching = threading.Event()
+        if os.environ.get("TORCHELASTIC_RUN_ID"):  # a torchrun worker: torchrun is the parent
+            threading.Thread(target=self._watch_launcher, args=(os.getppid(),), name="launcher-watch",
+                             daemon=True).start()
         signal.pthread_sigmask(signal.SIG_UNBLOCK, set(self.SIGNALS))  # deferred ones are delivered now
+
+    def _watch_launcher(self, launcher: int) -> None:
+        """A torchrun worker whose torchrun died (kill -9) is reparented: stop as on SIGTERM (checkpoint, 75)."""
+        while not self._watching.wait(LAUNCHER_POLL_S):
+            if os.getppid() != launcher:
+                print(f"[train] torchrun (pid {launcher}) is gone: stopping as on SIGTERM", file=sys.stderr,
+                      flush=True)
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
 
     def _handle(self, signum, frame) -> None:  # noqa: ARG002 - signal handler signature
         now = time.monotonic()
@@ -89,8 +111,20 @@ class StopSignal:
         return bool(flag.item())
 
     def restore(self) -> None:
+        self._watching.set()
+        if _ACTIVE == [self]:
+            _ACTIVE.clear()
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
+
+
+_ACTIVE: list = []  # the process's installed StopSignal, if any
+
+
+def stop_received() -> Optional[int]:
+    """The stop signal this process received (None: none, or no StopSignal installed): for waits outside the
+    training loop that must end promptly on a stop (the data layer's dataset lock)."""
+    return _ACTIVE[0].received if _ACTIVE else None
 
 
 def kill_descendants(timeout: float = 5.0) -> None:

@@ -1,5 +1,8 @@
-"""No orphans (issue 30 item 5): a trainer killed with -9 mid-run leaves none of its helper processes alive
-(megatron's spawned async-writer Manager used to live on, parent 1, for minutes)."""
+"""No orphans (issue 30 item 5, issue 43 item 5): a trainer killed with -9 mid-run leaves none of its helper processes
+alive, with async saves and with the default synchronous ones (megatron's spawned Manager, started by the first save,
+used to live on, parent 1, for an hour); SIGHUP stops like SIGTERM (checkpoint, exit 75); and the worker of a plain
+torchrun killed with -9 stops instead of training on alone."""
+import json
 import os
 import signal
 import time
@@ -7,26 +10,79 @@ import time
 import psutil
 import pytest
 
+from cplm_megatron.training.checkpoint_lookup import read_latest
+from cplm_megatron.training.signals import RESUME_EXIT_CODE
 from tests.training import pretrain_utils as pu
 
 pytestmark = [pytest.mark.mcore, pytest.mark.slow, pytest.mark.usefixtures("isolated_streaming")]
 
 
-def test_kill_9_of_an_async_saving_trainer_leaves_no_process_behind(stdlib_corpus, tmp_path):
+def _alive(processes):
+    return [p for p in processes if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def _wait_gone(processes, timeout: float = 15.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and _alive(processes):
+        time.sleep(0.2)
+    return _alive(processes)
+
+
+@pytest.mark.parametrize("async_save", ["true", "false"], ids=["async", "sync"])
+def test_kill_9_of_a_saving_trainer_leaves_no_process_behind(stdlib_corpus, tmp_path, async_save):
     run_dir, log = tmp_path / "run", tmp_path / "run.log"
     proc = pu.start(1, pu.tiny_overrides(stdlib_corpus, run_dir, 200, **{
-        "checkpoint.async_save": "true", "checkpoint.interval": 2}), log)
+        "checkpoint.async_save": async_save, "checkpoint.interval": 2}), log)
     try:
         pu.wait_for(lambda: log.exists() and "saved" in log.read_text(), timeout=300)
         trainer = psutil.Process(pu.worker_pids(proc)[0])
         helpers = trainer.children(recursive=True)
         assert any("multiprocessing" in " ".join(h.cmdline()) for h in helpers), [h.cmdline() for h in helpers]
         os.kill(trainer.pid, signal.SIGKILL)
-        deadline = time.monotonic() + 15
-        while time.monotonic() < deadline and any(h.is_running() and h.status() != psutil.STATUS_ZOMBIE
-                                                  for h in helpers):
-            time.sleep(0.2)
-        alive = [h for h in helpers if h.is_running() and h.status() != psutil.STATUS_ZOMBIE]
+        alive = _wait_gone(helpers)
         assert not alive, [(h.pid, h.cmdline()) for h in alive]
+    finally:
+        pu.kill_group(proc)
+
+
+def test_sighup_checkpoints_and_exits_75_leaving_no_process(stdlib_corpus, tmp_path):
+    """A closed terminal or ssh session (SIGHUP) killed the trainer without a checkpoint (exit 129) and left its
+    Manager and resource tracker behind."""
+    run_dir, log = tmp_path / "run", tmp_path / "run.log"
+    proc = pu.start(1, pu.tiny_overrides(stdlib_corpus, run_dir, 200, **{"checkpoint.interval": 2}), log)
+    try:
+        pu.wait_for(lambda: log.exists() and "saved" in log.read_text(), timeout=300)
+        trainer = psutil.Process(pu.worker_pids(proc)[0])
+        helpers = trainer.children(recursive=True)
+        os.kill(trainer.pid, signal.SIGHUP)
+        proc.wait(timeout=120)
+        assert proc.returncode == RESUME_EXIT_CODE, log.read_text()[-3000:]
+        stopped = read_latest(run_dir / "checkpoints")
+        it = json.loads((stopped / "cplm_state.json").read_text())["iteration"]
+        assert f"[train] stopping at iteration {it} (signal {int(signal.SIGHUP)}); exit code 75" in log.read_text()
+        alive = _wait_gone(helpers)
+        assert not alive, [(h.pid, h.cmdline()) for h in alive]
+    finally:
+        pu.kill_group(proc)
+
+
+def test_killing_a_plain_torchrun_stops_its_worker_with_a_checkpoint(stdlib_corpus, tmp_path):
+    """kill -9 of torchrun left its workers training (and the run lock refused the relaunch): a worker notices its
+    launcher is gone within a second and stops as on SIGTERM."""
+    run_dir, log = tmp_path / "run", tmp_path / "run.log"
+    proc = pu.start(1, pu.tiny_overrides(stdlib_corpus, run_dir, 200, **{"checkpoint.interval": 0}), log,
+                    mode="torchrun")
+    try:
+        pu.wait_for(lambda: max(pu.losses(run_dir), default=0) >= 2, proc=proc)
+        workers = [psutil.Process(pid) for pid in pu.worker_pids(proc)]
+        os.kill(proc.pid, signal.SIGKILL)  # torchrun only: its worker is left behind
+        alive = _wait_gone(workers, timeout=120)
+        assert not alive, log.read_text()[-3000:]
+        text = log.read_text()
+        assert f"[train] torchrun (pid {proc.pid}) is gone: stopping as on SIGTERM" in text, text[-3000:]
+        stopped = read_latest(run_dir / "checkpoints")
+        assert stopped is not None, text[-3000:]
+        it = json.loads((stopped / "cplm_state.json").read_text())["iteration"]
+        assert f"[train] stopping at iteration {it} (signal {int(signal.SIGTERM)}); exit code 75" in text
     finally:
         pu.kill_group(proc)

@@ -30,3 +30,55 @@ def test_a_second_ctrl_c_stops_at_once_and_a_forwarded_copy_does_not():
     assert proc.stdout == "still running\n"
     assert "SIGINT: saving a checkpoint at the next step boundary" in proc.stderr
     assert "SIGINT again: stopping now, without a checkpoint" in proc.stderr
+
+
+HUP_QUIT = textwrap.dedent("""
+    import os, signal, sys, time
+    from cplm_megatron.training.signals import StopSignal, stop_received
+    if sys.argv[1] == "nohup":
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # what nohup does before it starts the trainer
+    stop = StopSignal()
+    os.kill(os.getpid(), signal.SIGHUP)
+    time.sleep(0.1)
+    print("after HUP:", stop.received, flush=True)
+    os.kill(os.getpid(), signal.SIGQUIT)
+    time.sleep(0.1)
+    print("after QUIT:", stop.received, stop_received(), flush=True)
+""")
+
+
+def test_sighup_and_sigquit_are_stop_requests_unless_the_run_was_started_with_nohup():
+    """A closed terminal (HUP) or Ctrl-\\ (QUIT) killed the trainer without a checkpoint (exit 129/131): they are
+    stop requests now, and nohup's ignored HUP stays ignored."""
+    env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
+    plain = subprocess.run([sys.executable, "-c", HUP_QUIT, "plain"], cwd=REPO, capture_output=True, text=True,
+                           timeout=60, env=env)
+    assert plain.returncode == 0 and plain.stdout == "after HUP: 1\nafter QUIT: 1 1\n", plain.stdout + plain.stderr
+    nohup = subprocess.run([sys.executable, "-c", HUP_QUIT, "nohup"], cwd=REPO, capture_output=True, text=True,
+                           timeout=60, env=env)
+    assert nohup.returncode == 0 and nohup.stdout == "after HUP: None\nafter QUIT: 3 3\n", nohup.stdout + nohup.stderr
+
+
+ORPHANED_WORKER = textwrap.dedent("""
+    import os, time
+    r, w = os.pipe()
+    if os.fork():  # torchrun: dies (as under kill -9) once its worker watches it
+        os.read(r, 1)
+        os._exit(0)
+    os.environ["TORCHELASTIC_RUN_ID"] = "test"
+    from cplm_megatron.training.signals import StopSignal
+    stop = StopSignal()
+    os.write(w, b"x")
+    deadline = time.time() + 20
+    while stop.received is None and time.time() < deadline:
+        time.sleep(0.05)
+    print("worker stop request:", stop.received, flush=True)
+""")
+
+
+def test_a_torchrun_worker_stops_as_on_sigterm_when_torchrun_is_gone():
+    """kill -9 of a plain torchrun left its workers training (and the run lock then refused the relaunch)."""
+    proc = subprocess.run([sys.executable, "-c", ORPHANED_WORKER], cwd=REPO, capture_output=True, text=True,
+                          timeout=60, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    assert proc.stdout == "worker stop request: 15\n", proc.stdout + proc.stderr
+    assert "[train] torchrun (pid " in proc.stderr and ") is gone: stopping as on SIGTERM" in proc.stderr
