@@ -280,29 +280,24 @@ class DataParallelStreamingDataset(StreamingDataset):
         self.dp_size = dp_size
 
     def load_state_dict(self, obj: dict[str, Any]) -> None:
-        """Resume at `obj` (streaming's state dict). streaming keeps the position only in the shared-memory
-        segment /dev/shm/NNNNNN_resume until the first batch is drawn; anything that removes it in between
-        (`clean_stale_shared_memory()`, a cleaner script) would silently restart the epoch at sample 0. The
-        position is therefore also kept on this object (copied into DataLoader workers) and wins in `_resume`."""
-        super().load_state_dict(obj)
+        """Resume at `obj` (streaming's state dict). The position is kept on this object (copied into DataLoader
+        workers) and never in /dev/shm: streaming writes it to the segment /dev/shm/NNNNNN_resume, which every rank
+        of a machine creates or attaches at once (a rank finding it created, then removed before it attaches, failed
+        with FileNotFoundError and left the others waiting: upstream's PR #966 makes the non-leaders wait), and
+        which anything cleaning /dev/shm before the first batch removed (the epoch silently restarted at 0)."""
         self._handed_resume = dict(obj)
 
     def _resume(self, world: World, epoch: int) -> tuple[int, int]:
-        """streaming's `_resume`, with the position handed to `load_state_dict` instead of the one in
-        /dev/shm (which may be missing, or another job's after its prefix was reused)."""
-        found = super()._resume(world, epoch)
+        """streaming's `_resume` (the position a `load_state_dict` left in /dev/shm), except that a position handed
+        to `load_state_dict` is used as it is, without /dev/shm."""
         handed = getattr(self, "_handed_resume", None)
         if handed is None:
-            return found
+            return super()._resume(world, epoch)
         self.num_canonical_nodes = handed["num_canonical_nodes"]
         self.shuffle_seed = handed["shuffle_seed"]
         self.initial_physical_nodes = handed.get("initial_physical_nodes")
-        wanted = (epoch, 0) if handed["epoch"] < epoch else (handed["epoch"], handed["sample_in_epoch"])
-        if found != wanted and not world.worker_of_rank:
-            print(f"[data] streaming's shared-memory resume position ({self._shm_prefix_int:06}_resume in "
-                  f"/dev/shm) gave epoch {found[0]} sample {found[1]}: it was removed or overwritten by another "
-                  f"process; resuming at the checkpoint's epoch {wanted[0]} sample {wanted[1]}", flush=True)
-        return wanted
+        self._set_shuffle_block_size(world)
+        return (epoch, 0) if handed["epoch"] < epoch else (handed["epoch"], handed["sample_in_epoch"])
 
     def prepare_shard(self, shard_id: int, blocking: bool = True) -> None:
         """streaming's prepare_shard, except that a blocking wait gives up once the download thread has

@@ -59,3 +59,46 @@ def test_tp_peers_identical_dp_ranks_disjoint_and_resume(tmp_path: Path) -> None
     assert results[0]["state"]["sample_in_epoch"] == stop * 2 * 2
     for r in results:
         assert r["rest"] == r["draws"][stop:]
+
+
+def _resume_while_the_segment_goes(rank: int, dataset: str, stop: int) -> list:
+    """DP=2 on one machine: both ranks resume; rank 1 does so the moment its segment lookup finds rank 0's resume
+    segment and a cleaner removes it (streaming: create -> FileExistsError -> sleep -> attach -> FileNotFoundError;
+    the race that failed 1 resume in 3 and left rank 0 waiting)."""
+    import torch.distributed as dist
+    from streaming.base.shared import memory
+
+    from cplm_megatron.data.config import BatchShape, DataConfig
+    from cplm_megatron.data.loader import build_train_loader
+
+    cfg = DataConfig(streams=[{"path": dataset}], seed=11)
+    shape = BatchShape(SEQ, micro_batch=2, global_batch=4)
+
+    def keys(batch) -> list:
+        return [tuple(row.tolist()) for row in batch["tokens"]]
+
+    straight = build_train_loader(cfg, shape, rank, 2)
+    draws = [keys(next(straight)) for _ in range(stop + 6)]
+    first = build_train_loader(cfg, shape, rank, 2)
+    for _ in range(stop):
+        next(first)
+    state = first.state_dict()
+    resumed = build_train_loader(cfg, shape, rank, 2)
+    segment = Path("/dev/shm") / f"{resumed.dataset._shm_prefix_int:06}_resume"
+    if rank == 0:
+        resumed.load_state_dict(state)
+    dist.barrier()
+    if rank == 1:
+        sleep = memory.sleep
+        memory.sleep = lambda seconds: (segment.unlink(missing_ok=True), sleep(seconds))
+        try:
+            resumed.load_state_dict(state)
+        finally:
+            memory.sleep = sleep
+    dist.barrier()
+    return [keys(next(resumed)) for _ in range(6)] == draws[stop:]
+
+
+def test_dp2_resume_is_exact_when_the_resume_segment_is_removed_meanwhile(tmp_path: Path) -> None:
+    write_synthetic_dataset(tmp_path / "ds", numbered_docs(48, SEQ, doc_len=21), SEQ, shard_size_limit=1 << 9)
+    assert run_processes(_resume_while_the_segment_goes, 2, str(tmp_path / "ds"), 3) == [True, True]
