@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from cplm_megatron.data._streaming_import import TICK, ShardState, StreamingDataset, World
+from cplm_megatron.data.stop import StopRequested, stop_signal
 
 _WORLD_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
 
@@ -118,6 +119,7 @@ LOCK_LOG_AFTER_S = 5.0
 LOCK_GIVE_UP_AFTER_S = 900.0
 
 
+
 def _open_lock_file(path: Path) -> Any:
     """The lock file, group/world-writable (every user's jobs on a shared node order on it); a foreign one this
     user may not open is replaced by a per-user one beside it."""
@@ -146,6 +148,12 @@ def take_open_lock(path: Path, log_after_s: float = LOCK_LOG_AFTER_S,
             return lock
         except BlockingIOError:
             waited = time.monotonic() - started
+            signum = stop_signal()
+            if signum is not None:
+                lock.close()
+                raise StopRequested(f"stopped by signal {signum} after {waited:.0f} s of waiting for the dataset lock "
+                                    f"{path} (another job on this machine is opening its datasets): nothing was "
+                                    f"trained or written; relaunch to continue") from None
             if waited > give_up_after_s:
                 lock.close()
                 raise DatasetError(
@@ -220,15 +228,15 @@ def one_open_at_a_time(layout: NodeLayout) -> Iterator[None]:
             try:
                 lock = take_open_lock(_open_lock_path())
                 check_shared_memory(SHM_FLOOR_BYTES)
-            except DatasetError as e:
-                problem = str(e)
+            except (DatasetError, StopRequested) as e:
+                problem = (type(e).__name__, str(e))
         problems: list[Any] = [problem]
-        if peers:  # every rank refuses together (a rank left waiting in a collective would hang)
+        if peers:  # every rank refuses (or stops) together (a rank left waiting in a collective would hang)
             problems = [None] * dist.get_world_size()
             dist.all_gather_object(problems, problem)
         found = next((p for p in problems if p), None)
         if found:
-            raise DatasetError(found)
+            raise (StopRequested if found[0] == "StopRequested" else DatasetError)(found[1])
         yield
         if peers:
             dist.barrier()

@@ -49,7 +49,10 @@ def build_data(cfg: RunConfig, vocab: Vocabulary, dp_rank: int, dp_size: int):
         raise ConfigError("data.streams is empty: point it at prepared datasets (e.g. --set "
                           "data.streams=data/stdlib/train after `make data`) or set data.synthetic")
     from cplm_megatron.data.loader import build_train_loader, build_val_loader  # imports streaming
+    from cplm_megatron.data.stop import set_stop_check
+    from cplm_megatron.training.signals import stop_received
 
+    set_stop_check(stop_received)  # a stop signal ends a wait for the machine's dataset lock
     train = build_train_loader(cfg.data, cfg.train.shape, dp_rank, dp_size, model_vocab_size=vocab.padded)
     val = None
     if cfg.train.eval_interval and cfg.data.val_streams:
@@ -372,9 +375,13 @@ def peak_memory_gib() -> float:
 
 def train(cfg: RunConfig) -> int:
     """Build a Trainer and run it; tears down the process groups at the end."""
+    from cplm_megatron.data.stop import StopRequested
     from cplm_megatron.parallel.distributed import destroy_distributed
 
     try:
         return Trainer(cfg).run()
+    except StopRequested as e:  # a stop signal before the first step: nothing to save
+        rank0_print(f"[train] {e}; exit code {RESUME_EXIT_CODE} = resume me")
+        return RESUME_EXIT_CODE
     finally:
         destroy_distributed()

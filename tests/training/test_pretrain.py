@@ -546,3 +546,31 @@ def _pgid(pid: int) -> int:
         return os.getpgid(pid)
     except ProcessLookupError:
         return -1
+
+
+# ---------------------------------------------------------------- nothing lost, nothing silent: round 4 (issue 43)
+
+def test_sigterm_while_waiting_for_the_dataset_lock_stops_at_once(stdlib_corpus, tmp_path, mounts):
+    """Another job on the machine holds the dataset lock (it is opening its datasets): SIGTERM was ignored until the
+    lock was released (up to 900 s). Now the wait ends at once: one line, exit 75, nothing written. /dev/shm is
+    private to the test (a tmpfs in its own mount namespace), so the machine's lock is not touched."""
+    import fcntl
+    from pathlib import Path
+
+    mounts.tmpfs(Path("/dev/shm"), "64m")
+    run_dir, log = tmp_path / "run", tmp_path / "run.log"
+    with open(mounts.seen(Path("/dev/shm/cplm-streaming-open.lock")), "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        proc = harness.start_pretrain(1, pu.tiny_overrides(stdlib_corpus, run_dir, 3), log,
+                                      script=mounts.script(harness.PRETRAIN))
+        try:
+            pu.wait_for(lambda: "waiting for the dataset lock" in log.read_text(), timeout=120)
+            for pid in pu.worker_pids(proc):
+                os.kill(pid, signal.SIGTERM)
+            proc.wait(timeout=30)
+        finally:
+            pu.kill_group(proc)
+    text = log.read_text()
+    assert proc.returncode == RESUME_EXIT_CODE, text[-3000:]
+    assert "[train] stopped by signal 15 after" in text and "waiting for the dataset lock" in text, text[-3000:]
+    assert "Traceback" not in text and not run_dir.exists(), text[-3000:]

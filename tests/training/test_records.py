@@ -37,20 +37,11 @@ def test_a_cut_last_metrics_line_is_dropped_on_resume(stdlib_corpus, reference_r
     assert all(json.loads(line) for line in metrics.read_text().splitlines())
 
 
-@pytest.fixture
-def mounts():
-    """A private mount namespace (tests/training/private_mounts.py)."""
-    from tests.training.private_mounts import private_mounts
-
-    yield from private_mounts()
-
-
 def test_a_disk_filled_during_an_async_save_resumes_once_space_is_freed(stdlib_corpus, tmp_path, mounts):
     """A 30 MiB filesystem holds two ~11 MiB checkpoints, not the third written beside them in the background: the
     run stops with one line saying the disk is full, no record is left half written, and once the filesystem is
     grown the same command resumes from the last complete checkpoint and finishes."""
     from tests import harness
-    from tests.training.private_mounts import SCRIPT  # noqa: F401 - the wrapper the trainer runs under
 
     disk = mounts.tmpfs(tmp_path / "disk", "30m")
     run_dir = disk / "run"
