@@ -35,7 +35,7 @@ import sys
 from pathlib import Path
 
 from cplm_megatron.cli import exit_2_on
-from cplm_megatron.experiments.launch.launcher import JobResult
+from cplm_megatron.experiments.launch.launcher import JobResult, RunsInterrupted
 from cplm_megatron.experiments.pipeline import SpamLangSettings, run_ablation, run_recipe_study, summarize_study
 from cplm_megatron.experiments.plan.ablation import AblationSettings
 from cplm_megatron.experiments.plan.study import ACTIVE_ARMS, ARMS, SCALES, SECOND_SCALE_ARMS, StudySettings
@@ -162,6 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     except RuntimeError as err:  # failed jobs: their logs' last lines
         print(f"error: {err}", file=sys.stderr)
         return 1
+    except RunsInterrupted as stop:  # Ctrl-C: queued jobs cancelled, running ones checkpointed (75) or not (130)
+        print(stop, file=sys.stderr)
+        return stop.exit_code
 
 
 def _main(argv: list[str] | None) -> int:

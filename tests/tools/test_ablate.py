@@ -231,3 +231,59 @@ def test_a_job_after_a_code_change_starts_in_a_fresh_interpreter(tmp_path: Path,
     failed = Launcher(tmp_path).run_job(broken)
     log = (tmp_path / "runs" / broken.name / "train.log").read_text()
     assert "code changed since this tool started: a fresh interpreter" in log and "exit 2" in failed.error
+
+
+def _small_runs(names) -> list:
+    """Runs of a few seconds: 40 steps of the tiny recipe on synthetic copy data, scored on 2 copy sequences."""
+    from cplm_megatron.experiments.plan.run import Evaluation, Run
+
+    settings = (("copy_head.enabled", True), ("data.synthetic", "copy"), ("model.vocab_size", 256),
+                ("train.seq_len", 64), ("train.micro_batch", 2), ("train.global_batch", 2), ("train.iters", 40),
+                ("train.log_interval", 1), ("train.eval_interval", 0), ("checkpoint.interval", 0),
+                ("logging.wandb", False))
+    return [Run(name, "ctrl-c", settings, Evaluation(("copy",), limit=2)) for name in names]
+
+
+@pytest.mark.slow
+def test_ctrl_c_cancels_the_queue_stops_the_running_job_with_a_checkpoint_and_a_relaunch_continues(tmp_path: Path):
+    """Ctrl-C stopped only the running job; the executor's exit then ran every queued job (hours on the full grid)
+    and ended in a traceback (issue 43 item 7). Now: the queue is cancelled, the running job checkpoints, one line,
+    exit 75; the same call again resumes the stopped run and runs the rest. SIGINT reaches run_all's thread (this
+    process's main thread) as a terminal's Ctrl-C would; the launcher passes it on to the running job."""
+    import json
+    import signal
+    import threading
+
+    from cplm_megatron.experiments.launch.launcher import RunsInterrupted
+    from cplm_megatron.training.checkpoint_lookup import read_latest
+
+    runs = _small_runs(["first", "second", "third"])
+    launcher = Launcher(tmp_path, backend="warm")
+    first = launcher.run_dir(runs[0])
+    main = threading.main_thread().ident
+
+    def interrupt_once_training() -> None:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            metrics = first / "metrics.jsonl"
+            if metrics.is_file() and len(metrics.read_text().splitlines()) >= 2:
+                signal.pthread_kill(main, signal.SIGINT)
+                return
+            time.sleep(0.05)
+
+    threading.Thread(target=interrupt_once_training, daemon=True).start()
+    try:
+        with pytest.raises(RunsInterrupted) as stopped:
+            launcher.run_all(runs, jobs=1)
+    except KeyboardInterrupt:
+        pytest.fail("Ctrl-C escaped run_all")
+    assert stopped.value.exit_code == 75, str(stopped.value)
+    assert str(stopped.value) == ("[jobs] interrupted: 2 queued job(s) cancelled; running: first (stopped with a "
+                                  "checkpoint); relaunch the same command to continue (finished runs are reused, "
+                                  "stopped ones resume)")
+    iteration = json.loads((read_latest(first / "checkpoints") / "cplm_state.json").read_text())["iteration"]
+    assert 2 <= iteration < 40 and not (first / "eval.json").exists()
+    assert not launcher.run_dir(runs[1]).exists() and not launcher.run_dir(runs[2]).exists()
+    [done] = Launcher(tmp_path, backend="warm").run_all(runs[:1], jobs=1)
+    assert done.error is None and (first / "eval.json").is_file()
+    assert f"resumed from {first}/checkpoints/iter_{iteration:07d}" in (first / "train.log").read_text()

@@ -12,13 +12,14 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from cplm_megatron.experiments.plan.run import Run
@@ -32,6 +33,7 @@ from cplm_megatron.experiments.records import (
     write_job_record,
 )
 from cplm_megatron.training.durable_files import write_atomic
+from cplm_megatron.training.signals import RESUME_EXIT_CODE
 
 PRETRAIN = "cplm_megatron.pretrain"
 EVALUATE = "cplm_megatron.evaluate"
@@ -104,9 +106,11 @@ def subprocess_env(threads: int) -> dict[str, str]:
             "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": "offline", "PYTHONWARNINGS": "ignore"}
 
 
-def run_command(command: Command, log: Path, env: dict[str, str], backend: str = "warm") -> int:
+def run_command(command: Command, log: Path, env: dict[str, str], backend: str = "warm",
+                started: Callable[[object], None] | None = None) -> int:
     """Run `command` with its output in `log` through `backend` ("warm": processes forked from the forkserver, or
-    a fresh interpreter when the project's code changed since it preloaded it; "subprocess": a fresh one)."""
+    a fresh interpreter when the project's code changed since it preloaded it; "subprocess": a fresh one).
+    `started(handle)`: called with the running job (it has `send_signal`) once it runs."""
     from cplm_megatron.experiments.launch.warm import source_changed, start_module
 
     if backend not in BACKENDS:
@@ -119,10 +123,13 @@ def run_command(command: Command, log: Path, env: dict[str, str], backend: str =
             backend = "subprocess"
         f.flush()
         if backend == "subprocess":
-            return subprocess.run(command.argv_list(), check=False, stdout=f, stderr=subprocess.STDOUT,
-                                  env=env).returncode
-    return start_module(command.module, list(command.argv), command.processes, log, env=env,
-                        new_session=False).wait()
+            job = subprocess.Popen(command.argv_list(), stdout=f, stderr=subprocess.STDOUT, env=env)
+        else:
+            job = start_module(command.module, list(command.argv), command.processes, log, env=env,
+                               new_session=False)
+    if started is not None:
+        started(job)
+    return job.wait()
 
 
 @dataclass
@@ -197,6 +204,15 @@ class _JobClock:
         return seconds
 
 
+class RunsInterrupted(Exception):
+    """Ctrl-C (SIGINT) stopped `run_all`: queued jobs cancelled, running ones stopped (their trainers checkpoint);
+    the message is the one line to print, `exit_code` 75 (every stopped run can resume) or 130."""
+
+    def __init__(self, message: str, exit_code: int):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
 @dataclass(frozen=True)
 class Launcher:
     """Where and how runs are launched: under `output`, with data paths under `data_root` recorded relative to it,
@@ -207,6 +223,8 @@ class Launcher:
     processes: int = 1
     threads: int = 1
     backend: str = "warm"
+    _stopping: threading.Event = field(default_factory=threading.Event, compare=False, repr=False)
+    _running: dict = field(default_factory=dict, compare=False, repr=False)  # run name -> its running job
 
     def run_dir(self, run: Run) -> Path:
         return Path(self.output).resolve() / "runs" / run.name
@@ -255,31 +273,76 @@ class Launcher:
         except RecordError as e:
             result.error = str(e)
             return result
-        code = run_command(train_command(run, run_dir, self.processes), run_dir / "train.log", env, self.backend)
+        code = self._run(run, train_command(run, run_dir, self.processes), run_dir / "train.log", env)
         result.train_seconds = clock.stop()
         if code != 0:
             result.error = f"training failed (exit {code}); see {run_dir / 'train.log'}{_tail(run_dir / 'train.log')}"
             return result
         clock = _JobClock(run_dir, "eval_seconds")
-        code = run_command(eval_command(run, run_dir), run_dir / "eval.log", env, self.backend)
+        code = self._run(run, eval_command(run, run_dir), run_dir / "eval.log", env)
         result.eval_seconds = clock.stop(complete=code == 0)
         if code != 0:
             result.error = f"evaluation failed (exit {code}); see {run_dir / 'eval.log'}{_tail(run_dir / 'eval.log')}"
         return result
 
+    def _run(self, run: Run, command: Command, log: Path, env: dict[str, str]) -> int:
+        """One command of a job, known as running (for a Ctrl-C to reach it) while it runs; not started once the
+        launcher is stopping (RESUME_EXIT_CODE: nothing lost)."""
+        if self._stopping.is_set():
+            return RESUME_EXIT_CODE
+        try:
+            return run_command(command, log, env, self.backend, started=lambda job: self._started(run, job))
+        finally:
+            self._running.pop(run.name, None)
+
+    def _started(self, run: Run, job: object) -> None:
+        self._running[run.name] = job
+        if self._stopping.is_set():  # the stop came while it started
+            job.send_signal(signal.SIGINT)
+
     def run_all(self, runs: Sequence[Run], jobs: int = 2,
                 on_done: Callable[[JobResult], None] | None = None) -> list[JobResult]:
-        """Run every job, `jobs` at a time; RuntimeError naming the failed ones' logs."""
+        """Run every job, `jobs` at a time; RuntimeError naming the failed ones' logs; RunsInterrupted on Ctrl-C."""
         Path(self.output).mkdir(parents=True, exist_ok=True)
         results: list[JobResult] = []
-        with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-            futures = [pool.submit(self.run_job, run) for run in runs]
+        pool = ThreadPoolExecutor(max_workers=max(1, jobs))
+        futures = [pool.submit(self.run_job, run) for run in runs]
+        try:
             for future in futures:
                 result = future.result()
                 results.append(result)
                 if on_done is not None:
                     on_done(result)
+        except KeyboardInterrupt:
+            raise self._interrupted(pool, futures) from None
+        pool.shutdown()
         failed = [r.error for r in results if r.error]
         if failed:
             raise RuntimeError("jobs failed:\n  " + "\n  ".join(failed))
         return results
+
+    def _interrupted(self, pool: ThreadPoolExecutor, futures: list) -> RunsInterrupted:
+        """After a Ctrl-C: cancel the queued jobs, ask the running ones to stop (their trainers checkpoint at the
+        next step; a terminal's Ctrl-C reached them already, a repeat within a second counts once) and wait for
+        them (a second Ctrl-C stops waiting); the one line to print and the exit code."""
+        self._stopping.set()
+        cancelled = sum(f.cancel() for f in futures)
+        stopping = list(self._running.items())
+        for _, job in stopping:
+            try:
+                job.send_signal(signal.SIGINT)
+            except (ProcessLookupError, OSError):
+                pass
+        try:
+            pool.shutdown(wait=True)
+        except KeyboardInterrupt:
+            return RunsInterrupted(f"[jobs] interrupted twice: {cancelled} queued job(s) cancelled, "
+                                   f"{', '.join(name for name, _ in stopping) or 'no job'} stopped without waiting "
+                                   f"for a checkpoint; relaunch the same command to continue", 130)
+        codes = {name: job.returncode if hasattr(job, "returncode") else None for name, job in stopping}
+        clean = all(code in (0, RESUME_EXIT_CODE) for code in codes.values())
+        names = ", ".join(codes) or "none was running"
+        return RunsInterrupted(
+            f"[jobs] interrupted: {cancelled} queued job(s) cancelled; running: {names}"
+            f"{' (stopped with a checkpoint)' if clean and codes else ''}; relaunch the same command to continue "
+            f"(finished runs are reused, stopped ones resume)", RESUME_EXIT_CODE if clean else 130)
