@@ -12,6 +12,8 @@
 #                           installed by the script's install step; nothing editable; bf16, SDPA -> DIR
 #   make gpu-image-env      that environment alone (built once, cached in .venv-gpu-image/)
 #   make data               the embedded corpus: tokenizer + MDS shards from the Python stdlib sources
+#   make data-code          the code corpus for SmolLM2-135M runs (data/code): every installed Python source, split
+#                           by distribution, BPE 49,152, every core; fails if its size rules do not hold
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
@@ -39,9 +41,10 @@ $(LATEST_STAMP): EXTRAS := dev
 $(LATEST_STAMP): MCORE_REQ := megatron-core==$(MCORE_LATEST)
 PIP = $(@D)/bin/python -m pip -q --disable-pip-version-check
 DATA_DIR ?= data/stdlib
+CODE_DATA_DIR ?= data/code
 PYTEST_ARGS ?=
 
-.PHONY: setup setup-mcore-latest test test-mcore-latest demo data lint clean-data gpu-dry-run gpu-image-env
+.PHONY: setup setup-mcore-latest test test-mcore-latest demo data data-code lint clean-data gpu-dry-run gpu-image-env
 
 setup: $(STAMP)
 
@@ -61,6 +64,9 @@ $(STAMP) $(LATEST_STAMP): setup.py requirements/constraints-cpu.txt requirements
 
 data: setup
 	$(BIN)/python tools/build_stdlib_corpus.py --output $(DATA_DIR)
+
+data-code: setup
+	$(BIN)/python tools/build_code_corpus.py --output $(CODE_DATA_DIR) --check-size-rules
 
 test: setup data
 	@set +e; $(BIN)/python -m pytest tests $(PYTEST_ARGS); rc=$$?; \

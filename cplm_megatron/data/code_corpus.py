@@ -1,0 +1,358 @@
+"""A code corpus for SmolLM2-135M-sized runs, built offline from the Python sources installed on the machine.
+
+    corpus = build_code_corpus("data/code")            # every installed distribution (tools/build_code_corpus.py)
+
+Sources (cplm_megatron.data.code_sources): the standard library and every site-packages distribution. Steps:
+
+1. Split by distribution, so no package straddles train and the held-out splits: distributions in the order of a
+   hash of their name fill validation up to `val_fraction` of all source bytes, then dev (the cache control's
+   tuning split) up to `dev_fraction`; the rest is train. A distribution larger than `max_distribution_share` of
+   a held-out split, or that would lose half its bytes to step 3's size and generator rules, stays in train.
+2. Deduplicate by content (sha256 of the bytes): a file whose content came earlier (train first, then dev, then
+   validation; each in name order) is left out. So no held-out document is a training document.
+3. Clean the held-out splits: files above `max_document_share` of the split's bytes (no document dominates the
+   split's loss), generated files (a generator's marker in the first lines) and near-duplicates of training files
+   (>= `near_duplicate` of their distinct 16-word shingles occur in a training file: vendored copies of other
+   versions) are left out of the corpus, never moved to train.
+4. A byte-level BPE of `vocab_size` tokens trained on a sample of the training files (`tokenizer_sample_bytes`,
+   by content hash: the same sample for the same package set wherever it is installed).
+5. Packed MDS datasets (train, dev, val) written by every core; DIR/split.json: every split's distributions,
+   documents, tokens, the largest document's share, what was left out and why, the held-out shingles that occur
+   in train, the package list with versions, and the size rules checked.
+
+The result depends only on the package set (names, versions, file contents) and the settings.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cplm_megatron.data.code_sources import (
+    DEFAULT_MAX_FILE_BYTES,
+    Distribution,
+    SourceFile,
+    installed_distributions,
+    limit_distributions,
+    name_hash,
+    read_distributions,
+    site_roots,
+)
+from cplm_megatron.data.prepare import prepare_dataset
+from cplm_megatron.data.stdlib_corpus import SHINGLE_WORDS, _window_hashes, document_sizes, is_generated
+from cplm_megatron.data.tokenizer_training import train_tokenizer_from_files
+
+SPLITS = ("train", "dev", "val")
+HELD_OUT = ("dev", "val")
+SPLIT_RECORD = "split.json"
+RECORD_VERSION = 1
+
+
+@dataclass(frozen=True)
+class CodeCorpusSettings:
+    """How the corpus is split, cleaned, tokenized and packed."""
+
+    vocab_size: int = 49152  # SmolLM2's
+    seq_len: int = 2048
+    val_fraction: float = 0.04  # of all source bytes
+    dev_fraction: float = 0.01
+    max_distribution_share: float = 0.25  # of a held-out split's bytes, per distribution
+    max_document_share: float = 0.004  # of a held-out split's bytes, per document (its tokens stay <= 1%)
+    near_duplicate: float = 0.1  # a held-out file sharing this fraction of its shingles with train is left out
+    tokenizer_sample_bytes: int = 48 * 1024 * 1024
+    min_frequency: int = 2
+
+    def validate(self) -> None:
+        """Raise ValueError naming a bad setting."""
+        for name in ("val_fraction", "dev_fraction", "max_distribution_share", "max_document_share", "near_duplicate"):
+            value = getattr(self, name)
+            if not 0 < value <= 1:
+                raise ValueError(f"{name} must lie in (0, 1], got {value}")
+        if self.val_fraction + self.dev_fraction >= 1:
+            raise ValueError("val_fraction + dev_fraction must be < 1")
+        if self.vocab_size < 257 or self.seq_len < 1 or self.tokenizer_sample_bytes < 1:
+            raise ValueError("vocab_size must be > 256, seq_len and tokenizer_sample_bytes >= 1")
+
+
+@dataclass(frozen=True)
+class SizeRules:
+    """What a corpus for SmolLM2-135M must hold (checked by `make data-code`)."""
+
+    min_train_tokens: int = 50_000_000
+    min_val_documents: int = 500
+    min_val_tokens: int = 2_000_000
+    max_val_document_share: float = 0.01
+    vocab_size: int = 49152
+
+
+def check_size_rules(record: dict[str, Any], rules: SizeRules = SizeRules()) -> list[str]:
+    """The rules a built corpus' split.json breaks (empty: all hold)."""
+    splits, failures = record["splits"], []
+    if splits["train"]["tokens"] < rules.min_train_tokens:
+        failures.append(f"train tokens {splits['train']['tokens']:,} < {rules.min_train_tokens:,}")
+    if splits["val"]["documents"] < rules.min_val_documents:
+        failures.append(f"validation documents {splits['val']['documents']:,} < {rules.min_val_documents:,}")
+    if splits["val"]["tokens"] < rules.min_val_tokens:
+        failures.append(f"validation tokens {splits['val']['tokens']:,} < {rules.min_val_tokens:,}")
+    share = splits["val"]["largest_document_share"]
+    if share is None or share > rules.max_val_document_share:
+        failures.append(f"the largest validation document holds {share} of the split's tokens "
+                        f"> {rules.max_val_document_share}")
+    if record["tokenizer"]["vocab_size"] != rules.vocab_size:
+        failures.append(f"vocabulary {record['tokenizer']['vocab_size']:,} != {rules.vocab_size:,}")
+    for split in HELD_OUT:
+        contamination = record["held_out_overlap"][split]
+        if contamination["files_in_train"] or contamination["largest_file_fraction"] >= record["settings"]["near_duplicate"]:
+            failures.append(f"{split} holds training content: {contamination}")
+    return failures
+
+
+def usable_bytes(dist: Distribution, cap: float) -> int:
+    """The bytes of `dist` a held-out split would keep: files of at most `cap` bytes that no generator wrote."""
+    return sum(f.size for f in dist.files if f.size <= cap and not is_generated(f.path))
+
+
+def assign_splits(dists: Sequence[Distribution], s: CodeCorpusSettings) -> dict[str, list[Distribution]]:
+    """Whole distributions per split (see the module doc, step 1); ValueError if no held-out split can be drawn.
+    A held-out distribution must keep at least half of its bytes (few oversized or generated files)."""
+    total = sum(d.bytes for d in dists)
+    order = sorted(dists, key=lambda d: name_hash(d.name, "split"))
+    taken: set[str] = set()
+    out: dict[str, list[Distribution]] = {}
+    for split, fraction in (("val", s.val_fraction), ("dev", s.dev_fraction)):
+        target, filled, out[split] = fraction * total, 0, []
+        for dist in order:
+            if filled >= target:
+                break
+            if dist.name in taken or dist.bytes > s.max_distribution_share * target:
+                continue
+            usable = usable_bytes(dist, s.max_document_share * target)
+            if usable < dist.bytes / 2:
+                continue
+            out[split].append(dist)
+            taken.add(dist.name)
+            filled += usable
+        if not out[split]:
+            raise ValueError(f"no distribution fits the {split} split ({fraction:.1%} of {total:,} source bytes, at "
+                             f"most {s.max_distribution_share:.0%} of it per distribution): include more packages "
+                             f"(--max-bytes, --packages) or raise --{split}-fraction")
+    out["train"] = [d for d in dists if d.name not in taken]
+    return {split: sorted(out[split], key=lambda d: d.name) for split in SPLITS}
+
+
+@dataclass
+class CleanSplits:
+    """The files each split keeps (with their distribution's name) and what was left out."""
+
+    files: dict[str, list[tuple[str, SourceFile]]]
+    dropped: dict[str, dict[str, int]]
+    dropped_held_out: list[dict[str, str]]
+    overlap: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def deduplicate(splits: dict[str, list[Distribution]], s: CodeCorpusSettings) -> CleanSplits:
+    """Steps 2 and the size/generated part of step 3: content duplicates (train first), oversized and generated
+    held-out files."""
+    total = sum(d.bytes for dists in splits.values() for d in dists)
+    seen: set[str] = set()
+    clean = CleanSplits({}, {}, [])
+    for split in SPLITS:
+        kept, dropped = [], clean.dropped.setdefault(split, {})
+        cap = s.max_document_share * (s.val_fraction if split == "val" else s.dev_fraction) * total
+        for dist in splits[split]:
+            for f in dist.files:
+                reason = None
+                if f.digest in seen:
+                    reason = "duplicate content"
+                elif split != "train" and f.size > cap:
+                    reason = f"above {s.max_document_share:.1%} of the split's bytes"
+                elif split != "train" and is_generated(f.path):
+                    reason = "generated"
+                seen.add(f.digest)
+                if reason is None:
+                    kept.append((dist.name, f))
+                    continue
+                dropped[reason] = dropped.get(reason, 0) + 1
+                if split != "train":
+                    clean.dropped_held_out.append({"split": split, "distribution": dist.name, "file": f.relpath,
+                                                   "reason": reason})
+        clean.files[split] = kept
+    return clean
+
+
+def shingle_hashes(text: str, coefficients: Any, words: int = SHINGLE_WORDS) -> Any:
+    """The distinct hashes (uint64, sorted) of every run of `words` whitespace-separated words of `text` (the whole
+    text if shorter); consistent within one process."""
+    import numpy as np
+
+    tokens = text.split()
+    if not tokens:
+        return np.empty(0, dtype=np.uint64)
+    if len(tokens) < words:
+        return np.array([hash(" ".join(tokens))], dtype=np.int64).view(np.uint64)
+    ids = np.fromiter(map(hash, tokens), dtype=np.int64, count=len(tokens)).view(np.uint64)
+    return np.unique(_window_hashes(ids, words, coefficients))
+
+
+def _text(f: SourceFile) -> str:
+    return f.path.read_bytes().decode("utf-8")
+
+
+def remove_near_duplicates(clean: CleanSplits, s: CodeCorpusSettings) -> CleanSplits:
+    """Step 3's near-duplicates: held-out files sharing >= `near_duplicate` of their distinct shingles with the
+    training files are left out; records, per held-out split, the share of its remaining shingles found in train."""
+    import numpy as np
+
+    coefficients = np.random.default_rng(0).integers(1, 2**63, size=SHINGLE_WORDS, dtype=np.uint64) * 2 + 1
+    held = {(split, i): shingle_hashes(_text(f), coefficients)
+            for split in HELD_OUT for i, (_, f) in enumerate(clean.files[split])}
+    universe = np.unique(np.concatenate([np.empty(0, np.uint64), *held.values()]))
+    found = np.zeros(universe.size, dtype=bool)
+    for _, f in clean.files["train"]:
+        if universe.size:
+            hashes = shingle_hashes(_text(f), coefficients)
+            at = np.minimum(np.searchsorted(universe, hashes), universe.size - 1)
+            found[at[universe[at] == hashes]] = True
+    for split in HELD_OUT:
+        kept, shared_total, shingles_total, worst = [], 0, 0, 0.0
+        for i, (dist, f) in enumerate(clean.files[split]):
+            hashes = held[(split, i)]
+            shared = int(found[np.searchsorted(universe, hashes)].sum()) if hashes.size else 0
+            fraction = shared / hashes.size if hashes.size else 0.0
+            if fraction >= s.near_duplicate:
+                clean.dropped[split]["near-duplicate of a training file"] = \
+                    clean.dropped[split].get("near-duplicate of a training file", 0) + 1
+                clean.dropped_held_out.append({"split": split, "distribution": dist, "file": f.relpath,
+                                               "reason": f"near-duplicate ({fraction:.0%} of its shingles in train)"})
+                continue
+            kept.append((dist, f))
+            shared_total, shingles_total, worst = shared_total + shared, shingles_total + hashes.size, max(worst, fraction)
+        clean.files[split] = kept
+        clean.overlap[split] = {"shingle_words": SHINGLE_WORDS, "shingles": shingles_total, "in_train": shared_total,
+                                "fraction_in_train": shared_total / shingles_total if shingles_total else 0.0,
+                                "largest_file_fraction": worst}
+    return clean
+
+
+def tokenizer_sample(files: Sequence[SourceFile], sample_bytes: int) -> list[SourceFile]:
+    """Training files in the order of a hash of their content until `sample_bytes` (at least one file)."""
+    chosen, total = [], 0
+    for f in sorted(files, key=lambda f: name_hash(f.digest, "tokenizer-sample")):
+        if total >= sample_bytes:
+            break
+        chosen.append(f)
+        total += f.size
+    return chosen
+
+
+def workers_here() -> int:
+    """The cores this process may run on (taskset, cgroups' cpusets)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+@dataclass
+class CodeCorpus:
+    """A built corpus: its directory and split.json."""
+
+    root: Path
+    record: dict[str, Any]
+
+    def split_dir(self, split: str) -> Path:
+        return self.root / split
+
+    @property
+    def tokenizer_dir(self) -> Path:
+        return self.root / "tokenizer"
+
+
+def build_code_corpus(output: str | Path, settings: CodeCorpusSettings = CodeCorpusSettings(),
+                      roots: Sequence[Path] | None = None, packages: Sequence[str] | None = None,
+                      max_bytes: int | None = None, workers: int | None = None, show_progress: bool = True,
+                      max_file_bytes: int = DEFAULT_MAX_FILE_BYTES, log=print) -> CodeCorpus:
+    """Build (or confirm up to date) the corpus of the installed sources under `output` (see the module doc).
+    `packages`/`max_bytes` limit the distributions (a small, deterministic corpus for tests and dry runs)."""
+    settings.validate()
+    output, start = Path(output).resolve(), time.perf_counter()
+    roots = list(roots) if roots is not None else site_roots()
+    listed = limit_distributions(installed_distributions(roots), packages, max_bytes)
+    dists, skipped = read_distributions(listed, max_file_bytes)
+    log(f"[code-corpus] {len(dists)} distributions, {sum(d.bytes for d in dists):,} source bytes "
+        f"({time.perf_counter() - start:.0f} s)")
+    splits = assign_splits(dists, settings)
+    clean = remove_near_duplicates(deduplicate(splits, settings), settings)
+    log("[code-corpus] split and cleaned: " + ", ".join(f"{k} {len(v):,} files" for k, v in clean.files.items())
+        + f" ({time.perf_counter() - start:.0f} s)")
+    train_files = [f for _, f in clean.files["train"]]
+    sample = tokenizer_sample(train_files, settings.tokenizer_sample_bytes)
+    tokenizer = train_tokenizer_from_files([f.path for f in sample], settings.vocab_size, output / "tokenizer",
+                                           min_frequency=settings.min_frequency, show_progress=show_progress)
+    log(f"[code-corpus] tokenizer: {tokenizer.info.vocab_size:,} tokens from {len(sample):,} files "
+        f"({time.perf_counter() - start:.0f} s)")
+    workers = workers or workers_here()
+    manifests = {split: prepare_dataset([f.path for _, f in clean.files[split]], tokenizer.output, output / split,
+                                        seq_len=settings.seq_len, workers=workers, show_progress=show_progress).manifest
+                 for split in SPLITS}
+    record = split_record(output, settings, roots, splits, clean, skipped, manifests, tokenizer.info, sample)
+    record["seconds"] = round(time.perf_counter() - start, 1)
+    record["workers"] = workers
+    _write_json(output / SPLIT_RECORD, record)
+    return CodeCorpus(output, record)
+
+
+def split_record(output: Path, s: CodeCorpusSettings, roots: Sequence[Path], splits: dict[str, list[Distribution]],
+                 clean: CleanSplits, skipped: Any, manifests: dict[str, Any], tokenizer: Any,
+                 sample: Sequence[SourceFile]) -> dict[str, Any]:
+    """DIR/split.json's content (see the module doc, step 5)."""
+    counts = {}
+    for split in SPLITS:
+        files = [f for _, f in clean.files[split]]
+        m = manifests[split]
+        total = sum(f.size for f in files)
+        counts[split] = {"distributions": len(splits[split]), "documents": m.documents, "tokens": m.tokens,
+                         "samples": m.samples, "bytes": total,
+                         "largest_document_bytes_share": max(f.size for f in files) / total if total else None}
+        if split in HELD_OUT:
+            sizes = document_sizes(output / "tokenizer", [f.path for f in files])
+            counts[split].update(largest_document_share=sizes["largest_document_share"],
+                                 largest_document_tokens=sizes["largest_document_tokens"])
+    held_digests = {split: {f.digest for _, f in clean.files[split]} for split in HELD_OUT}
+    train_digests = {f.digest for _, f in clean.files["train"]}
+    for split in HELD_OUT:
+        clean.overlap[split]["files_in_train"] = len(held_digests[split] & train_digests)
+    return {
+        "version": RECORD_VERSION, "python": platform.python_version(), "roots": [str(r) for r in roots],
+        "settings": asdict(s), "splits": counts,
+        "tokenizer": {"vocab_size": tokenizer.vocab_size, "sha256": tokenizer.sha256, "sample_files": len(sample),
+                      "sample_bytes": sum(f.size for f in sample)},
+        "distributions": [{"name": d.name, "version": d.version, "split": split, "files": len(d.files),
+                           "bytes": d.bytes} for split in SPLITS for d in splits[split]],
+        "left_out_while_listing": skipped.to_dict(), "left_out": clean.dropped,
+        "left_out_held_out_files": clean.dropped_held_out, "held_out_overlap": clean.overlap,
+        "size_rules": {"rules": asdict(SizeRules())},
+        "note": ("tokens: each document's tokens plus one EOD (the manifests' count); largest_document_share: the "
+                 "largest document's share of its split's tokens (held-out splits; train: by bytes); "
+                 "held_out_overlap: files_in_train = held-out files whose exact content is a training file's, "
+                 "fraction_in_train = the share of the held-out splits' distinct 16-word shingles that occur in some "
+                 "training file (shared boilerplate: licence headers, common idioms)"),
+    }
+
+
+def _write_json(path: Path, record: dict[str, Any]) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, indent=2) + "\n")
+    tmp.replace(path)
+
+
+def load_code_corpus(output: str | Path) -> CodeCorpus:
+    """A built corpus as it is; FileNotFoundError naming the build command if it is incomplete."""
+    output = Path(output).resolve()
+    record_path = output / SPLIT_RECORD
+    if not record_path.is_file() or not all((output / s / "manifest.json").is_file() for s in SPLITS):
+        raise FileNotFoundError(f"no complete code corpus at {output}; build it with `make data-code` "
+                                f"(tools/build_code_corpus.py --output {output})")
+    return CodeCorpus(output, json.loads(record_path.read_text()))
