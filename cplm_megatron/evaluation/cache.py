@@ -27,11 +27,12 @@ def cache_target_log_probs(hidden: torch.Tensor, labels: torch.Tensor, valid: to
     """log p_cache(y_t | t) [n] (-inf where no earlier entry has label y_t) and has-entry [n] for one document.
 
     hidden [n, d], labels [n] (y_i = x_{i+1}), valid [n] bool (positions whose label is real: entries
-    and scored positions). Computed in float64."""
+    and scored positions). Computed in float64 on the hidden states' device."""
     h = hidden.double()
     n = h.shape[0]
+    labels, valid = labels.to(h.device), valid.to(h.device)
     scores = theta * (h @ h.T)  # [t, i]
-    earlier = torch.ones(n, n, dtype=torch.bool).tril(-1) & valid[None, :]
+    earlier = torch.ones(n, n, dtype=torch.bool, device=h.device).tril(-1) & valid[None, :]
     has = earlier.any(dim=1)
     scores = scores.masked_fill(~earlier, float("-inf"))
     scores = torch.where(has[:, None], scores, torch.zeros_like(scores))
@@ -63,14 +64,16 @@ class CacheInputs:
 
 def collect(segments: Sequence[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]],
             thetas: Sequence[float]) -> CacheInputs:
-    """From (hidden [n, d], labels [n], valid [n], model log p(y) [n], documents [n]) per document segment."""
+    """From (hidden [n, d], labels [n], valid [n], model log p(y) [n], documents [n]) per document segment (the
+    cache on the hidden states' device; the results on the CPU)."""
     model, docs, has_all = [], [], []
     cache: dict[float, list[torch.Tensor]] = {t: [] for t in thetas}
     for hidden, labels, valid, model_lp, documents in segments:
         for theta in thetas:
             lp, has = cache_target_log_probs(hidden, labels, valid, theta)
-            cache[theta].append(lp[valid])
-        model.append(model_lp.double()[valid])
+            cache[theta].append(lp.cpu()[valid])
+            has = has.cpu()
+        model.append(model_lp.double().cpu()[valid])
         docs.append(documents[valid])
         has_all.append(has[valid])
     cat = (lambda xs: torch.cat(xs) if xs else torch.empty(0))  # noqa: E731
@@ -91,3 +94,27 @@ def tune(inputs: CacheInputs, lambdas: Sequence[float] = LAMBDAS) -> tuple[float
 def theta_grid(mean_sq_norm: float, scales: Sequence[float] = THETA_SCALES) -> tuple[float, ...]:
     """theta candidates c / mean ||h||^2 (so theta h_t . h_i is c times a cosine for equal-norm states)."""
     return tuple(c / max(mean_sq_norm, 1e-12) for c in scales)
+
+
+def cache_argmax_correct(hidden: torch.Tensor, log_probs: torch.Tensor, labels: torch.Tensor, valid: torch.Tensor,
+                         theta: float, lam: float) -> torch.Tensor:
+    """Bool [n]: whether the argmax of (1 - lambda) p_model + lambda p_cache is the label y_t, for one document
+    (hidden [n, d], the model's log-probs [n, V], labels [n], valid [n]; p_model alone without earlier entries).
+
+    p_cache puts its mass on earlier labels only, so the mixture's maximum is at one of them or at the model's
+    argmax: both are compared (float64, on the hidden states' device)."""
+    h = hidden.double()
+    n, device = h.shape[0], h.device
+    labels, valid = labels.to(device).long(), valid.to(device)
+    p_model = log_probs.to(device).double().exp()
+    earlier = torch.ones(n, n, dtype=torch.bool, device=device).tril(-1) & valid[None, :]
+    has = earlier.any(dim=1)
+    scores = (theta * (h @ h.T)).masked_fill(~earlier, float("-inf"))
+    weights = torch.where(has[:, None], torch.softmax(torch.where(has[:, None], scores, 0.0), dim=1), 0.0)
+    same = (labels[:, None] == labels[None, :]).double()  # [i, j]: y_i == y_j
+    lam = lam if lam > 0 else 0.0
+    at_earlier = (1 - lam) * p_model.gather(1, labels[None, :].expand(n, n)) + lam * (weights @ same)  # [t, j]
+    best = torch.maximum(at_earlier.masked_fill(~earlier, float("-inf")).amax(dim=1),
+                         (1 - lam) * p_model.amax(dim=1))
+    at_label = (1 - lam) * p_model.gather(1, labels[:, None]).squeeze(1) + lam * (weights * same).sum(dim=1)
+    return at_label >= best * (1 - 1e-12)

@@ -8,13 +8,14 @@ import torch
 
 
 def target_log_probs(log_probs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """log p(y_t) [b, s] from log-probs [b, s, V] and labels [b, s]."""
-    return log_probs.gather(-1, labels.long().clamp_min(0)[..., None]).squeeze(-1)
+    """log p(y_t) [b, s] from log-probs [b, s, V] and labels [b, s] (on the log-probs' device: a GPU model's
+    [b, s, V] never leaves it)."""
+    return log_probs.gather(-1, labels.to(log_probs.device).long().clamp_min(0)[..., None]).squeeze(-1)
 
 
 def argmax_correct(log_probs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Bool [b, s]: the most likely token is the label."""
-    return log_probs.argmax(dim=-1) == labels
+    """Bool [b, s] (on the labels' device): the most likely token is the label."""
+    return log_probs.argmax(dim=-1).to(labels.device) == labels
 
 
 @dataclass
@@ -29,7 +30,7 @@ class TokenTally:
     def add(self, log_probs: torch.Tensor, labels: torch.Tensor, select: torch.Tensor) -> None:
         """Count positions where `select` ([b, s], bool or 0/1) is set."""
         select = select.bool()
-        picked = target_log_probs(log_probs, labels)[select].double()
+        picked = target_log_probs(log_probs, labels)[select.to(log_probs.device)].double()
         self.nll_sum += float(-picked.sum())
         self.prob_sum += float(picked.exp().sum())
         self.correct += int(argmax_correct(log_probs, labels)[select].sum())
@@ -84,7 +85,7 @@ class DocumentTally:
     def add_nll(self, nll: torch.Tensor, select: torch.Tensor, documents: torch.Tensor) -> None:
         """Add per-position NLL [b, s] (already computed) at the selected positions."""
         docs = documents[select.bool()]
-        values = nll[select.bool()].double()
+        values = nll[select.bool().to(nll.device)].double().cpu()
         for doc, total, n in zip(*_group_sums(docs, values)):
             self.nll[doc] = self.nll.get(doc, 0.0) + total
             self.count[doc] = self.count.get(doc, 0) + n

@@ -282,13 +282,14 @@ def hidden_and_log_probs(scorer: Scorer, batch: Batch) -> tuple[torch.Tensor, to
 
 @torch.no_grad()
 def lm_head_log_probs(scorer: Scorer, hidden: torch.Tensor) -> torch.Tensor:
-    """The LM head's own log-softmax [b, s, V'] of final hidden states [b, s, d] (no copy mixture)."""
+    """The LM head's own log-softmax [b, s, V'] of final hidden states [b, s, d] (no copy mixture; a Megatron
+    model's on its device, as its `log_probs`)."""
     if isinstance(scorer, MegatronScorer):
         model = scorer.model
         weight = model.shared_embedding_or_output_weight() if model.share_embeddings_and_output_weights else None
         param = next(model.parameters())
         logits, _ = model.output_layer(hidden.transpose(0, 1).to(param.device, param.dtype).contiguous(), weight=weight)
-        return torch.log_softmax(logits.float(), dim=-1).transpose(0, 1).cpu()
+        return torch.log_softmax(logits.float(), dim=-1).transpose(0, 1)
     if isinstance(scorer, HFScorer):
         param = next(scorer.model.parameters())
         logits = scorer.model.lm_head(hidden.to(param.device, param.dtype))

@@ -47,6 +47,44 @@ def test_cache_mixture_equals_a_float64_loop():
     assert not has[0] and has[1:].all()
 
 
+def naive_mixture_argmax(hidden, log_probs, labels, valid, theta, lam, t) -> int:
+    """The argmax of (1 - lam) p_model(v) + lam p_cache(v) over the whole vocabulary, from loops (first index on
+    a tie): p_cache(v) = sum_{i<t, valid, y_i = v} e^{theta h_t.h_i} / sum_{i<t, valid} e^{...}."""
+    p_model = [math.exp(x) for x in log_probs[t].tolist()]
+    h = hidden.tolist()
+    earlier = [i for i in range(t) if valid[i]]
+    if not earlier:
+        mixed = p_model
+    else:
+        weights = {i: math.exp(theta * sum(a * b for a, b in zip(h[t], h[i]))) for i in earlier}
+        total = sum(weights.values())
+        p_cache = [0.0] * len(p_model)
+        for i in earlier:
+            p_cache[int(labels[i])] += weights[i] / total
+        mixed = [(1 - lam) * m + lam * c for m, c in zip(p_model, p_cache)]
+    return max(range(len(mixed)), key=lambda v: (mixed[v], -v))
+
+
+def test_cache_argmax_equals_the_full_mixture_over_the_vocabulary():
+    """The mixture's argmax compared at the earlier labels and the model's argmax only equals the argmax over every
+    token (loops, float64): p_cache is zero outside the earlier labels."""
+    g = torch.Generator().manual_seed(7)
+    n, d, vocab = 24, 5, 9
+    hidden = torch.randn(n, d, generator=g, dtype=torch.float64)
+    labels = torch.randint(0, vocab, (n,), generator=g)
+    valid = torch.ones(n, dtype=torch.bool)
+    valid[4] = False
+    log_probs = torch.log_softmax(torch.randn(n, vocab, generator=g, dtype=torch.float64) * 2, dim=-1)
+    checked = 0
+    for theta, lam in ((0.5, 0.0), (0.5, 0.3), (3.0, 0.6), (0.1, 0.9)):
+        got = cache.cache_argmax_correct(hidden, log_probs, labels, valid, theta, lam)
+        want = [naive_mixture_argmax(hidden, log_probs, labels, valid, theta, lam, t) == int(labels[t])
+                for t in range(n)]
+        assert got.tolist() == want, (theta, lam)
+        checked += sum(want)
+    assert 0 < checked < 4 * n  # both outcomes occur
+
+
 def test_tune_picks_the_grid_minimum_and_keeps_lambda_zero_when_the_cache_cannot_help():
     g = torch.Generator().manual_seed(5)
     span = torch.randint(0, 50, (20,), generator=g)
@@ -93,3 +131,14 @@ def test_cache_task_on_a_trained_model(megatron, packed_val: Path, isolated_stre
     assert plain.metrics["val_loss_ci_low"] < plain.metrics["val_loss"] < plain.metrics["val_loss_ci_high"]
     with pytest.raises(ValueError, match="--dev-data DIR"):
         cache_task.run(scorer, EvalOptions(batch_size=4, show_progress=False, data=str(packed_val)))
+
+
+def test_spamlang_cache_control_on_a_trained_baseline(megatron):
+    """SpamLang's cache control: from position 1 on every cache entry carries the repeated symbol (p_cache = 1 on it),
+    so NLL tuning takes the largest lambda and the baseline + cache is right at >= (L - 1) / L of the positions."""
+    from cplm_megatron.evaluation.tasks import spamlang
+
+    m = spamlang.run(megatron["baseline"], EvalOptions(batch_size=4, limit=4, spamlang_length=32,
+                                                       show_progress=False)).metrics
+    assert m["spamlang_cache_lambda"] == max(cache.LAMBDAS) and m["spamlang_accuracy_cache"] >= 31 / 32
+    assert m["spamlang_loss_cache"] < m["spamlang_loss"] and m["spamlang_accuracy_previous_token"] == 1.0

@@ -69,6 +69,8 @@ def test_spamlang_counts_position_zero():
     # a ratio of counts (15/16) in fp64: pytest.approx's default rel 1e-6 is far above its rounding
     assert m["spamlang_accuracy"] == pytest.approx(15 / 16)  # position 0 is uniform (argmax = token 0, wrong)
     assert m["spamlang_accuracy_after_first"] == 1.0
+    assert m["spamlang_accuracy_previous_token"] == 1.0  # the trivial copier is right everywhere, position 0 too
+    assert "spamlang_accuracy_cache" not in m  # a rule-based scorer has no hidden states for a cache
     # fp32 log-probs (|log p| <= log VOCAB ~ 6) averaged over 16 positions: ~6 * 2^-24 ~ 4e-7 each -> 1e-5; the
     # probabilities themselves are <= 1: 1e-6
     assert m["spamlang_loss"] == pytest.approx((math.log(VOCAB) - 15 * math.log(CONF)) / 16, abs=1e-5)

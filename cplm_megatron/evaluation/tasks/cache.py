@@ -68,7 +68,7 @@ def run(scorer: Scorer, options: EvalOptions) -> TaskResult:
     dev_loader = open_val_loader([dev], options.batch_size, scorer.document_masking, scorer.vocab_size)
     # the dev split under the same sample budget as val (every sample with --val-all or without --limit)
     dev_segments = _segments(scorer, val_batches(dev_loader, options), eod, options.show_progress, "cache dev")
-    sq = [float((h[v].double() ** 2).sum(-1).mean()) for h, _, v, _, _ in dev_segments if v.any()]
+    sq = [float((h[v.to(h.device)].double() ** 2).sum(-1).mean()) for h, _, v, _, _ in dev_segments if v.any()]
     thetas = cache.theta_grid(sum(sq) / max(len(sq), 1))
     lam, theta, dev_loss = cache.tune(cache.collect(dev_segments, thetas))
     del dev_segments
