@@ -10,7 +10,7 @@ Entry points: ``cplm-pretrain`` (``python -m cplm_megatron.pretrain``), ``cplm-e
 
 mosaicml-streaming is a core dependency but is installed by ``make setup`` with ``--no-deps``
 (its metadata pulls ~1 GB of cloud SDKs and torchvision, which breaks CPU torch); its light runtime
-dependencies are listed below. See README "Installation".
+dependencies are listed below. See docs/contributing.md ("Running the tests": `make setup`).
 """
 from setuptools import find_packages, setup
 
@@ -49,6 +49,7 @@ EXTRAS = {
         "ruff",
         "moto[server,s3]",
         "accelerate>=0.26",  # lm-eval's hf backend imports it
+        "tensorboard",  # logging.tensorboard (torch.utils.tensorboard)
     ],
     # Full streaming install with every cloud SDK (for remote object stores other than S3).
     "cloud": ["mosaicml-streaming==0.13.0"],

@@ -31,6 +31,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--set", nargs="+", action="append", metavar="KEY=VALUE",
                    help="dotted overrides applied after the recipe, e.g. --set train.lr=3e-4 parallel.tp=2")
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    p.add_argument("--describe", action="store_true",
+                   help="with --print-config: each key's meaning as a comment (docs/config-reference.md)")
     return p.parse_args(argv)
 
 
@@ -46,13 +48,7 @@ def run(args: argparse.Namespace) -> int:
         config_path = args.config[-1] if args.config else None
         cfg = load_run_config(config_path, overrides_from_args(args.set))
         if args.print_config:
-            import io
-
-            import yaml
-
-            buf = io.StringIO()
-            yaml.safe_dump(cfg.to_dict(), buf, sort_keys=False)
-            print(buf.getvalue())
+            print_config(cfg, args.describe)
             return 0
         from cplm_megatron.parallel.cpu_compat import setup_compat
         from cplm_megatron.training.checkpointing import CheckpointWriterDied
@@ -67,6 +63,18 @@ def run(args: argparse.Namespace) -> int:
     except UserError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return BAD_INPUT_EXIT_CODE
+
+
+def print_config(cfg, describe: bool) -> None:
+    """The resolved config as YAML (`--print-config`), with each key's meaning as a comment (`--describe`)."""
+    if describe:
+        from cplm_megatron.training.config_reference import describe as described
+
+        print(described(cfg))
+        return
+    import yaml
+
+    print(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib.util
 import json
 import math
 from dataclasses import dataclass, field
@@ -126,6 +127,7 @@ class CheckpointConfig:
 class LoggingConfig:
     """The `logging.*` section."""
 
+    tensorboard: bool = False  # TensorBoard event files in run.dir/tensorboard
     wandb: bool = True
     wandb_mode: Literal["offline", "online", "disabled"] = "offline"
     wandb_project: str = "cplm-megatron"
@@ -135,6 +137,9 @@ class LoggingConfig:
     def validate(self) -> None:
         if self.peak_tflops is not None and self.peak_tflops <= 0:
             raise ConfigError(f"logging.peak_tflops must be > 0 or null, got {self.peak_tflops}")
+        if self.tensorboard and importlib.util.find_spec("tensorboard") is None:
+            raise ConfigError("logging.tensorboard=true needs the tensorboard package: pip install tensorboard, or "
+                              "set logging.tensorboard=false")
 
 
 @dataclass

@@ -18,7 +18,7 @@ from cplm_megatron.model.builder import Vocabulary
 from cplm_megatron.training.checkpoint_lookup import layout_text
 from cplm_megatron.training.checkpointing import Checkpointer, TrainState
 from cplm_megatron.training.loop import Cadence, NonFiniteGuard, NonFiniteLossError, StopPolicy  # noqa: F401
-from cplm_megatron.training.metrics_log import MetricsLogger, format_line, rank0_print
+from cplm_megatron.training.metrics_log import MetricsLogger, format_line, objective_terms, rank0_print
 from cplm_megatron.training.preflight import checkpoint_size
 from cplm_megatron.training.resume import StartPlan, apply_plan, plan_start
 from cplm_megatron.training.run_config import RunConfig, dump_run_config
@@ -310,7 +310,8 @@ class Trainer:
         m = result.metrics
         rec = {
             "iteration": self.state.iteration,
-            "loss": m["loss"],
+            "loss": m["mix_loss"],  # the output distribution's NLL (the mixture's for CPLM), as validation reports
+            "objective": m["loss"],  # what the optimizer minimizes (+ the copy head's auxiliary terms)
             "lm_loss": m["lm_loss"],
             "lr": result.lr,
             "grad_norm": result.grad_norm,
@@ -320,11 +321,12 @@ class Trainer:
             **self.speed.interval(self.state.iteration),
         }
         if self.cfg.copy_head.enabled:  # whatever else the model reports (CPLMGPTModel.metric_names)
-            rec.update({k: v for k, v in m.items() if k not in rec and k != "tokens"})
-        if torch.cuda.is_available():
-            rec["peak_mem_gib"] = torch.cuda.max_memory_allocated() / 2**30
+            rec.update({k: v for k, v in m.items() if k not in rec and k not in ("tokens", "mix_loss")})
+        rec.update(memory_gib())
         if self.is_logger:
-            print(format_line(rec, self.total_iters), flush=True)
+            c = self.cfg.copy_head
+            terms = objective_terms(c.lm_loss_weight, c.copy_loss_weight) if c.enabled else None
+            print(format_line(rec, self.total_iters, terms), flush=True)
         self.logger.log(rec)
 
 
@@ -362,6 +364,16 @@ def _loss_scale(optimizer) -> Optional[float]:
 def _tree_bytes(path: Path) -> float:
     """Bytes of the files under `path` (0 if it does not exist)."""
     return float(sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file()))
+
+
+def memory_gib() -> Dict[str, object]:
+    """This process's memory now and at its peak: CUDA allocated, or the host's resident set on CPU."""
+    if torch.cuda.is_available():
+        return {"mem_device": "cuda", "mem_gib": torch.cuda.memory_allocated() / 2**30,
+                "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30}
+    import psutil
+
+    return {"mem_device": "host", "mem_gib": psutil.Process().memory_info().rss / 2**30, "peak_mem_gib": peak_memory_gib()}
 
 
 def peak_memory_gib() -> float:

@@ -33,7 +33,8 @@ def test_uninterrupted_run_logs_and_checkpoints(reference):
     run_dir = reference["dir"]
     recs = [r for r in pu.metrics(run_dir) if "loss" in r]
     assert [r["iteration"] for r in recs] == list(range(1, ITERS + 1))
-    for key in ("iteration", "loss", "lm_loss", "lr", "grad_norm", "tokens_per_sec", "mfu", "gate_mean"):
+    for key in ("iteration", "loss", "objective", "lm_loss", "lr", "grad_norm", "tokens_per_sec", "mfu", "gate_mean",
+                "mem_gib", "peak_mem_gib"):
         assert all(key in r for r in recs), key
     assert "| MFU" in reference["stdout"] and "ETA" in reference["stdout"]
     assert read_latest(run_dir / "checkpoints").name == f"iter_{ITERS:07d}"
@@ -154,7 +155,17 @@ def test_baseline_and_cplm_differ_only_in_the_head(stdlib_corpus, tmp_path, refe
     base = pu.metrics(run_dir)[0]
     cplm = pu.metrics(reference["dir"])[0]
     assert base["lm_loss"] == cplm["lm_loss"]  # same backbone init, same first batch
-    assert "gate_mean" not in base and base["loss"] == base["lm_loss"]
+    assert "gate_mean" not in base and base["loss"] == base["lm_loss"] == base["objective"]
+    # Both print the same quantity under `loss`, the output distribution's NLL (the mixture's for the CPLM: its
+    # objective minus the LM head's auxiliary cross entropy); the CPLM's objective is labelled apart.
+    weight = cplm_cfg["copy_head"]["lm_loss_weight"]
+    assert weight > 0 and abs(cplm["objective"] - cplm["loss"] - weight * cplm["lm_loss"]) < 1e-4
+    assert cplm["loss"] < base["loss"] < cplm["objective"]  # the mixture copies from step 1; the objective adds ~ln V
+    base_line = next(line for line in proc.stdout.splitlines() if line.startswith("iter 1/"))
+    cplm_line = next(line for line in reference["stdout"].splitlines() if line.startswith("iter 1/"))
+    assert base_line.startswith(f"iter 1/3 | loss {base['loss']:.4f} | lr") and "host mem" in base_line
+    assert cplm_line.startswith(f"iter 1/{ITERS} | loss {cplm['loss']:.4f} | lm-head {cplm['lm_loss']:.4f} | "
+                                f"objective {cplm['objective']:.4f} (loss + {weight:g}×lm-head) | gate"), cplm_line
     from cplm_megatron.training.weights import load_plain_tensors
 
     b = {k for k, v in load_plain_tensors(read_latest(run_dir / "checkpoints")).items()

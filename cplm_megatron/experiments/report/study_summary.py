@@ -21,6 +21,7 @@ from cplm_megatron.experiments.plan.study import ARMS, GLOBAL_BATCH, SEQ_LEN
 from cplm_megatron.experiments.records import RunResults
 from cplm_megatron.experiments.report.decision import DECISION_RULE, PREVIOUS_DEFAULT, decide
 from cplm_megatron.experiments.report.paired import mean_std, paired_between, paired_interval
+from cplm_megatron.training.metrics_log import record_nll, record_objective
 
 # Figures aggregated per arm; `lower` says which direction is better (for paired wins).
 FIGURES: dict[str, bool] = {
@@ -60,8 +61,8 @@ def val_curve(run: RunResults) -> list[tuple[int, float, float]]:
 def train_curve(run: RunResults, per_step: int) -> list[dict[str, float]]:
     """The trainer's logged training losses: `nll` of the output distribution (the mixture for CPLM: comparable
     across arms), `lm_loss` (the LM head's own CE, CPLM's auxiliary term) and `objective` (what was minimized)."""
-    return [{"iteration": r["iteration"], "tokens": r["iteration"] * per_step, "objective": r["loss"],
-             "nll": r.get("mix_loss", r["loss"]), "lm_loss": r.get("lm_loss", r["loss"])}
+    return [{"iteration": r["iteration"], "tokens": r["iteration"] * per_step, "objective": record_objective(r),
+             "nll": record_nll(r), "lm_loss": r.get("lm_loss", r["loss"])}
             for r in run.metrics if "loss" in r]
 
 
