@@ -99,29 +99,52 @@ def main(argv: list[str] | None = None) -> int:
     options.validate()
     if args.all_checkpoints and not args.checkpoint:
         raise ValueError("--all-checkpoints needs --checkpoint RUN_DIR")
-    results = run(args, tasks, options)
     output = Path(args.output)
-    output.parent.mkdir(parents=True, exist_ok=True)
+    check_output(output)  # before the evaluation, not after it
+    results = run(args, tasks, options)
     from cplm_megatron.evaluation.results import with_version
+    from cplm_megatron.training.durable_files import write_atomic
 
-    output.write_text(json.dumps(with_version(results), indent=2) + "\n")
+    write_atomic(output, json.dumps(with_version(results), indent=2) + "\n")  # whole or not at all
     for entry in results.get("checkpoints", [results]):
         print(format_table(entry) + "\n")
     print(f"results: {output}")
     return 0
 
 
+def check_output(output: Path) -> None:
+    """--output can be written (its directory is created if missing): a ValueError naming the path otherwise."""
+    import tempfile
+
+    if output.is_dir():
+        raise ValueError(f"--output {output} is a directory; name the results file, e.g. {output / 'eval.json'}")
+    try:
+        output.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=output.parent, prefix=".cplm-write-test-"):
+            pass
+    except OSError as e:
+        raise ValueError(f"--output {output} cannot be written ({e.strerror or e}); choose a writable place") from None
+
+
+def _load_hf(path: str):
+    """HFScorer.load, with weights cut short (an interrupted download or copy) as one ValueError naming them."""
+    from safetensors import SafetensorError
+
+    from cplm_megatron.evaluation.scorers import HFScorer
+
+    try:
+        return HFScorer.load(path)
+    except SafetensorError as err:
+        raise ValueError(f"--hf {path}: a weight file is not a complete safetensors file ({err}): it is truncated "
+                         f"or damaged (an interrupted export, download or copy?); export or copy it again") from None
+
+
 def run(args: argparse.Namespace, tasks: list[str], options: EvalOptions) -> dict[str, Any]:
     """The results of one model, or of every checkpoint of a run (--all-checkpoints)."""
-    from cplm_megatron.evaluation.scorers import (
-        HFScorer,
-        MegatronScorer,
-        cp_note,
-        single_process_megatron,
-    )
+    from cplm_megatron.evaluation.scorers import MegatronScorer, cp_note, single_process_megatron
 
     if args.hf and not args.all_checkpoints:
-        return evaluate(HFScorer.load(args.hf), tasks, options)
+        return evaluate(_load_hf(args.hf), tasks, options)
     from cplm_megatron.parallel.cpu_compat import setup_compat
     from cplm_megatron.training.checkpoint_lookup import read_live
 

@@ -97,6 +97,22 @@ def test_timing_counts_every_attempt_of_a_job(tmp_path: Path):
     final = json.loads((tmp_path / "timing.json").read_text())
     assert final["train_seconds"] == pytest.approx(100.0 + seconds) and final["complete"] is True
     assert run_seconds(tmp_path) == pytest.approx(final["train_seconds"] + final["eval_seconds"])
+    # a garbled timing.json: one line naming it, for the report and for the job (a bare JSONDecodeError before)
+    from cplm_megatron.experiments.records import RecordError
+
+    (tmp_path / "timing.json").write_text('{"train_seconds": 12')
+    with pytest.raises(RecordError, match=rf"^{tmp_path / 'timing.json'} is not a readable timing record .*remove it"):
+        run_seconds(tmp_path)
+    spec = _one_run()
+    run_dir = tmp_path / "study" / "runs" / spec.name
+    run_dir.mkdir(parents=True)
+    launcher = Launcher(tmp_path / "study")
+    from cplm_megatron.experiments.records import write_job_record
+
+    write_job_record(run_dir / "job.json", launcher.record(spec))
+    (run_dir / "timing.json").write_text("garbage")
+    failed = launcher.run_job(spec)
+    assert failed.error.startswith(f"{run_dir / 'timing.json'} is not a readable timing record"), failed.error
 
 
 @pytest.mark.parametrize("backend", ["warm", "subprocess"])

@@ -83,3 +83,26 @@ def test_val_and_cache_on_a_checkpoint_and_its_hf_export(runs, hf_exports, packe
     # scores theta h.h (theta ||h||^2 <= 32) magnify a hidden-state error ~30x -> 1e-3 relative on the losses
     for metric in ("model_val_loss", "cache_val_loss"):
         assert hf["cache"]["metrics"][metric] == pytest.approx(mega["cache"]["metrics"][metric], rel=1e-3)
+
+
+def test_an_unwritable_output_and_truncated_hf_weights_are_one_line_before_any_evaluation(tmp_path: Path, capsys):
+    """--output to a place that cannot be written failed after the whole evaluation; --hf with a weight file cut
+    short was a SafetensorError traceback (issue 43 item 9)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    assert load_tool("evaluate").main(["--hf", str(tmp_path / "none"), "--output", str(blocker / "eval.json")]) == 2
+    assert f"error: --output {blocker / 'eval.json'} cannot be written" in capsys.readouterr().err
+    export = tmp_path / "export"
+    LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                 num_attention_heads=2, num_key_value_heads=1)).save_pretrained(export)
+    weights = export / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])  # an interrupted copy
+    capsys.readouterr()
+    out = tmp_path / "eval.json"
+    assert load_tool("evaluate").main(["--hf", str(export), "--tasks", "copy", "--output", str(out), *SMALL]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and err[0].startswith(f"error: --hf {export}: a weight file is not a complete safetensors "
+                                               "file"), err
+    assert not out.exists()
