@@ -26,6 +26,7 @@ import fcntl
 import os
 import shutil
 import socket
+import struct
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
@@ -332,6 +333,24 @@ class DataParallelStreamingDataset(StreamingDataset):
         has room for it: writing to a segment of a full /dev/shm kills the process with SIGBUS."""
         check_shared_memory(int(sample_ids.nbytes) + (64 << 10))
         return super()._share_work(sample_ids)
+
+    def get_item(self, sample_id: int, retry: int = 7) -> Any:
+        """streaming's get_item; a sample whose bytes do not decode (a shard damaged after it was checked, or never
+        checked with data.verify_shards=false) is a DatasetError naming the shard and the sample."""
+        from cplm_megatron.data.manifest import DatasetError
+
+        try:
+            return super().get_item(sample_id, retry)
+        except DatasetError:
+            raise
+        except (ValueError, IndexError, KeyError, TypeError, OverflowError, struct.error, UnicodeDecodeError) as e:
+            shard_id, index = self.spanner[sample_id]
+            reader = self.shards[shard_id]
+            path = Path(reader.dirname, reader.split or "", reader.raw_data.basename)
+            raise DatasetError(
+                f"shard corrupt: sample {index} of {path} cannot be decoded ({type(e).__name__}: "
+                f"{str(e).splitlines()[0] if str(e) else ''}); re-run tools/prepare_data.py (it checks the shards and "
+                f"rebuilds damaged ones), or keep data.verify_shards=true to find it at start") from None
 
     def on_exception(self, future: Any) -> None:
         """streaming's callback for its download and ready threads: it re-raised their error inside the thread

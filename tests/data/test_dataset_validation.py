@@ -180,3 +180,29 @@ def test_resume_position_from_data_with_another_tokenizer_is_refused(good_datase
         build_train_loader(train_cfg(other), SHAPE, 0, 1).load_state_dict(state)
     del state["tokenizer"], state["tokenizer_sha256"]  # saved before the tokenizer was recorded: accepted as before
     build_train_loader(train_cfg(other), SHAPE, 0, 1).load_state_dict(state)
+
+
+def test_a_sample_that_cannot_be_decoded_mid_epoch_is_one_error_naming_it(tmp_path: Path) -> None:
+    """With data.verify_shards=false a shard damaged at the same size is read as it is: a sample whose bytes do not
+    decode was a 73-line traceback in the middle of a run (issue 43 item 9); it is a DatasetError naming the sample
+    and the shard (the trainer: one line, exit 2, its checkpoints intact)."""
+    import struct
+
+    import numpy as np
+    import zstd
+
+    ds = tmp_path / "ds"
+    write_synthetic_dataset(ds, numbered_docs(8, SEQ, doc_len=21), SEQ, shard_size_limit=1 << 16)
+    [shard] = json.loads((ds / "index.json").read_text())["shards"]
+    raw = bytearray(zstd.decompress((ds / shard["zip_data"]["basename"]).read_bytes()))
+    count = struct.unpack("<I", raw[:4])[0]
+    begin = int(np.frombuffer(bytes(raw[4:8 + 4 * count]), np.uint32)[5])
+    raw[begin:begin + 4] = struct.pack("<I", 0x7FFFFFF0)  # sample 5's length of its variable-size column
+    (ds / shard["raw_data"]["basename"]).write_bytes(bytes(raw))
+    loader = build_train_loader(train_cfg(ds, verify_shards=False, shuffle=False), SHAPE, 0, 1)
+    next(loader)
+    next(loader)  # samples 0-3: intact
+    with pytest.raises(DatasetError, match=rf"^shard corrupt: sample 5 of {ds}/shard.00000.mds cannot be decoded "
+                                           r"\(ValueError: .*\); re-run tools/prepare_data.py") as error:
+        next(loader)
+    assert "\n" not in str(error.value)
