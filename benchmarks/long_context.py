@@ -21,8 +21,12 @@ length (RoPE: no parameters to grow), plain causal attention. Both are then scor
 the training copy task's layout (chance 1/(V-1); beside it a copier matching the current token alone, on the same
 samples) and passkey first-token accuracy over --depths (chance 1/(V-3)). Runs live in RUNS/COPY_TASK/MODEL[-short];
 a run whose last checkpoint is at its phase's steps is not trained again (its training time is read back from the
-run dir's bench_timing.json); an interrupted one resumes. Writes OUT/NAME.json (settings, command, per-run
-training time and evaluation by length) and OUT/NAME.png.
+run dir's bench_timing.json, which counts every attempt, a killed one up to its last 5-second tick); an interrupted
+one resumes. Each phase's settings are recorded in its run dir (bench_settings.json: the trainer's overrides and the
+recipe's checksum) and a run dir is reused only with the same settings: another --vocab, --lr, --global-batch, ...
+is refused with one line naming what differs (exit 2). SIGTERM or Ctrl-C stops the running phase with a checkpoint
+(exit 75), and torchrun is stopped with this process however it ends. Writes OUT/NAME.json (settings, command,
+per-run training time and evaluation by length) and OUT/NAME.png.
 """
 from __future__ import annotations
 
@@ -45,6 +49,16 @@ RECIPE = REPO / "configs" / "tiny.yaml"
 MODELS = {"baseline": False, "cplm": True}
 COPY_TASKS = {"copy_random": "random", "copy": "half"}  # training task -> its evaluation layout
 TIMING = "bench_timing.json"  # a phase's training seconds and CPU seconds, summed over every attempt
+SETTINGS = "bench_settings.json"  # the settings a phase's run dir was trained with (its reuse needs the same)
+TICK_S = 5.0  # how often a running phase's seconds are written (a killed attempt keeps its time up to the last)
+
+
+class SettingsDiffer(Exception):
+    """A run dir trained with other settings than this invocation's (the one line to print, exit 2)."""
+
+
+class Stopped(Exception):
+    """A phase stopped by SIGTERM or Ctrl-C with a checkpoint (the one line to print, exit 75)."""
 
 
 def _ints(text: str) -> List[int]:
@@ -160,9 +174,16 @@ def _last_iteration(run_dir: Path) -> int:
 
 
 def _losses(run_dir: Path) -> Dict[int, float]:
-    path = run_dir / "metrics.jsonl"
-    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
-    return {r["iteration"]: r["loss"] for r in records if "loss" in r}
+    from cplm_megatron.training.durable_files import read_metrics
+    from cplm_megatron.training.metrics_log import record_nll
+
+    # the NLL, whichever version logged it; a line cut by an interrupted write is left out
+    return {r["iteration"]: record_nll(r) for r in read_metrics(run_dir) if "loss" in r}
+
+
+def _tail(run_dir: Path, lines: int = 15) -> str:
+    """The last lines of a phase's train.log."""
+    return "\n".join((run_dir / "train.log").read_text(errors="replace").splitlines()[-lines:])
 
 
 def _children_cpu() -> float:
@@ -176,38 +197,147 @@ def _children_cpu() -> float:
 def _timing(run_dir: Path) -> Optional[Dict[str, float]]:
     """The run dir's training time totals (None: never trained by this script since timing was kept)."""
     path = run_dir / TIMING
-    return json.loads(path.read_text()) if path.is_file() else None
+    if not path.is_file():
+        return None
+    try:
+        timing = json.loads(path.read_text())
+        return {k: float(timing[k]) for k in ("train_seconds", "train_cpu_seconds")}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise SettingsDiffer(f"{path} is not a readable timing record ({type(e).__name__}: {e}); remove it (the "
+                             f"phase's time is then counted from its next attempt) or restore it") from None
 
 
-def _add_timing(run_dir: Path, seconds: float, cpu_seconds: float) -> Dict[str, float]:
-    """Adds one attempt's training time to the run dir's totals; returns the totals."""
-    total = _timing(run_dir) or {"train_seconds": 0.0, "train_cpu_seconds": 0.0}
+def _add_timing(run_dir: Path, seconds: float, cpu_seconds: float, base: Optional[Dict[str, float]] = None
+                ) -> Dict[str, float]:
+    """The run dir's totals (`base`: as before this attempt) plus this attempt's time, written; returns them."""
+    from cplm_megatron.training.durable_files import write_atomic
+
+    total = base or {"train_seconds": 0.0, "train_cpu_seconds": 0.0}
     total = {"train_seconds": round(total["train_seconds"] + seconds, 1),
              "train_cpu_seconds": round(total["train_cpu_seconds"] + cpu_seconds, 1)}
-    (run_dir / TIMING).write_text(json.dumps(total) + "\n")
+    write_atomic(run_dir / TIMING, json.dumps(total) + "\n")
     return total
+
+
+def phase_settings(args: argparse.Namespace, phase: Phase, run_dir: Path, copy_head: bool) -> Dict[str, str]:
+    """What a phase's run dir is trained with: the trainer's overrides but run.dir (checkpoint.load relative to the
+    run dir, so a moved --runs keeps its runs) and the recipe's checksum."""
+    import hashlib
+
+    sets = dict(o.split("=", 1) for o in train_overrides(args, phase, run_dir, copy_head))
+    sets.pop("run.dir")
+    if "checkpoint.load" in sets:
+        sets["checkpoint.load"] = os.path.relpath(sets["checkpoint.load"], run_dir)
+    return {**sets, "recipe_sha256": hashlib.sha256(RECIPE.read_bytes()).hexdigest()}
+
+
+def _same(saved: Any, wanted: str) -> bool:
+    try:
+        return float(saved) == float(wanted)
+    except (TypeError, ValueError):
+        return str(saved).lower() == str(wanted).lower()
+
+
+def _saved_settings(run_dir: Path, wanted: Dict[str, str]) -> Optional[Dict[str, Any]]:
+    """The settings `run_dir` was trained with (None: a new run dir). A run dir trained before the settings were
+    recorded answers through its config.yaml (the recipe and the load path are then taken as they are now)."""
+    import yaml
+
+    record = run_dir / SETTINGS
+    if record.is_file():
+        try:
+            return dict(json.loads(record.read_text())["settings"])
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise SettingsDiffer(f"{record} is unreadable ({type(e).__name__}: {e}): remove {run_dir} to retrain "
+                                 f"that run, or restore the file") from None
+    if not (run_dir / "config.yaml").is_file():
+        return None
+    config = yaml.safe_load((run_dir / "config.yaml").read_text()) or {}
+
+    def dotted(key: str) -> Any:
+        value: Any = config
+        for part in key.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        return value
+
+    return {k: (wanted[k] if k in ("recipe_sha256", "checkpoint.load") else dotted(k)) for k in wanted}
+
+
+def check_settings(run_dir: Path, wanted: Dict[str, str]) -> None:
+    """SettingsDiffer unless `run_dir` is new or was trained with `wanted`; records them (bench_settings.json)."""
+    saved = _saved_settings(run_dir, wanted)
+    if saved is None:
+        return
+    differ = [f"{k}: {saved.get(k)} -> {v}" for k, v in wanted.items() if not _same(saved.get(k), v)]
+    if differ:
+        raise SettingsDiffer(f"{run_dir} holds a run trained with other settings ({'; '.join(differ)}): its results "
+                             f"would be reported under this invocation's settings; remove it to retrain, or pass "
+                             f"another --runs directory")
+    if not (run_dir / SETTINGS).is_file():
+        (run_dir / SETTINGS).write_text(json.dumps({"settings": wanted}, indent=2) + "\n")
+
+
+def _stop_with_parent() -> None:
+    """In torchrun's process, before it starts: SIGTERM when this script's process dies (PR_SET_PDEATHSIG)."""
+    import ctypes
+    import signal
+
+    ctypes.CDLL(None).prctl(1, int(signal.SIGTERM))
+
+
+def _run_torchrun(cmd: List[str], log_path: Path, run_dir: Path, base: Optional[Dict[str, float]]) -> int:
+    """torchrun `cmd` with its output appended to `log_path`; its seconds are added to the run dir's totals every
+    TICK_S (a killed attempt keeps its time) and at the end; SIGTERM or Ctrl-C to this process stops torchrun (its
+    workers checkpoint: exit 75); torchrun gets SIGTERM when this process dies, however (kill -9 included)."""
+    import signal
+    import threading
+
+    start, cpu = time.perf_counter(), _children_cpu()
+    env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    with open(log_path, "a") as log:
+        log.write("$ " + " ".join(cmd) + "\n")
+        log.flush()
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                preexec_fn=_stop_with_parent)
+    done = threading.Event()
+
+    def tick() -> None:
+        while not done.wait(TICK_S):
+            _add_timing(run_dir, time.perf_counter() - start, 0.0, base)
+
+    previous = {sig: signal.signal(sig, lambda signum, frame: proc.send_signal(signal.SIGTERM))
+                for sig in (signal.SIGTERM, signal.SIGINT)}
+    threading.Thread(target=tick, daemon=True).start()
+    try:
+        return proc.wait()
+    finally:
+        done.set()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        # every training process's CPU time (children of this process: torchrun and its workers)
+        _add_timing(run_dir, time.perf_counter() - start, _children_cpu() - cpu, base)
 
 
 def train_phase(args: argparse.Namespace, name: str, copy_head: bool, phase: Phase, run_dir: Path) -> Dict[str, Any]:
     """Train (or finish) one phase of one model; its directory, training time (every attempt) and losses."""
-    start, cpu = time.perf_counter(), _children_cpu()
     totals = _timing(run_dir)
+    wanted = phase_settings(args, phase, run_dir, copy_head)
+    check_settings(run_dir, wanted)
     if _last_iteration(run_dir) < phase.iters:
         run_dir.mkdir(parents=True, exist_ok=True)
+        if not (run_dir / SETTINGS).is_file():
+            (run_dir / SETTINGS).write_text(json.dumps({"settings": wanted}, indent=2) + "\n")
         cmd = train_command(args, phase, run_dir, copy_head)
-        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
         print(f"[long_context] training {name} ({phase.name} phase: {phase.iters} steps at {phase.seq_len} tokens, "
               f"cp={phase.cp}); log {run_dir / 'train.log'}", flush=True)
-        with open(run_dir / "train.log", "a") as log:
-            log.write("$ " + " ".join(cmd) + "\n")
-            log.flush()
-            code = subprocess.run(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT).returncode
+        code = _run_torchrun(cmd, run_dir / "train.log", run_dir, totals)
+        if code != 0 and _last_iteration(run_dir) < phase.iters and "exit code 75 = resume me" in _tail(run_dir):
+            raise Stopped(f"[long_context] {name} ({phase.name} phase) stopped at iteration "
+                          f"{_last_iteration(run_dir)} with a checkpoint; run the same command again to continue")
         if code != 0:
-            tail = (run_dir / "train.log").read_text(errors="replace").splitlines()[-15:]
             raise SystemExit(f"training {name} ({phase.name} phase) failed (exit {code}); {run_dir / 'train.log'} "
-                             f"ends:\n" + "\n".join(tail))
-        # every training process's CPU time (children of this process: torchrun and its workers)
-        totals = _add_timing(run_dir, time.perf_counter() - start, _children_cpu() - cpu)
+                             f"ends:\n" + _tail(run_dir))
+        totals = _timing(run_dir)
     losses = _losses(run_dir)
     return {"phase": phase.name, "run_dir": str(run_dir), "seq_len": phase.seq_len, "cp": phase.cp,
             **(totals or {"train_seconds": None, "train_cpu_seconds": None}),  # None: trained before timing was kept
@@ -284,8 +414,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     from cplm_megatron.cli import quiet_known_warnings
 
     quiet_known_warnings()
-
-    runs = {name: train(args, name, copy_head) for name, copy_head in MODELS.items()}
+    try:
+        runs = {name: train(args, name, copy_head) for name, copy_head in MODELS.items()}
+    except SettingsDiffer as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return 2
+    except Stopped as e:
+        print(e, file=sys.stderr, flush=True)
+        return 75
     evaluate(args, runs)
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     report = {

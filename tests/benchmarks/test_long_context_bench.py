@@ -66,3 +66,50 @@ def test_tiny_cp2_pipeline_writes_results_by_length(tmp_path):
     second = json.loads((out / "again.json").read_text())
     for name, run in report["runs"].items():
         assert [p["train_seconds"] for p in second["runs"][name]["phases"]] == [p["train_seconds"] for p in run["phases"]]
+    # another vocabulary (or lr, global batch, ...) with the same run dirs: refused, nothing trained or relabelled
+    # (issue 43 item 3: the vocab-512 models were reported as vocab_size=256)
+    other = subprocess.run([*proc.args, "--name", "other", "--vocab", "256"], env=env, capture_output=True, text=True,
+                           timeout=600)
+    errors = [line for line in other.stderr.splitlines() if line.startswith("error: ")]
+    assert other.returncode == 2 and len(errors) == 1 and "training" not in other.stdout, other.stderr[-3000:]
+    assert "holds a run trained with other settings (model.vocab_size: 512 -> 256)" in errors[0], errors
+    assert not (out / "other.json").exists()
+
+
+@pytest.mark.slow
+def test_killing_the_benchmark_in_its_long_phase_stops_torchrun_and_keeps_its_time(tmp_path):
+    """kill -9 of the benchmark left its torchrun workers training, and its training time was recorded as null:
+    torchrun gets SIGTERM when the benchmark dies (its workers checkpoint and stop), and the phase's time is written
+    every few seconds while it trains."""
+    import signal
+    import time
+
+    import psutil
+
+    runs = tmp_path / "runs"
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
+    bench = subprocess.Popen([sys.executable, str(SCRIPT), "--runs", str(runs), "--out", str(tmp_path / "out"),
+                              "--seq-len", "256", "--cp", "1", "--iters", "200", "--short-iters", "0",
+                              "--vocab", str(VOCAB),
+                              "--lengths", "256", "--samples", "1"], env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True)
+    run_dir = runs / "copy_random" / "baseline"
+    try:
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not (run_dir / "metrics.jsonl").is_file():  # training
+            assert bench.poll() is None, "the benchmark exited before training"
+            time.sleep(0.2)
+        training = psutil.Process(bench.pid).children(recursive=True)
+        assert training, "no torchrun under the benchmark"
+        os.kill(bench.pid, signal.SIGKILL)
+        bench.wait()
+        gone = psutil.wait_procs(training, timeout=120)[1]
+        assert not gone, [p.cmdline() for p in gone]
+    finally:
+        try:
+            os.killpg(bench.pid, signal.SIGKILL)  # whatever is left
+        except ProcessLookupError:
+            pass
+    assert json.loads((run_dir / "bench_timing.json").read_text())["train_seconds"] > 0
+    log = (run_dir / "train.log").read_text()
+    assert "exit code 75 = resume me" in log, log[-3000:]  # the workers stopped with a checkpoint
