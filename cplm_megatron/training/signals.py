@@ -59,6 +59,7 @@ class StopSignal:
 
     def __init__(self) -> None:
         self.received: Optional[int] = None
+        self.boundaries = 0  # step boundaries reached (calls of `requested`)
         self._received_at = 0.0
         self._previous = {}
         for sig in self.SIGNALS:  # first: starting the resource tracker unblocks SIGINT/SIGTERM (multiprocessing)
@@ -74,13 +75,22 @@ class StopSignal:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, set(self.SIGNALS))  # deferred ones are delivered now
 
     def _watch_launcher(self, launcher: int) -> None:
-        """A torchrun worker whose torchrun died (kill -9) is reparented: stop as on SIGTERM (checkpoint, 75)."""
+        """A torchrun worker whose torchrun died (kill -9) is reparented: stop as on SIGTERM (checkpoint, 75) once
+        training runs; before its first step (the process group may wait forever for torchrun's rendezvous store),
+        exit at once with the resume code: nothing of this launch is lost."""
         while not self._watching.wait(LAUNCHER_POLL_S):
-            if os.getppid() != launcher:
+            if os.getppid() == launcher:
+                continue
+            if not self.boundaries:
+                print(f"[train] torchrun (pid {launcher}) is gone before the first step: exiting "
+                      f"{RESUME_EXIT_CODE} (relaunch to resume)", file=sys.stderr, flush=True)
+                kill_descendants()
+                os._exit(RESUME_EXIT_CODE)
+            if self.received is None:  # else a stop is under way already (torchrun's own SIGTERM): not a second one
                 print(f"[train] torchrun (pid {launcher}) is gone: stopping as on SIGTERM", file=sys.stderr,
                       flush=True)
                 os.kill(os.getpid(), signal.SIGTERM)
-                return
+            return
 
     def _handle(self, signum, frame) -> None:  # noqa: ARG002 - signal handler signature
         now = time.monotonic()
@@ -102,6 +112,7 @@ class StopSignal:
         import torch
         import torch.distributed as dist
 
+        self.boundaries += 1
         flag = torch.tensor([1 if self.received is not None else 0], dtype=torch.int32)
         if dist.is_initialized():
             backend = dist.get_backend()

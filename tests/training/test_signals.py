@@ -1,9 +1,11 @@
 """Ctrl-C handling of the trainer's StopSignal in a bare process (no torch): the first SIGINT is a request to
 checkpoint and stop, the same Ctrl-C arriving twice (terminal + torchrun) is one request, a second Ctrl-C
 later stops at once."""
+import os
 import subprocess
 import sys
 import textwrap
+import time
 
 from tests.training.pretrain_utils import REPO
 
@@ -60,7 +62,7 @@ def test_sighup_and_sigquit_are_stop_requests_unless_the_run_was_started_with_no
 
 
 ORPHANED_WORKER = textwrap.dedent("""
-    import os, time
+    import os, sys, time
     r, w = os.pipe()
     if os.fork():  # torchrun: dies (as under kill -9) once its worker watches it
         os.read(r, 1)
@@ -68,6 +70,7 @@ ORPHANED_WORKER = textwrap.dedent("""
     os.environ["TORCHELASTIC_RUN_ID"] = "test"
     from cplm_megatron.training.signals import StopSignal
     stop = StopSignal()
+    stop.boundaries = int(sys.argv[1])  # step boundaries reached: 0 = still starting up
     os.write(w, b"x")
     deadline = time.time() + 20
     while stop.received is None and time.time() < deadline:
@@ -76,9 +79,29 @@ ORPHANED_WORKER = textwrap.dedent("""
 """)
 
 
-def test_a_torchrun_worker_stops_as_on_sigterm_when_torchrun_is_gone():
-    """kill -9 of a plain torchrun left its workers training (and the run lock then refused the relaunch)."""
-    proc = subprocess.run([sys.executable, "-c", ORPHANED_WORKER], cwd=REPO, capture_output=True, text=True,
-                          timeout=60, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
-    assert proc.stdout == "worker stop request: 15\n", proc.stdout + proc.stderr
-    assert "[train] torchrun (pid " in proc.stderr and ") is gone: stopping as on SIGTERM" in proc.stderr
+def _orphaned_worker(boundaries: int) -> tuple:
+    """(exit code, stdout, stderr) of the worker whose torchrun died (its stdout outlives its parent)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "out")
+        with open(out, "w") as f:
+            subprocess.run([sys.executable, "-c", ORPHANED_WORKER, str(boundaries)], cwd=REPO, stdout=f,
+                           stderr=subprocess.STDOUT, timeout=60, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+        deadline = time.time() + 30
+        while time.time() < deadline and "worker stop request" not in open(out).read() \
+                and "exiting 75" not in open(out).read():
+            time.sleep(0.05)
+        time.sleep(0.2)
+        return open(out).read()
+
+
+def test_a_torchrun_worker_stops_when_torchrun_is_gone():
+    """kill -9 of a plain torchrun left its workers training (and the run lock then refused the relaunch): a worker
+    that trains stops as on SIGTERM (checkpoint, 75); one still starting up (it may wait forever for torchrun's
+    rendezvous store) exits 75 at once."""
+    training = _orphaned_worker(1)
+    assert "worker stop request: 15\n" in training and ") is gone: stopping as on SIGTERM" in training, training
+    starting = _orphaned_worker(0)
+    assert ") is gone before the first step: exiting 75 (relaunch to resume)" in starting, starting
+    assert "worker stop request" not in starting
