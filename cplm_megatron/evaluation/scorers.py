@@ -89,10 +89,12 @@ def saved_run_config(checkpoint: Path):
 
 def _build(cfg):
     """A tp = pp = 1 CPLMGPTModel for a run config (builder.single_process_run: no FP8 at evaluation; a GPU-only
-    LM-head loss becomes its CPU twin, same values)."""
+    LM-head loss becomes its CPU twin, same values), in the run's dtype; outside the Float16Module of a bf16/fp16 run
+    (which only casts float inputs and outputs), so the tasks reach its decoder and copy head."""
     from cplm_megatron.model.builder import build_run, single_process_run
+    from cplm_megatron.training.weights import unwrap
 
-    return build_run(single_process_run(cfg)).model
+    return unwrap(build_run(single_process_run(cfg)).model)
 
 
 @dataclass
