@@ -9,9 +9,10 @@
 #
 # The image (Python 3.12, torch 2.11 cu130, triton 3.6, transformers 5.x, numpy, pyyaml, safetensors,
 # tokenizers, psutil, einops, ...) lacks megatron-core and mosaicml-streaming. Only what the checks import is
-# carried: the training steps use synthetic data, so streaming is not needed (the dry run's image-only
-# environment, `make gpu-dry-run`, does not have it). Not carried: mosaicml-streaming, Transformer Engine (its
-# CUDA core wheel is too large to carry, its torch extension ships as source only), DeepSpeed, wandb, lm-eval.
+# carried: the training steps use synthetic data; the study step writes and reads MDS shards, so
+# mosaicml-streaming and its compiled needs are carried for it (one pinned wheel each, --no-deps: no cloud SDKs).
+# Not carried: Transformer Engine (its CUDA core wheel is too large to carry, its torch extension ships as source
+# only), DeepSpeed, wandb, lm-eval.
 #
 #   bash benchmarks/gpu/prepare_wheels.sh        # -> .whl/ (cp312 megatron-core + the project)
 #   WHEEL_DIR=DIR WHEEL_PYTHON_VERSION=3.11 bash benchmarks/gpu/prepare_wheels.sh   # the CPU dry run's wheels
@@ -39,6 +40,26 @@ if [ ! -e "${have[0]}" ]; then
   "$BUILD_PY" -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: --ignore-requires-python \
     --python-version "$PYVER" --implementation cp "${PLATFORMS[@]}" -d "$DEST" "megatron-core==$MCORE"
 fi
+
+# mosaicml-streaming and what it imports beyond the image (the study step's MDS shards): the versions .venv tests,
+# one wheel each for this Python tag, downloaded once (a pin's other versions and tags are replaced); zstd at 1.5.6.1,
+# its newest release with a cp312 manylinux wheel
+STREAMING_PINS=(mosaicml-streaming==0.13.0 zstd==1.5.6.1 xxhash==3.8.2 brotli==1.2.1 python-snappy==0.7.3
+                cramjam==2.14.0 catalogue==2.0.10 pillow==13.0.0)
+STREAMING_PLATFORMS=()
+for tag in manylinux_2_28 manylinux_2_27 manylinux_2_24 manylinux_2_17 manylinux2014 manylinux1; do
+  STREAMING_PLATFORMS+=(--platform "${tag}_x86_64")
+done
+for pin in "${STREAMING_PINS[@]}"; do
+  file=${pin%%==*}
+  file=${file//-/_}
+  have=("$DEST/$file-${pin#*==}"-py3-none-any.whl "$DEST/$file-${pin#*==}-$CP"-*.whl)
+  if [ ! -e "${have[0]}" ] && [ ! -e "${have[1]}" ]; then
+    rm -f "$DEST/$file"-[0-9]*.whl
+    "$BUILD_PY" -m pip download -q --disable-pip-version-check --no-deps --only-binary=:all: \
+      --python-version "$PYVER" --implementation cp "${STREAMING_PLATFORMS[@]}" -d "$DEST" "$pin"
+  fi
+done
 
 # the project: from a copy of exactly what the device tool carries, built beside DEST and moved in (a dry run
 # installing from DEST meanwhile sees the old wheel or the new one, never none)
