@@ -32,6 +32,19 @@ def recipe_path(name_or_path: str) -> str:
     return name_or_path
 
 
+def shipped_recipes() -> List[str]:
+    """The names of the recipes that ship with the package (configs/*.yaml)."""
+    return sorted(p.stem for p in RECIPE_DIR.glob("*.yaml"))
+
+
+def _recipe_hint(path: Path) -> str:
+    """For a `--config` that does not exist: the closest shipped recipe and the list of them."""
+    names = shipped_recipes()
+    close = difflib.get_close_matches(path.stem, names, n=1, cutoff=0.5)
+    guess = f"; did you mean --config {close[0]}?" if close else ""
+    return f"{guess} (shipped recipes, by name: {', '.join(names)})"
+
+
 class _StrictLoader(yaml.SafeLoader):
     """yaml.SafeLoader that refuses a key given twice in one mapping (YAML keeps the last one silently)."""
 
@@ -52,10 +65,13 @@ def read_yaml(path: Union[str, Path]) -> Dict[str, Any]:
     naming the file, line and column."""
     path = Path(path)
     if not path.is_file():
-        raise ConfigError(f"config file not found: {path}")
-    with open(path) as f:
+        raise ConfigError(f"config file not found: {path}{_recipe_hint(path)}")
+    with open(path, encoding="utf-8") as f:
         try:
             data = yaml.load(f, Loader=_StrictLoader) or {}  # noqa: S506 - a SafeLoader subclass
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"{path}: not a UTF-8 text file (byte {e.object[e.start]:#04x} at offset {e.start}); "
+                              f"save the recipe as UTF-8 YAML") from None
         except yaml.MarkedYAMLError as e:
             mark = e.problem_mark or e.context_mark
             where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)

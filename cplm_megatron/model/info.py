@@ -61,6 +61,7 @@ class InfoRequest:
     copy_heads: int = 4
     copy_head_dim: int = 64
     copy_qk_norm: bool = False
+    model: Optional[ModelConfig] = None  # a recipe's model section (tools/model_info.py --config); None: the preset's
 
     @property
     def copy(self) -> Optional[CopyHeadShape]:
@@ -78,7 +79,7 @@ class InfoRequest:
             raise ConfigError("--plan needs --gpu-memory (e.g. --gpu-memory 80GB)")
         if not 0.0 <= self.offload_fraction <= 1.0 or not 0.0 <= self.reserve < 1.0:
             raise ConfigError("--offload-fraction must be in [0, 1] and --reserve in [0, 1)")
-        model = load_preset(self.preset)
+        model = self.model or load_preset(self.preset)
         validate_layout(self.tp * self.pp * self.cp * self.dp, self.parallel, model)
         if self.cp > 1 and self.seq_len % (2 * self.cp):
             raise ConfigError(f"--seq-len {self.seq_len} is not divisible by 2 x --cp = {2 * self.cp}")

@@ -56,8 +56,9 @@ def single_process_megatron(model: Optional[ModelConfig] = None, seed: int = 123
 
 
 def validate_layout(world_size: int, parallel: ParallelConfig, model: ModelConfig) -> int:
-    """Check the layout against the world and the model; returns the data-parallel size."""
-    dp = check_world(world_size, parallel)
+    """Check the layout against the model, then against the world (a TP that does not divide the heads is named
+    as such whatever the number of processes); returns the data-parallel size."""
+    parallel.validate()
     if model.num_attention_heads % parallel.tp:
         raise ConfigError(
             f"model.num_attention_heads={model.num_attention_heads} is not divisible by "
@@ -78,7 +79,7 @@ def validate_layout(world_size: int, parallel: ParallelConfig, model: ModelConfi
             f"padded vocab {model.padded_vocab_size} (model.vocab_size={model.vocab_size}, "
             f"model.vocab_pad_multiple={model.vocab_pad_multiple}) is not divisible by parallel.tp={parallel.tp}"
         )
-    return dp
+    return check_world(world_size, parallel)
 
 
 def check_context_parallel(parallel: ParallelConfig, model: ModelConfig, seq_len: int) -> None:

@@ -86,3 +86,16 @@ def test_recipe_path_finds_a_shipped_recipe_by_name(tmp_path, monkeypatch):
     assert recipe_path("tiny") == "tiny"  # the user's file wins
     assert recipe_path("no_such_recipe") == "no_such_recipe"
     assert recipe_path("configs/tiny.yaml") == "configs/tiny.yaml"
+
+
+def test_a_missing_recipe_lists_the_shipped_ones_and_a_non_utf8_one_is_one_line(tmp_path):
+    from cplm_megatron.config.loader import read_yaml
+
+    with pytest.raises(ConfigError, match=r"config file not found: configs/tiny_llama\.yaml; did you mean --config tiny\? "
+                                          r"\(shipped recipes, by name: .*smollm2_135m.*tiny_qwen3\)"):
+        read_yaml("configs/tiny_llama.yaml")
+    latin1 = tmp_path / "latin1.yaml"
+    latin1.write_bytes("run:\n  name: café\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match=r"latin1\.yaml: not a UTF-8 text file \(byte 0xe9 at offset 16\)") as err:
+        read_yaml(latin1)
+    assert "\n" not in str(err.value)

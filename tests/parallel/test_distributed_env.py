@@ -40,7 +40,9 @@ def test_expand_hostlist(nodelist, hosts):
 
 
 @pytest.mark.parametrize("world, kw, preset, overrides, message", [
-    (6, dict(tp=4), "tiny", {}, r"world size 6 is not divisible by parallel.tp\*parallel.pp\*parallel.cp = 4\*1\*1 = 4"),
+    (3, dict(tp=2), "tiny", {}, r"world size 3 is not divisible by parallel.tp\*parallel.pp\*parallel.cp = 2\*1\*1 = 2"),
+    (1, dict(tp=3), "tiny", {}, r"model.num_attention_heads=4 is not divisible by parallel.tp=3"),  # the heads first
+    (3, dict(tp=3), "tiny", {}, r"model.num_attention_heads=4 is not divisible by parallel.tp=3"),
     (2, dict(tp=2), "smollm2-360m", {}, r"model.num_attention_heads=15 is not divisible by parallel.tp=2"),
     (4, dict(tp=4), "tiny", {}, r"KV heads \(model.num_query_groups=2\) are not divisible by parallel.tp=4"),
     (3, dict(pp=3), "tiny", {}, r"model.num_layers=4 is not divisible by parallel.pp=3"),

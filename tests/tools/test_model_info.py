@@ -92,3 +92,22 @@ def test_negative_or_zero_sizes_are_refused(option):
     for value in ("-4", "0"):
         proc = run("--preset", "tiny", option, value)
         assert proc.returncode == 2 and f"argument {option}: must be a positive integer" in proc.stderr, proc.stderr
+
+
+def test_a_recipe_is_read_whole():
+    """--config takes dp, seq, micro batch, loss path and head shape from the recipe: the 135M recipe on 8 GPUs is
+    the preset with its settings typed out; command-line options and --set overrides win; `auto` is resolved for
+    the GPU memory given (its 9 GiB of logits: Megatron's path on 80 GB GPUs, the fused loss on 24 GB ones); a TP
+    that does not divide the heads is named as such."""
+    recipe = run("--config", "configs/smollm2_135m.yaml", "--gpus", "8", "--gpu-memory", "80GB", "--json")
+    typed = run("--preset", "smollm2-135m", "--json", "--dp", "8", "--seq-len", "2048", "--micro-batch", "16",
+                "--copy-heads", "4", "--copy-head-dim", "64", "--lm-head-loss", "megatron", "--gpu-memory", "80GB")
+    assert recipe.returncode == typed.returncode == 0, recipe.stderr[-2000:] + typed.stderr[-2000:]
+    assert json.loads(recipe.stdout)["memory_per_gpu"] == json.loads(typed.stdout)["memory_per_gpu"]
+    assert json.loads(recipe.stdout)["layout"]["lm_head_loss"] == "megatron"
+    over = json.loads(run("--config", "configs/smollm2_135m.yaml", "--set", "copy_head.enabled=false",
+                          "--dp", "4", "--seq-len", "4096", "--micro-batch", "8", "--gpu-memory", "24GB", "--json").stdout)
+    assert over["layout"]["micro_batch"] == 8 and over["layout"]["dp"] == 4 and over["layout"]["seq_len"] == 4096
+    assert over["copy_head_params"] == 0 and over["layout"]["lm_head_loss"] == "fused"  # 9 GiB > 25% of 24 GB
+    bad = run("--config", "configs/tiny.yaml", "--set", "parallel.tp=3")
+    assert bad.returncode == 2 and "model.num_attention_heads=4 is not divisible by parallel.tp=3" in bad.stderr
