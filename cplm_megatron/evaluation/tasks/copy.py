@@ -11,16 +11,15 @@ without the LM head) and `copy_mean_gate` (the mean mixture weight g on the scor
 much of the mixture's copy accuracy the copy head carries, and how far the gate opens on copyable text.
 `copy_accuracy_chance` is the accuracy of a guess that does not copy (span tokens are uniform over 1..V-1);
 `copy_accuracy_one_token_match` that of a copier that matches the current token alone (its most frequent earlier
-successor): near 1 where tokens rarely recur, ~V/L once a random token recurs L/V times in the context, so a model
-above it matches more than one token.
+successor; cplm_megatron.evaluation.copiers): near 1 where tokens rarely recur, ~V/L once a random token recurs L/V
+times in the context, so a model above it matches more than one token.
 """
 from __future__ import annotations
-
-from collections import Counter, defaultdict
 
 import torch
 
 from cplm_megatron.data.synthetic import CopySample, copy_task_sample, make_batch
+from cplm_megatron.evaluation.copiers import one_token_match_hits
 from cplm_megatron.evaluation.metrics import TokenTally, argmax_correct
 from cplm_megatron.evaluation.options import EvalOptions
 from cplm_megatron.evaluation.scorers import Batch, HFScorer, MegatronScorer, Scorer, document_segments
@@ -40,23 +39,6 @@ def repeat_mask(samples: list[CopySample], length: int) -> torch.Tensor:
     for row, sample in enumerate(samples):
         mask[row, sample.repeat_start:sample.repeat_start + sample.repeat_len - 1] = True
     return mask
-
-
-def one_token_match_hits(sample: CopySample) -> float:
-    """Expected right predictions on the scored repeat of a copier that predicts the most frequent successor of the
-    current token among its earlier occurrences (ties split evenly; a token not seen before: wrong)."""
-    x = sample.tokens.tolist()
-    successors: defaultdict[int, Counter] = defaultdict(Counter)
-    hits = 0.0
-    for t in range(sample.repeat_start + sample.repeat_len - 1):
-        if t > 0:
-            successors[x[t - 1]][x[t]] += 1
-        seen = successors.get(x[t])
-        if t >= sample.repeat_start and seen:
-            top = max(seen.values())
-            if seen[x[t + 1]] == top:
-                hits += 1 / sum(1 for count in seen.values() if count == top)
-    return hits
 
 
 @torch.no_grad()
