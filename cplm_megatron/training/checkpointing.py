@@ -53,6 +53,7 @@ from cplm_megatron.training.checkpoint_lookup import (
     list_checkpoints,
     read_record,
 )
+from cplm_megatron.training.durable_files import write_atomic
 from cplm_megatron.training.orphan_watchdog import ensure_orphan_watchdog
 from cplm_megatron.training.orphan_watchdog import notice as notice_helpers
 from cplm_megatron.training.weights import load_model_state, model_sharded_state_dict
@@ -236,9 +237,9 @@ class Checkpointer:
         files = _checksums(target)
         if dist.get_rank() == 0:
             record = CheckpointRecord(**vars(train_state), layout=_layout(), has_optimizer=has_optimizer, files=files)
-            _atomic_write(target / STATE_JSON, record.to_json())
-            _atomic_write(self.root / LATEST, target.name + "\n")
-            _atomic_write(self.root / TRAINER_LATEST, target.name + "\n")  # after: see checkpoint_lookup
+            write_atomic(target / STATE_JSON, record.to_json())
+            write_atomic(self.root / LATEST, target.name + "\n")
+            write_atomic(self.root / TRAINER_LATEST, target.name + "\n")  # after: see checkpoint_lookup
             self._own.add(target.name)
             self._prune(keep_name=target.name)
             self.log(f"[checkpoint] saved {target} (iteration {train_state.iteration}); checksums of {len(files)} "
@@ -422,13 +423,3 @@ def _exit_text(code: Optional[int]) -> str:
     if code is not None and code < 0:
         return f"killed by {signal.Signals(-code).name}"
     return f"exit code {code}"
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-

@@ -304,6 +304,7 @@ class Launcher:
                 on_done: Callable[[JobResult], None] | None = None) -> list[JobResult]:
         """Run every job, `jobs` at a time; RuntimeError naming the failed ones' logs; RunsInterrupted on Ctrl-C."""
         Path(self.output).mkdir(parents=True, exist_ok=True)
+        self._stopping.clear()  # a launcher interrupted before runs again
         results: list[JobResult] = []
         pool = ThreadPoolExecutor(max_workers=max(1, jobs))
         futures = [pool.submit(self.run_job, run) for run in runs]
