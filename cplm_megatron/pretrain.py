@@ -36,20 +36,36 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def checked_config(args: argparse.Namespace, world_size: Optional[int]):
+    """The run config of the command line, with every check that needs no process group: the keys and values, and
+    (`world_size` given) the layout against the model and the number of processes. Raises UserError."""
+    from cplm_megatron.training.run_config import load_run_config, overrides_from_args
+
+    cfg = load_run_config(args.config[-1] if args.config else None, overrides_from_args(args.set))
+    if world_size is not None:
+        cfg.validate_world(world_size)
+    return cfg
+
+
 def run(args: argparse.Namespace) -> int:
-    """Resolve the config, then print it or train; bad input is one line on stderr and exit code 2."""
+    """Resolve the config, then print it or train; bad input is one line on stderr and exit code 2. A config
+    refused before any process group is the same on every rank: rank 0 prints it, every rank exits 2."""
     from cplm_megatron.cli import quiet_known_warnings
     from cplm_megatron.errors import UserError
+    from cplm_megatron.parallel.distributed import detect_env
 
     quiet_known_warnings()
+    env = detect_env()
     try:
-        from cplm_megatron.training.run_config import load_run_config, overrides_from_args
-
-        config_path = args.config[-1] if args.config else None
-        cfg = load_run_config(config_path, overrides_from_args(args.set))
-        if args.print_config:
-            print_config(cfg, args.describe)
-            return 0
+        cfg = checked_config(args, None if args.print_config else env.world_size)
+    except UserError as e:
+        if env.rank == 0:
+            print(f"error: {e}", file=sys.stderr, flush=True)
+        return BAD_INPUT_EXIT_CODE
+    if args.print_config:
+        print_config(cfg, args.describe)
+        return 0
+    try:
         from cplm_megatron.parallel.cpu_compat import setup_compat
         from cplm_megatron.training.checkpointing import CheckpointWriterDied
         from cplm_megatron.training.trainer import NonFiniteLossError, train

@@ -7,7 +7,9 @@ Runs `python -m torch.distributed.run` with the same arguments and exits with:
   0   training finished;
   75  stopped with a checkpoint (SIGTERM/SIGINT/SIGHUP/SIGUSR1 to this launcher, train.exit_after_iters,
       or SIGTERM sent to torchrun itself), or stopped before training started: relaunch to resume;
-  2   bad input (every worker printed one `error:` line);
+  2   bad input: a config the workers would refuse is one `error:` line from this launcher before torchrun
+      starts (keys, values, the layout against the model and the number of processes); later refusals (data,
+      checkpoints) are the workers' `error:` line;
   else torchrun's code (1: a failure).
 
 Plain torchrun exits 1 for all of these (it reports any worker exit other than 0 as a failure, and a
@@ -98,11 +100,55 @@ def _send(pid: int, sig: int) -> None:
         pass
 
 
+def _option(args: List[str], *names: str) -> Optional[str]:
+    """The value of a torchrun option given as `--name value` or `--name=value` (the last one), else None."""
+    value = None
+    for i, arg in enumerate(args):
+        name, eq, rest = arg.partition("=")
+        if name in names:
+            value = rest if eq else (args[i + 1] if i + 1 < len(args) else None)
+    return value
+
+
+def world_size(torchrun_args: List[str]) -> Optional[int]:
+    """The number of processes torchrun will start (nodes x processes per node), None where it is elastic or
+    decided by torchrun (`--nnodes 1:4`, `--nproc_per_node gpu|auto`)."""
+    nnodes = _option(torchrun_args, "--nnodes") or "1"
+    nproc = _option(torchrun_args, "--nproc_per_node", "--nproc-per-node") or "1"
+    return int(nnodes) * int(nproc) if nnodes.isdigit() and nproc.isdigit() else None
+
+
+def check_before_spawning(args: List[str]) -> Optional[str]:
+    """The training command's config checked here, before torchrun starts any worker: the one error line of a
+    config the workers would refuse (every check that needs no process group), else None."""
+    script = next((i for i, arg in enumerate(args) if arg.endswith("pretrain_cplm.py")), None)
+    if script is None:  # another script, or `-m cplm_megatron.pretrain`: the workers check it
+        return None
+    from cplm_megatron.errors import UserError
+    from cplm_megatron.pretrain import checked_config, parse_args
+
+    try:
+        options = parse_args(args[script + 1:])
+    except SystemExit:  # a usage error: the workers print it
+        return None
+    if options.print_config:
+        return None
+    try:
+        checked_config(options, world_size(args[:script]))
+    except UserError as e:
+        return f"error: {e}"
+    return None
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if not args or args[0] in ("-h", "--help"):
         print(__doc__)
         return 0 if args else 2
+    refused = check_before_spawning(args)
+    if refused:
+        print(refused, file=sys.stderr, flush=True)
+        return 2
     with tempfile.TemporaryDirectory(prefix="cplm-exit-") as status_dir:
         env = dict(os.environ, **{EXIT_STATUS_DIR_ENV: status_dir})
         if not any(arg.split("=")[0] in _TIMEOUT_SETTINGS for arg in args) and not set(_TIMEOUT_SETTINGS) & set(env):
