@@ -6,8 +6,8 @@ a source file under a site directory that no distribution lists belongs to a pse
 top-level entry (`unowned-<name>`: system packages without a file list). The standard library (its test suites
 left out, as in the embedded stdlib corpus) is the distribution `python-stdlib`. Each file carries its path relative
 to its root and the sha256 of its bytes, so everything later (order, dedup, split, sample) is the same wherever the
-same package set is installed. Files that are not UTF-8 text (another encoding, NUL bytes), empty files and files
-above `max_file_bytes` are left out and counted.
+same package set is installed. Files that are not UTF-8 text (another encoding, NUL bytes), empty, unreadable or
+above `max_file_bytes` are left out and counted; dangling links are not listed.
 """
 from __future__ import annotations
 
@@ -69,9 +69,11 @@ class Skipped:
     not_utf8: int = 0
     empty: int = 0
     too_large: int = 0
+    unreadable: int = 0
 
     def to_dict(self) -> dict[str, int]:
-        return {"not_utf8": self.not_utf8, "empty": self.empty, "too_large": self.too_large}
+        return {"not_utf8": self.not_utf8, "empty": self.empty, "too_large": self.too_large,
+                "unreadable": self.unreadable}
 
 
 def site_roots(extra: Sequence[str | Path] = ()) -> list[Path]:
@@ -114,7 +116,11 @@ def _py_files(root: Path) -> Iterable[Path]:
 
 def read_source(path: Path, max_file_bytes: int, skipped: Skipped) -> str | None:
     """The sha256 of a usable source file, or None (counted in `skipped`)."""
-    data = path.read_bytes()
+    try:
+        data = path.read_bytes()
+    except OSError:  # unreadable (permissions), or gone since it was listed
+        skipped.unreadable += 1
+        return None
     if len(data) > max_file_bytes:
         skipped.too_large += 1
         return None
@@ -132,11 +138,15 @@ def read_source(path: Path, max_file_bytes: int, skipped: Skipped) -> str | None
 
 
 def _listed(dists: dict[str, Distribution], name: str, version: str, path: Path, relpath: str) -> None:
-    """Add a file (size from stat, digest still unknown) to its distribution."""
+    """Add a file (size from stat, digest still unknown) to its distribution (a dangling link is no source)."""
+    try:
+        size = path.stat().st_size
+    except OSError:
+        return
     dist = dists.setdefault(name, Distribution(name, version))
     if version and version not in dist.version.split("+"):  # the same name in two roots: both versions named
         dist.version = "+".join(v for v in (dist.version, version) if v)
-    dist.files.append(SourceFile(path, relpath, path.stat().st_size, ""))
+    dist.files.append(SourceFile(path, relpath, size, ""))
 
 
 def installed_distributions(roots: Sequence[Path] | None = None, include_stdlib: bool = True) -> list[Distribution]:

@@ -54,13 +54,14 @@ def test_installed_sources_belong_to_their_distribution(tmp_path: Path) -> None:
     _install(tmp_path, "beta", "0.1", {"beta.py": _code(3), "beta_nul.py": b"a\x00b"})
     (tmp_path / "loose").mkdir()
     (tmp_path / "loose" / "mod.py").write_text(_code(4))
+    (tmp_path / "loose" / "dangling.py").symlink_to(tmp_path / "nowhere.py")  # a dangling link is not listed
     listed = installed_distributions([tmp_path], include_stdlib=False)
     assert [(d.name, d.version, [f.relpath for f in d.files]) for d in listed] == [
         ("alpha-pkg", "1.2", ["alpha/__init__.py", "alpha/core.py", "alpha/empty.py", "alpha/latin.py"]),
         ("beta", "0.1", ["beta.py", "beta_nul.py"]), ("unowned-loose", "", ["loose/mod.py"])]
     dists, skipped = read_distributions(listed)
     assert [len(d.files) for d in dists] == [2, 1, 1] and skipped.to_dict() == {"not_utf8": 2, "empty": 1,
-                                                                                  "too_large": 0}
+                                                                                  "too_large": 0, "unreadable": 0}
     assert dists[0].files[0].digest == hashlib.sha256(_code(1).encode()).hexdigest()
     assert [d.name for d in limit_distributions(dists, ["Beta"])] == ["beta"]
     with pytest.raises(ValueError, match="not installed here"):
