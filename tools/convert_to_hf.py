@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from pathlib import Path
 
 from cplm_megatron.cli import exit_2_on, quiet_known_warnings
 from cplm_megatron.hf.convert import DTYPES, convert_to_hf
@@ -31,6 +32,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+def refuse_hf_directory(path: Path) -> None:
+    """A Hugging Face model directory given as --checkpoint: say what it is and which tool reads it."""
+    if (path / "config.json").is_file() and not (path / "checkpoints").exists() and path.name != "checkpoints" \
+            and not (path / "cplm_state.json").is_file():
+        raise ValueError(f"{path} is a Hugging Face model directory (config.json + weights), already converted: load it "
+                         f"with transformers or evaluate it with tools/evaluate.py --hf {path}; to train from it, "
+                         f"tools/convert_from_hf.py --hf {path} --output DIR")
+
+
 @exit_2_on(ValueError, FileNotFoundError, FileExistsError)
 def main(argv: list[str] | None = None) -> int:
     """Convert; errors about the inputs print one line and exit with 2."""
@@ -38,6 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="[convert_to_hf] %(message)s")
     logging.getLogger("cplm_megatron").setLevel(logging.INFO)
+    refuse_hf_directory(Path(args.checkpoint))
     out = convert_to_hf(args.checkpoint, args.output, args.tokenizer, args.dtype)
     print(f"[convert_to_hf] done: {out}")
     return 0

@@ -107,7 +107,8 @@ def read_manifest(location: str, scratch_dir: Path | None = None) -> DatasetMani
         path = Path(location) / MANIFEST_NAME
         where = str(path)
         if not Path(location).is_dir():
-            raise DatasetError(f"dataset directory not found: {location}")
+            raise DatasetError(f"dataset directory not found: {location}; prepare one with tools/prepare_data.py "
+                               f"(docs/data.md), or `make data` for the small embedded corpus (data/stdlib/)")
         if not path.is_file():
             raise DatasetError(
                 f"{location} is not a prepared dataset (no {MANIFEST_NAME}; an interrupted build "

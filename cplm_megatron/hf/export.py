@@ -269,7 +269,19 @@ def with_legacy_rope_fields(config_dict: dict) -> dict:
     return legacy
 
 
+STANDARD_TOKENIZER_CLASS = "PreTrainedTokenizerFast"  # a tokenizer.json tokenizer in transformers 4 and 5
+
+
 def _copy_tokenizer_files(tokenizer_dir: Path, out: Path) -> None:
+    """The tokenizer's files, its tokenizer_config.json naming a standard tokenizer class (loading the tokenizer
+    never needs the model's code)."""
     for name in TOKENIZER_FILES:
         if (tokenizer_dir / name).is_file():
             shutil.copyfile(tokenizer_dir / name, out / name)
+    config_path = out / "tokenizer_config.json"
+    if (out / "tokenizer.json").is_file():
+        config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+        if not config.get("tokenizer_class") or "auto_map" in config:
+            config.pop("auto_map", None)
+            config["tokenizer_class"] = STANDARD_TOKENIZER_CLASS
+            config_path.write_text(json.dumps(config, indent=2) + "\n")

@@ -30,6 +30,10 @@ def read_hf_config(hf_dir: str | Path) -> PretrainedConfig:
     """The config of a local HF checkpoint (any model type transformers knows, plus cplm)."""
     path = Path(hf_dir) / CONFIG_FILE
     if not path.is_file():
+        if (Path(hf_dir) / "checkpoints").is_dir() or (Path(hf_dir) / "cplm_state.json").is_file() \
+                or Path(hf_dir).name == "checkpoints":
+            raise ConversionError(f"{hf_dir} is a Megatron training checkpoint, not a Hugging Face directory: export it "
+                                  f"with tools/convert_to_hf.py --checkpoint {hf_dir} --output DIR")
         raise ConversionError(f"{path} not found: --hf must be a local Hugging Face checkpoint directory")
     try:
         config_dict = json.loads(path.read_text())

@@ -90,12 +90,17 @@ def _check_newer(root: Path, ref: CheckpointRef, plan: StartPlan) -> CheckpointR
 
 
 def _compare(ref: CheckpointRef, cfg: RunConfig, weights_only: bool, how: str, notes: List[str]) -> None:
-    mismatched, changed = compare_configs(read_saved_config(ref.path), cfg, weights_only=weights_only)
+    saved = read_saved_config(ref.path)
+    mismatched, changed = compare_configs(saved, cfg, weights_only=weights_only)
     if mismatched:
+        shapes, _ = compare_configs(saved, cfg, weights_only=True)
+        other = (f"or train this model from scratch in a new run dir (--set run.dir=NEW_DIR): its tensors differ from "
+                 f"the checkpoint's ({describe(shapes)}), so no checkpoint.load can take them" if shapes else
+                 f"or start a new run from these weights with --set run.dir=NEW_DIR checkpoint.load={ref.path} "
+                 f"checkpoint.load_optimizer=false")
         raise ConfigError(
             f"cannot {how} {ref.path}: settings that define the model, its loss or its data differ from the "
-            f"checkpoint's saved config ({describe(mismatched)}); restore them, or start a new run from these "
-            f"weights with --set run.dir=NEW_DIR checkpoint.load={ref.path} checkpoint.load_optimizer=false")
+            f"checkpoint's saved config ({describe(mismatched)}); restore them, {other}")
     if changed:
         notes.append(f"[train] changed since {ref.path.name}: {describe(changed)}")
 

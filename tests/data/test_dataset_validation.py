@@ -50,7 +50,7 @@ def test_good_dataset_loads(good_dataset: Path) -> None:
 
 
 def test_not_a_dataset(tmp_path: Path) -> None:
-    with pytest.raises(DatasetError, match=r"dataset directory not found: .*nowhere"):
+    with pytest.raises(DatasetError, match=r"dataset directory not found: .*nowhere; prepare one with tools/prepare_data\.py .*make data"):
         build_train_loader(train_cfg(tmp_path / "nowhere"), SHAPE, 0, 1)
     (tmp_path / "half").mkdir()
     (tmp_path / "half" / "index.json").write_text("{}")

@@ -268,9 +268,14 @@ def test_changed_model_is_refused_and_schedule_changes_take_effect(stdlib_corpus
     before = pu.files_of(run_dir)
     baseline = pu.run(1, pu.tiny_overrides(stdlib_corpus, run_dir, ITERS, **{"copy_head.enabled": "false"}))
     pu.assert_bad_input(baseline, "cannot resume from", "(copy_head.enabled: True -> False)",
-                        "checkpoint.load_optimizer=false")
+                        "train this model from scratch in a new run dir")
     shallower = pu.run(1, pu.tiny_overrides(stdlib_corpus, run_dir, ITERS, **{"model.num_layers": 2}))
-    pu.assert_bad_input(shallower, "(model.num_layers: 4 -> 2)")
+    line = pu.assert_bad_input(shallower, "(model.num_layers: 4 -> 2)", "train this model from scratch in a new run dir",
+                               "no checkpoint.load can take them")
+    assert "checkpoint.load=" not in line  # another model size: its weights cannot be loaded, so it is not suggested
+    other_loss = pu.run(1, pu.tiny_overrides(stdlib_corpus, run_dir, ITERS, **{"copy_head.lm_loss_weight": 0.5}))
+    pu.assert_bad_input(other_loss, "(copy_head.lm_loss_weight: 1.0 -> 0.5)",
+                        "checkpoint.load_optimizer=false")  # same tensors: starting from these weights works
     assert pu.files_of(run_dir) == before  # config.yaml still the run's own, checkpoints untouched
     longer = pu.run(1, pu.tiny_overrides(stdlib_corpus, run_dir, 12))
     assert longer.returncode == 0, longer.stderr[-3000:]
