@@ -1,4 +1,4 @@
-"""benchmarks/data_prep.py: a small run reports every stage consistently, and the README's core-hours for 100B
+"""benchmarks/data_prep.py: a small run reports every stage consistently, and docs/data.md's core-hours for 100B
 tokens is the committed measurement's."""
 from __future__ import annotations
 
@@ -33,13 +33,13 @@ def test_small_run_reports_every_stage(tmp_path, stdlib_corpus):
     assert "core-h per 100B tokens" in result.stdout
 
 
-def test_readme_states_the_committed_core_hours():
+def test_the_data_page_states_the_committed_core_hours():
     report = json.loads(COMMITTED.read_text())
     assert report["complete"] and report["environment"]["cpus_allowed"] == [0]  # measured pinned to one core
     assert report["environment"]["files"] > 500  # the whole training split of the embedded corpus
     stages = report["stages"]
-    readme = (REPO / "README.md").read_text()
-    section = readme.split("### Data", 1)[1].split("\n## ", 1)[0]
+    page = (REPO / "docs" / "data.md").read_text()
+    section = page.split("### Throughput", 1)[1].split("\n## ", 1)[0]
     prepare = stages["prepare"]["core_hours_per_100b_tokens"]
     assert re.search(rf"\*\*{prepare:,.0f} core-hours\*\* per 100B tokens", section), prepare
     for stage in ("tokenize", "write"):
