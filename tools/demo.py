@@ -61,9 +61,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     sizes = (["--corpus-iters", "6", "--corpus-interval", "3", "--spamlang-iters", "4", "--spamlang-interval", "2",
               "--vocab-sizes", "4096", "--eval-sequences", "4"] if args.smoke else
              ["--corpus-iters", str(args.corpus_iters), "--corpus-interval", str(args.corpus_iters // 2),
-              "--vocab-sizes", "4096,16384"])
-    run([py, "tools/ablate.py", "--output", str(ablation), "--quick", "--tp", str(args.tp), "--data", str(data), *sizes],
-        "the ablation")
+              "--corpus-val-interval", str(max(1, args.corpus_iters // 10)), "--vocab-sizes", "4096,16384"])
+    every = 2 if args.smoke else 20
+    print(f"each run's log: {ablation}/runs/<run>/train.log and eval.log; progress every {every} s", flush=True)
+    run([py, "tools/ablate.py", "--output", str(ablation), "--quick", "--tp", str(args.tp), "--data", str(data), *sizes,
+         "--progress-every", str(every)], "the ablation")
 
     banner("3. export the CPLM to Hugging Face format")
     hf_dir = out / "hf"

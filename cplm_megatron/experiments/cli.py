@@ -63,6 +63,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="LM head of the SpamLang runs (default: untied with --quick, both otherwise)")
     p.add_argument("--corpus-iters", type=int, help="corpus training steps")
     p.add_argument("--corpus-interval", type=int, help="corpus checkpoint/evaluation interval")
+    p.add_argument("--corpus-val-interval", type=int,
+                   help="the corpus runs' validation interval during training (default: --corpus-interval)")
+    p.add_argument("--progress-every", type=float, default=30.0, metavar="SECONDS",
+                   help="print each running job's latest progress line this often (0: only when a run finishes)")
     p.add_argument("--eval-sequences", type=int, help="sequences per evaluation task and checkpoint")
     p.add_argument("--tp", type=int, default=1, choices=(1, 2), help="tensor parallel size of each training run")
     p.add_argument("--jobs", type=int, help="runs at a time (default: 2 with --tp 1, 1 with --tp 2)")
@@ -142,6 +146,7 @@ def settings_from_args(args: argparse.Namespace) -> AblationSettings:
     changes = {"experiments": experiments, "spamlang_ties": ties, "spamlang_vocabs": args.vocab_sizes,
                "spamlang_iters": args.spamlang_iters, "spamlang_interval": args.spamlang_interval,
                "corpus_iters": args.corpus_iters, "corpus_interval": args.corpus_interval,
+               "corpus_val_interval": args.corpus_val_interval,
                "eval_sequences": args.eval_sequences, "seed": args.seed,
                "extra_settings": tuple(tuple(o.split("=", 1)) for o in args.overrides) or None}
     s = dataclasses.replace(s, **{k: v for k, v in changes.items() if v is not None})
@@ -187,7 +192,8 @@ def _main(argv: list[str] | None) -> int:
 
     print(f"[ablate] output {Path(args.output).resolve()}, {jobs} run(s) at a time", flush=True)
     outcome = run_ablation(Path(args.output), settings, Path(args.data), tp=args.tp, jobs=jobs,
-                           threads=args.threads, command="tools/ablate.py " + shlex.join(argv), on_done=progress)
+                           threads=args.threads, command="tools/ablate.py " + shlex.join(argv), on_done=progress,
+                           progress_every=args.progress_every)
     for c in outcome.spamlang:
         base = c["baseline_steps_to_99"]
         base_text = f"at step {base}" if base is not None else f"not within {c['iters']} steps"

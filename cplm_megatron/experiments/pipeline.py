@@ -27,6 +27,71 @@ from cplm_megatron.experiments.report.study import write_study_report
 from cplm_megatron.experiments.report.study_summary import summarize
 
 
+PROGRESS_FIELDS = ("iter ", "loss ", "ETA ")  # of a trainer's console line, what a progress line keeps
+
+
+class LogWatcher:
+    """While jobs run: every `every` seconds, each run's latest training progress (step, loss, ETA) and the log it
+    comes from, once per change; logs written before the watcher started (reused runs) are left out."""
+
+    def __init__(self, runs_dir: Path, every: float, say: Callable[[str], None] = print):
+        import threading
+
+        self.runs_dir, self.every, self.say = Path(runs_dir), every, say
+        self.started = time.time()
+        self.shown: dict[Any, Any] = {}  # per run dir: the status shown; per ('log', run dir): the log named
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> LogWatcher:
+        if self.every > 0:
+            self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.every):
+            for line in self.poll():
+                self.say(line)
+
+    def poll(self) -> list[str]:
+        """The progress lines to print now: per run, its evaluation once that started, else its training."""
+        lines = []
+        for run_dir in sorted(p for p in self.runs_dir.glob("*") if p.is_dir()):
+            log = next((run_dir / name for name in ("eval.log", "train.log") if self._fresh(run_dir / name)), None)
+            if log is None:
+                continue
+            status = self._status(log)
+            if status and self.shown.get(run_dir) != status:
+                named = self.shown.get(("log", run_dir)) == log
+                self.shown[run_dir], self.shown[("log", run_dir)] = status, log
+                lines.append(f"[ablate] {run_dir.name}: {status}" + ("" if named else f" (log {log})"))
+        return lines
+
+    def _fresh(self, log: Path) -> bool:
+        try:
+            return log.stat().st_mtime >= self.started
+        except OSError:
+            return False
+
+    @staticmethod
+    def _status(log: Path) -> str:
+        if log.name == "eval.log":
+            return "evaluating the checkpoints"
+        try:
+            text = log.read_text(errors="replace")
+        except OSError:
+            return ""
+        steps = [line for line in text.splitlines() if line.startswith("iter ")]
+        if not steps:
+            return "training: starting"
+        return "training: " + " | ".join(part for part in steps[-1].split(" | ") if part.startswith(PROGRESS_FIELDS))
+
+
 @dataclass
 class AblationOutcome:
     """Where the report is and the headline numbers."""
@@ -40,8 +105,9 @@ class AblationOutcome:
 
 def run_ablation(output: Path, settings: AblationSettings, data_dir: Path | None = None, tp: int = 1, jobs: int = 2,
                  threads: int = 1, command: str = "", on_done: Callable[[JobResult], None] | None = None,
-                 backend: str = "warm") -> AblationOutcome:
-    """Train/evaluate every pair of `settings` under `output` (finished runs are reused) and write the report.
+                 backend: str = "warm", progress_every: float = 0.0) -> AblationOutcome:
+    """Train/evaluate every pair of `settings` under `output` (finished runs are reused) and write the report;
+    `progress_every` > 0: print the running jobs' progress that often (LogWatcher).
 
     Raises RuntimeError naming the logs of failed runs; ValueError/FileNotFoundError for bad settings/data.
     """
@@ -49,7 +115,8 @@ def run_ablation(output: Path, settings: AblationSettings, data_dir: Path | None
     specs = ablation_runs(settings, data_dir)
     start = time.perf_counter()
     launcher = Launcher(output, Path(data_dir).resolve().parent if data_dir is not None else None, tp, threads, backend)
-    jobs_done = launcher.run_all(specs, jobs=jobs, on_done=on_done)
+    with LogWatcher(output / "runs", progress_every, lambda line: print(line, flush=True)):
+        jobs_done = launcher.run_all(specs, jobs=jobs, on_done=on_done)
     runs = [load_run(spec, output) for spec in specs]
     seconds = time.perf_counter() - start
     meta = {"command": command, "settings": {**dataclasses.asdict(settings), "tp": tp}, "seconds": seconds,

@@ -26,6 +26,7 @@ class AblationSettings:
     spamlang_seq_len: int = 128
     corpus_iters: int = 600
     corpus_interval: int = 100
+    corpus_val_interval: int = 0  # the trainer's validation interval (0: the checkpoint interval)
     eval_sequences: int = 32  # sequences per task and checkpoint (passkey: per cell)
     experiments: tuple[str, ...] = ("corpus", "spamlang")
     seed: int = 1234  # run.seed and data.seed of every run (the recipes' default)
@@ -69,7 +70,7 @@ def ablation_runs(settings: AblationSettings, data_dir: Path | None) -> list[Run
         vocab, seq_len = manifest.tokenizer.vocab_size, manifest.seq_len
         corpus = {**common, "model.vocab_size": vocab, "data.streams": [data_dir / "train"],
                   "data.val_streams": [data_dir / "val"], "train.iters": s.corpus_iters, "train.seq_len": seq_len,
-                  "train.micro_batch": 4, "train.global_batch": 8, "train.eval_interval": s.corpus_interval,
+                  "train.micro_batch": 4, "train.global_batch": 8, "train.eval_interval": s.corpus_val_interval or s.corpus_interval,
                   "train.eval_iters": 4, "checkpoint.interval": s.corpus_interval}
         evaluation = Evaluation(("val", "copy", "passkey", "gradient"), limit=s.eval_sequences, gradient_source="val",
                                 copy_length=min(128, seq_len),

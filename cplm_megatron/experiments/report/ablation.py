@@ -6,13 +6,14 @@ Plots: loss_curves.png, copy_accuracy.png (copy and SpamLang accuracy vs steps),
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from cplm_megatron.experiments.records import RunResults
-from cplm_megatron.experiments.report.toolkit import fmt, grid, plt, prob, save, table
+from cplm_megatron.experiments.report.toolkit import fmt, grid, prob, save, table
 
 SPAMLANG_TARGET = 0.99
 
@@ -199,9 +200,20 @@ def _passkey_markdown(details: dict[str, Any]) -> str:
 # -------------------------------------------------------------------------------------- plots
 
 
+CHANCE = {"color": "gray", "ls": "--", "lw": 0.9}
+
+
+def pair_title(pair: PairSummary) -> str:
+    """A pair's panel title in words (its group name is a directory name)."""
+    label = pair.cplm.spec.label
+    if pair.cplm.spec.experiment == "corpus":
+        return f"Python stdlib corpus (V={label['vocab']})"
+    return f"SpamLang, V={label['vocab']}, {'tied' if label['tied'] else 'untied'} LM head"
+
+
 def plot_losses(pairs: Sequence[PairSummary], path: Path) -> Path | None:
     """Training NLL of the output distribution (the mixture for CPLM) and validation loss vs step, one panel per
-    pair; CPLM's LM-head cross entropy (its objective's auxiliary term) apart, dotted."""
+    pair, one colour per model, beside chance (ln V); CPLM's LM-head cross entropy (its auxiliary term) dotted."""
     if not pairs:
         return None
     fig, axes = grid(len(pairs))
@@ -209,20 +221,22 @@ def plot_losses(pairs: Sequence[PairSummary], path: Path) -> Path | None:
         for run in (pair.baseline, pair.cplm):
             name, color = NAMES[run.spec.copy_head], COLORS[run.spec.copy_head]
             its, vals = run.nll_curve()
-            ax.plot(its, vals, color=color, label=f"{name} train NLL")
+            ax.plot(its, vals, color=color, lw=1.2, label=f"{name}: training loss")
             its, vals = run.train_curve("val_loss")
             if its:
-                ax.plot(its, vals, "o--", color=color, label=f"{name} val")
+                ax.plot(its, vals, "o--", color=color, ms=4, label=f"{name}: validation loss")
             if run.spec.copy_head:
                 its, vals = run.train_curve("lm_loss")
-                ax.plot(its, vals, ":", color=color, label=f"{name} LM head alone (aux. term)")
-        ax.set(title=pair.group, xlabel="step", ylabel="nats/token")
+                ax.plot(its, vals, ":", color=color, label="CPLM: its LM head alone")
+        ax.axhline(math.log(pair.cplm.spec.label["vocab"]), **CHANCE, label="chance: ln V")
+        ax.set(title=pair_title(pair), xlabel="training step", ylabel="loss (nats/token)")
         ax.legend(fontsize=7)
+    fig.suptitle("Loss of the model's output distribution (the mixture for the CPLM)")
     return save(fig, path)
 
 
 def plot_accuracy(pairs: Sequence[PairSummary], path: Path) -> Path | None:
-    """Copy accuracy (corpus) and SpamLang accuracy vs step."""
+    """Copy accuracy (corpus) and SpamLang accuracy vs step, one colour per model, beside chance."""
     panels = [(p, "copy", "copy_accuracy") for p in pairs if p.cplm.spec.experiment == "corpus"]
     panels += [(p, "spamlang", "spamlang_accuracy") for p in pairs if p.cplm.spec.experiment == "spamlang"]
     if not panels:
@@ -231,60 +245,72 @@ def plot_accuracy(pairs: Sequence[PairSummary], path: Path) -> Path | None:
     for ax, (pair, task, metric) in zip(axes, panels):
         for run in (pair.baseline, pair.cplm):
             its, vals = run.eval_curve(task, metric)
-            ax.plot(its, vals, "o-", color=COLORS[run.spec.copy_head], label=NAMES[run.spec.copy_head])
-        if task == "spamlang":
-            ax.axhline(SPAMLANG_TARGET, color="gray", lw=0.8, ls=":")
-        ax.set(title=f"{pair.group}: {metric}", xlabel="step", ylabel="accuracy", ylim=(-0.03, 1.03))
+            ax.plot(its, vals, "o-", ms=4, color=COLORS[run.spec.copy_head], label=NAMES[run.spec.copy_head])
+        if task == "copy":
+            chance = _metric(pair.baseline, "copy", "copy_accuracy_chance")
+            what = "copy accuracy on a repeated span"
+        else:
+            chance = 1.0 / pair.cplm.spec.label["vocab"]
+            what = "next-symbol accuracy"
+            ax.axhline(SPAMLANG_TARGET, color="black", lw=0.8, ls=":", label=f"{SPAMLANG_TARGET:.0%} (the target)")
+        if chance is not None:
+            ax.axhline(chance, **CHANCE, label=f"chance ({chance:.1e})")
+        ax.set(title=f"{pair_title(pair)}:\n{what}", xlabel="training step", ylabel="accuracy", ylim=(-0.03, 1.03))
         ax.legend(fontsize=7)
     return save(fig, path)
 
 
 def plot_passkey(pairs: Sequence[PairSummary], path: Path) -> Path | None:
-    """Passkey operating points of the last checkpoints: heatmaps of the per-token accuracy on the key
-    (colour), annotated with the whole-key retrieval rate."""
+    """Passkey operating points of the last checkpoints: per model a heatmap of how often the key's first token
+    (the one retrieval needs) is predicted, by context length and needle depth, with its chance value."""
     runs = [run for p in pairs for run in (p.baseline, p.cplm) if "passkey" in run.final["tasks"]]
     if not runs:
         return None
-    fig, axes = grid(len(runs))
+    fig, axes = grid(len(runs), cols=2)
     for ax, run in zip(axes, runs):
         details = run.final["tasks"]["passkey"]["details"]
         cells = {(c["length"], c["depth"]): c for c in details["grid"]}
-        rows = [[cells[(L, d)] for d in details["depths"]] for L in details["lengths"]]
-        image = ax.imshow([[c["token_accuracy"] for c in row] for row in rows], vmin=0, vmax=1, cmap="viridis",
-                          aspect="auto")
+        key = "first_token_accuracy" if "first_token_accuracy" in details["grid"][0] else "token_accuracy"
+        rows = [[cells[(L, d)][key] for d in details["depths"]] for L in details["lengths"]]
+        image = ax.imshow(rows, vmin=0, vmax=1, cmap="viridis", aspect="auto", origin="lower")
         ax.set_xticks(range(len(details["depths"])), [f"{d:g}" for d in details["depths"]])
         ax.set_yticks(range(len(details["lengths"])), [str(L) for L in details["lengths"]])
         for i, row in enumerate(rows):
-            for j, c in enumerate(row):
-                ax.text(j, i, f"key {c['accuracy']:.2f}\ntok {c['token_accuracy']:.2f}", ha="center", va="center",
-                        color="w" if c["token_accuracy"] < 0.5 else "k", fontsize=7)
-        ax.set(title=f"{run.spec.group} {NAMES[run.spec.copy_head]}", xlabel="needle depth", ylabel="context length")
-        fig.colorbar(image, ax=ax, label="key-token accuracy")
+            for j, value in enumerate(row):
+                ax.text(j, i, f"{value:.2f}", ha="center", va="center", color="w" if value < 0.5 else "k", fontsize=9)
+        chance = _metric(run, "passkey", "passkey_first_token_chance")
+        ax.set(title=f"{NAMES[run.spec.copy_head]}" + (f" (chance {chance:.1e})" if chance else ""),
+               xlabel="needle depth (0: start, 1: end)", ylabel="context length (tokens)")
+        fig.colorbar(image, ax=ax, label="first key token accuracy" if key == "first_token_accuracy"
+                     else "key token accuracy")
+    fig.suptitle(f"Passkey retrieval at the last checkpoint, {details['samples_per_cell']} samples per cell")
     return save(fig, path)
 
 
 def plot_gradients(pairs: Sequence[PairSummary], path: Path) -> Path | None:
-    """Fraction of the logit gradient inside the LM-head span, and the copy head's share of dL/dh, vs step."""
-    runs = [run for p in pairs for run in (p.baseline, p.cplm) if "gradient" in run.final["tasks"]]
-    if not runs:
+    """Per pair: the share of the LM head's logit gradient outside its column span (the report's table column)
+    beside its chance value sqrt(1 - d/V), and the copy head's share of dL/dh, vs step; one colour per model."""
+    pairs = [p for p in pairs if "gradient" in p.cplm.final["tasks"]]
+    if not pairs:
         return None
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
-    groups = list(dict.fromkeys(run.spec.group for run in runs))
-    palette = plt.get_cmap("tab10")
-    for run in runs:
-        color = palette(groups.index(run.spec.group) % 10)
-        style = "-" if run.spec.copy_head else "--"  # dashed: baseline
-        label = f"{run.spec.group} {NAMES[run.spec.copy_head]}"
-        its, vals = run.eval_curve("gradient", "logit_grad_inside_span")
-        left.plot(its, vals, style, color=color, marker="o", ms=3, label=label)
-        if run.spec.copy_head:
-            its, vals = run.eval_curve("gradient", "copy_grad_share")
-            right.plot(its, vals, style, color=color, marker="o", ms=3, label=label)
-    left.set(title="logit gradient retained by the LM head\n||P G|| / ||G||", xlabel="step", ylabel="fraction")
-    right.set(title="copy-head share of dL/dh\n||g_copy|| / (||g_lm|| + ||g_copy||)", xlabel="step",
-              ylabel="share", ylim=(0, 1))
-    for ax in (left, right):
-        ax.legend(fontsize=6)
+    panels = [(p, "outside") for p in pairs] + [(p, "share") for p in pairs]
+    fig, axes = grid(len(panels), cols=min(3, len(pairs)))
+    for ax, (pair, kind) in zip(axes, panels):
+        if kind == "outside":
+            for run in (pair.baseline, pair.cplm):
+                its, vals = run.eval_curve("gradient", "logit_grad_outside_span")
+                ax.plot(its, vals, "o-", ms=3, color=COLORS[run.spec.copy_head], label=NAMES[run.spec.copy_head])
+            chance = _metric(pair.baseline, "gradient", "logit_grad_outside_span_chance")
+            if chance is not None:
+                ax.axhline(chance, **CHANCE, label=f"chance sqrt(1 - d/V) = {chance:.4f}")
+            ax.set(title=f"{pair_title(pair)}:\nlogit gradient outside the LM head's span", xlabel="training step",
+                   ylabel="||(I - P) G|| / ||G||")
+        else:
+            its, vals = pair.cplm.eval_curve("gradient", "copy_grad_share")
+            ax.plot(its, vals, "o-", ms=3, color=COLORS[True], label="CPLM")
+            ax.set(title=f"{pair_title(pair)}:\ncopy head's share of dL/dh", xlabel="training step",
+                   ylabel="||g_copy|| / (||g_lm|| + ||g_copy||)", ylim=(0, 1))
+        ax.legend(fontsize=7)
     return save(fig, path)
 
 
