@@ -203,6 +203,18 @@ def _passkey_markdown(details: dict[str, Any]) -> str:
 CHANCE = {"color": "gray", "ls": "--", "lw": 0.9}
 
 
+def _steps_axis(ax) -> None:
+    """Training steps are whole numbers."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+def _line(ax, its: Sequence[int], vals: Sequence[float], *style: str, **kw: Any) -> None:
+    """A curve; its points marked where there are too few of them to draw a line."""
+    ax.plot(its, vals, *style, **({"marker": ".", **kw} if len(its) < 4 and "marker" not in kw else kw))
+
+
 def pair_title(pair: PairSummary) -> str:
     """A pair's panel title in words (its group name is a directory name)."""
     label = pair.cplm.spec.label
@@ -221,15 +233,16 @@ def plot_losses(pairs: Sequence[PairSummary], path: Path) -> Path | None:
         for run in (pair.baseline, pair.cplm):
             name, color = NAMES[run.spec.copy_head], COLORS[run.spec.copy_head]
             its, vals = run.nll_curve()
-            ax.plot(its, vals, color=color, lw=1.2, label=f"{name}: training loss")
+            _line(ax, its, vals, color=color, lw=1.2, label=f"{name}: training loss")
             its, vals = run.train_curve("val_loss")
             if its:
                 ax.plot(its, vals, "o--", color=color, ms=4, label=f"{name}: validation loss")
             if run.spec.copy_head:
                 its, vals = run.train_curve("lm_loss")
-                ax.plot(its, vals, ":", color=color, label="CPLM: its LM head alone")
+                _line(ax, its, vals, ":", color=color, label="CPLM: its LM head alone")
         ax.axhline(math.log(pair.cplm.spec.label["vocab"]), **CHANCE, label="chance: ln V")
         ax.set(title=pair_title(pair), xlabel="training step", ylabel="loss (nats/token)")
+        _steps_axis(ax)
         ax.legend(fontsize=7)
     fig.suptitle("Loss of the model's output distribution (the mixture for the CPLM)")
     return save(fig, path)
@@ -256,6 +269,7 @@ def plot_accuracy(pairs: Sequence[PairSummary], path: Path) -> Path | None:
         if chance is not None:
             ax.axhline(chance, **CHANCE, label=f"chance ({chance:.1e})")
         ax.set(title=f"{pair_title(pair)}:\n{what}", xlabel="training step", ylabel="accuracy", ylim=(-0.03, 1.03))
+        _steps_axis(ax)
         ax.legend(fontsize=7)
     return save(fig, path)
 
@@ -310,6 +324,7 @@ def plot_gradients(pairs: Sequence[PairSummary], path: Path) -> Path | None:
             ax.plot(its, vals, "o-", ms=3, color=COLORS[True], label="CPLM")
             ax.set(title=f"{pair_title(pair)}:\ncopy head's share of dL/dh", xlabel="training step",
                    ylabel="||g_copy|| / (||g_lm|| + ||g_copy||)", ylim=(0, 1))
+        _steps_axis(ax)
         ax.legend(fontsize=7)
     return save(fig, path)
 
