@@ -24,6 +24,8 @@ directory (`CPLM_EXIT_STATUS_DIR`). One launcher per node.
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import signal
 import subprocess
@@ -128,8 +130,9 @@ def check_before_spawning(args: List[str]) -> Optional[str]:
     from cplm_megatron.pretrain import checked_config, parse_args
 
     try:
-        options = parse_args(args[script + 1:])
-    except SystemExit:  # a usage error: the workers print it
+        with contextlib.redirect_stderr(io.StringIO()):  # a usage error: the workers print it
+            options = parse_args(args[script + 1:])
+    except SystemExit:
         return None
     if options.print_config:
         return None
