@@ -301,6 +301,20 @@ def plot_passkey(pairs: Sequence[PairSummary], path: Path) -> Path | None:
     return save(fig, path)
 
 
+def _outside_span(run: RunResults) -> tuple[list[int], list[float]]:
+    """(iterations, share of the logit gradient outside the LM head's span); from the retained share where an
+    evaluation recorded only that (outside = sqrt(1 - inside^2))."""
+    its, vals = [], []
+    for entry in run.checkpoints:
+        metrics = entry["tasks"].get("gradient", {}).get("metrics", {})
+        inside = metrics.get("logit_grad_inside_span")
+        outside = metrics.get("logit_grad_outside_span", None if inside is None else math.sqrt(1 - inside**2))
+        if outside is not None:
+            its.append(entry["iteration"])
+            vals.append(outside)
+    return its, vals
+
+
 def plot_gradients(pairs: Sequence[PairSummary], path: Path) -> Path | None:
     """Per pair: the share of the LM head's logit gradient outside its column span (the report's table column)
     beside its chance value sqrt(1 - d/V), and the copy head's share of dL/dh, vs step; one colour per model."""
@@ -312,7 +326,7 @@ def plot_gradients(pairs: Sequence[PairSummary], path: Path) -> Path | None:
     for ax, (pair, kind) in zip(axes, panels):
         if kind == "outside":
             for run in (pair.baseline, pair.cplm):
-                its, vals = run.eval_curve("gradient", "logit_grad_outside_span")
+                its, vals = _outside_span(run)
                 ax.plot(its, vals, "o-", ms=3, color=COLORS[run.spec.copy_head], label=NAMES[run.spec.copy_head])
             chance = _metric(pair.baseline, "gradient", "logit_grad_outside_span_chance")
             if chance is not None:
