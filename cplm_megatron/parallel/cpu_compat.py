@@ -22,6 +22,7 @@ is unusable, falling back to CPU over gloo would go unnoticed for hours, so it i
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import os
 from dataclasses import dataclass
@@ -252,6 +253,94 @@ def _patch_current_stream() -> None:
         torch.cuda.current_stream = lambda device=None: torch.cpu.current_stream()
 
 
+# --- 11 --------------------------------------------------------------------------------------------
+def _warns_without_tp_group() -> bool:
+    """megatron-core's get_tensor_model_parallel_group_if_none warns when given no group, which the local spec's
+    RowParallelLinear does on every forward (0.16.1 through 0.19.2 pass tp_group=None)."""
+    from megatron.core.utils import get_tensor_model_parallel_group_if_none as f
+
+    return "warnings.warn(" in inspect.getsource(inspect.unwrap(f))  # (unwrapped: the patch keeps __wrapped__)
+
+
+def _patch_tp_group_warning() -> None:
+    import sys
+
+    import megatron.core.utils as mu
+
+    if not _mark(mu, "tp_group_warning"):
+        return
+    original = mu.get_tensor_model_parallel_group_if_none
+
+    @functools.wraps(original)
+    def group_if_none(tp_group=None, is_expert=False, check_initialized=True):
+        # torch.compile cannot trace warnings.warn with a warning class: one graph break per linear layer
+        if tp_group is not None or not torch.compiler.is_compiling() or not torch.distributed.is_initialized():
+            return original(tp_group, is_expert, check_initialized)
+        ps = mu.parallel_state
+        if not ps.is_initialized():
+            return tp_group
+        get = ps.get_expert_tensor_parallel_group if is_expert else ps.get_tensor_model_parallel_group
+        return get(check_initialized=check_initialized)
+
+    for module in list(sys.modules.values()):  # every module that imported the function by name
+        if getattr(module, "__name__", "").startswith("megatron.core") and \
+                getattr(module, "get_tensor_model_parallel_group_if_none", None) is original:
+            module.get_tensor_model_parallel_group_if_none = group_if_none
+
+
+# --- 12 --------------------------------------------------------------------------------------------
+def foreach_l2_norm(chunk_size, noop_flag, tensor_lists, per_tensor, *args):  # noqa: ARG001 - amp_C signature
+    """amp_C.multi_tensor_l2norm's contract (([1] fp32 norm, None)) in two multi-tensor kernels and no host sync
+    (megatron-core's local version reads every tensor's norm back to the host: one device sync per tensor)."""
+    tensors = [t for tensors in tensor_lists for t in tensors]
+    if not tensors:
+        return torch.zeros(1, dtype=torch.float32, device=noop_flag.device), None
+    norms = torch._foreach_norm(tensors)
+    return torch.linalg.vector_norm(torch.stack(norms).float()).reshape(1), None
+
+
+def foreach_scale(chunk_size, noop_flag, tensor_lists, scale):  # noqa: ARG001 - amp_C signature
+    """amp_C.multi_tensor_scale's contract (dst = src * scale) as multi-tensor ops, not two kernels per tensor."""
+    src, dst = tensor_lists
+    if not src:
+        return
+    if all(a is b for a, b in zip(src, dst)):
+        torch._foreach_mul_(dst, scale)
+    elif scale == 1.0:
+        torch._foreach_copy_(dst, src)
+    else:
+        torch._foreach_copy_(dst, torch._foreach_mul(src, scale))
+
+
+def _foreach_copy_this_to_that(this, that, overflow_buf=None):  # noqa: ARG001 - megatron-core signature
+    """optimizer._multi_tensor_copy_this_to_that (fp32 main params -> 16-bit model params) as one foreach copy."""
+    if this:
+        torch._foreach_copy_(that, this)
+
+
+def _local_multi_tensor_fallback() -> bool:
+    """megatron-core took its local (per-tensor loop) multi-tensor ops: neither Apex's amp_C nor TE's."""
+    import megatron.core.optimizer.optimizer as mo
+    from megatron.core.utils import local_multi_tensor_scale
+
+    return mo.multi_tensor_scale_impl in (local_multi_tensor_scale, foreach_scale)  # (or already patched)
+
+
+def _patch_foreach_fallback() -> None:
+    import megatron.core.optimizer.clip_grads as cg
+    import megatron.core.optimizer.optimizer as mo
+    from megatron.core.utils import local_multi_tensor_l2_norm, local_multi_tensor_scale
+
+    if not _mark(mo, "foreach_fallback"):
+        return
+    if cg.l2_norm_impl is local_multi_tensor_l2_norm:  # (on CPU grad_norm_precision's fp64 version stays)
+        cg.l2_norm_impl = foreach_l2_norm
+    for module in (cg, mo):
+        if module.multi_tensor_scale_impl is local_multi_tensor_scale:
+            module.multi_tensor_scale_impl = foreach_scale
+    mo._multi_tensor_copy_this_to_that = _foreach_copy_this_to_that
+
+
 PATCHES: List[Patch] = [
     Patch("rng_tracker", "tensor_parallel/random.py: CUDA RNG state get/set + CudaRNGStatesTracker",
           "cpu", _patch_rng_tracker),
@@ -275,6 +364,13 @@ PATCHES: List[Patch] = [
     Patch("current_stream", "distributed/param_and_grad_buffer.py _ParamAndGradBucketGroup.start_grad_sync: "
           "torch.cuda.current_stream() (waits on CUDA-graph events) -> torch.cpu.current_stream()",
           "cpu", _patch_current_stream, _grad_sync_calls_current_stream),
+    Patch("tp_group_warning", "utils.get_tensor_model_parallel_group_if_none: warns on every RowParallelLinear "
+          "forward (the local spec passes tp_group=None), a graph break per layer under torch.compile; no warning "
+          "while compiling", "torch_fallback", _patch_tp_group_warning, _warns_without_tp_group),
+    Patch("foreach_fallback", "utils.local_multi_tensor_l2_norm / local_multi_tensor_scale and optimizer."
+          "_multi_tensor_copy_this_to_that: per-tensor loops (a host sync per tensor in the grad norm, two kernels "
+          "per tensor to clip, one per parameter to copy main params to 16-bit ones) -> torch._foreach_* ops",
+          "torch_fallback", _patch_foreach_fallback, _local_multi_tensor_fallback),
 ]
 
 

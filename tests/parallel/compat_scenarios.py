@@ -112,6 +112,55 @@ def _grad_norm_scenario(rank: int) -> None:
     assert abs(r["megatron"] - r["exact"]) <= 1e-6 * r["exact"], r
 
 
+def _compile_scenario(rank: int) -> None:
+    """A transformer layer of the local spec traces whole under torch.compile (dynamo's explain: no inductor)."""
+    import torch._dynamo as dynamo
+
+    _, _, chunks, _, _ = build(ParallelConfig())
+    model = chunks[0].module
+    layer = model.decoder.layers[0]
+    hidden = torch.randn(16, 2, model.config.hidden_size, requires_grad=True)
+    explained = dynamo.explain(layer)(hidden, attention_mask=None, rotary_pos_emb=model.rotary_pos_emb(16))
+    reasons = "; ".join(str(r.reason).splitlines()[0] for r in explained.break_reasons)
+    assert explained.graph_break_count == 0, f"{explained.graph_break_count} graph break(s): {reasons}"
+
+
+class _PythonCalls(torch.overrides.TorchFunctionMode):
+    """Counts the torch calls made from Python, by name (a foreach op is one call, a per-tensor loop one per
+    tensor; attribute reads are calls too: the scenario looks at the copies and multiplies)."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls: dict = {}
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        name = getattr(func, "__name__", str(func))
+        self.calls[name] = self.calls.get(name, 0) + 1
+        return func(*args, **(kwargs or {}))
+
+
+def _foreach_scenario(rank: int) -> None:
+    """Clipping the gradients and copying fp32 main params to bf16 model params take a constant number of torch
+    calls, not one or two per parameter (each a kernel launch on a GPU); the values are megatron-core's."""
+    from megatron.core.optimizer import optimizer as mo
+    from megatron.core.optimizer.clip_grads import clip_grad_by_total_norm_fp32
+
+    n = 24
+    g = torch.Generator().manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(8, 4, generator=g)) for _ in range(n)]
+    for p in params:
+        p.grad = torch.randn(8, 4, generator=g)
+    want = [p.grad * (1.0 / (10.0 + 1.0e-6)) for p in params]
+    model = [torch.empty(8, 4, dtype=torch.bfloat16) for _ in range(n)]
+    with _PythonCalls() as counter:
+        clip_grad_by_total_norm_fp32(params, max_norm=1.0, total_norm=10.0)
+        mo._multi_tensor_copy_this_to_that(this=[p.detach() for p in params], that=model, overflow_buf=None)
+    per_tensor = {k: v for k, v in counter.calls.items() if v >= n and ("copy" in k or "mul" in k)}
+    assert not per_tensor, f"per-tensor torch calls for {n} parameters: {per_tensor}"
+    assert all(torch.equal(p.grad, w) for p, w in zip(params, want))
+    assert all(torch.equal(m, p.detach().to(torch.bfloat16)) for m, p in zip(model, params))
+
+
 # name -> (world size, the function every rank runs)
 SCENARIOS: dict[str, tuple[int, Callable]] = {
     "train_step_single": (1, train_step_single),
@@ -119,6 +168,8 @@ SCENARIOS: dict[str, tuple[int, Callable]] = {
     "sequence_parallel": (2, _sp_build),
     "pipeline_parallel": (2, _pp_step),
     "grad_norm_precision": (1, _grad_norm_scenario),
+    "compile_layer": (1, _compile_scenario),
+    "foreach_fallback": (1, _foreach_scenario),
 }
 
 

@@ -26,6 +26,8 @@ NEEDED_BY = {
     "sp_norm": ("sequence_parallel", "sequence parallel not supported by torch LayerNorm"),
     "grad_norm_precision": ("grad_norm_precision", "AssertionError"),
     "current_stream": ("train_step_single", "current_stream = torch.cuda.current_stream()"),  # mcore >= 0.18.2
+    "tp_group_warning": ("compile_layer", "graph break(s)"),
+    "foreach_fallback": ("foreach_fallback", "per-tensor torch calls"),
 }
 
 
@@ -78,7 +80,8 @@ def test_gpu_machines_without_apex_te_get_only_the_torch_fallback_fixes():
     """The path of a GPU install without Apex/TE (the H200 image): selection and log line."""
     applied, line = applied_in_fresh_process(claims_cuda=True)
     assert set(applied) == {p.name for p in PATCHES if p.scope == "torch_fallback"}  # no Apex/TE installed here
-    assert f"{SCOPES['torch_fallback']}: missing_state_keys, shared_step, sp_norm" in line
+    assert f"{SCOPES['torch_fallback']}: missing_state_keys, shared_step, sp_norm, tp_group_warning, " \
+           "foreach_fallback" in line
     assert SCOPES["cpu"] not in line
 
 
@@ -153,3 +156,49 @@ def test_the_entry_points_apply_the_layer_not_init_process_groups():
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stderr.count("[compat] megatron-core ") == 1, out.stderr[-3000:]
     assert f"{SCOPES['cpu']}: rng_tracker, current_device" in out.stderr
+
+
+class _HostReads(torch.overrides.TorchFunctionMode):
+    """Counts the device tensors read back to the host (each a device synchronization on a GPU): `float(t)`,
+    `t.item()`, `t.tolist()`, and every tensor element of `torch.tensor([...])`."""
+
+    def __init__(self):
+        super().__init__()
+        self.reads = 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in (torch.Tensor.__float__, torch.Tensor.item, torch.Tensor.tolist):
+            self.reads += 1
+        elif func is torch.tensor:
+            self.reads += sum(1 for x in _flatten(args[0]) if isinstance(x, torch.Tensor))
+        return func(*args, **(kwargs or {}))
+
+
+def _flatten(data):
+    if isinstance(data, (list, tuple)):
+        for x in data:
+            yield from _flatten(x)
+    else:
+        yield data
+
+
+def test_foreach_grad_norm_reads_nothing_back_and_matches_megatron_core():
+    """The GPU path's grad norm (foreach_fallback; on CPU grad_norm_precision's fp64 norm is used instead):
+    megatron-core's local norm reads each tensor's norm back to the host, the replacement none."""
+    from megatron.core.utils import local_multi_tensor_l2_norm
+
+    from cplm_megatron.parallel.cpu_compat import foreach_l2_norm
+
+    g = torch.Generator().manual_seed(0)
+    grads = [torch.randn(64, 32, generator=g) * 10 ** (i % 3) for i in range(12)]
+    flag = torch.zeros(1, dtype=torch.int)
+    with _HostReads() as megatron_reads:
+        want, _ = local_multi_tensor_l2_norm(2048, flag, [grads], False)
+    with _HostReads() as ours:
+        got, none = foreach_l2_norm(2048, flag, [grads], False)
+    assert megatron_reads.reads == len(grads) + 1 and ours.reads == 0 and none is None
+    exact = torch.sqrt(sum(t.double().pow(2).sum() for t in grads))
+    # fp32 sums of 2048 squares per tensor (relative error <= ~2048 * 2^-24 ~ 1.2e-4 bound, ~1e-6 typical)
+    assert got.shape == (1,) and abs(float(got) - float(exact)) <= 1.2e-4 * float(exact)
+    assert abs(float(got) - float(want)) <= 1.2e-4 * float(exact)
+    assert float(foreach_l2_norm(2048, flag, [[]], False)[0]) == 0.0
