@@ -25,6 +25,10 @@ class OptimizerConfig:
     # Fraction of this rank's optimizer shard (fp32 master weights + Adam moments) kept and stepped on
     # the CPU: megatron-core's HybridDeviceOptimizer (`optimizer_cpu_offload`). GPU + Transformer Engine.
     offload_fraction: float = 0.0
+    # torch's fused AdamW kernel (one pass over parameters, gradients and moments) where megatron-core falls back
+    # to torch's AdamW (no Apex, no Transformer Engine; their FusedAdam is fused already). auto: fused on CUDA;
+    # false: torch's default (foreach on CUDA, a per-parameter loop on CPU). The same update to rounding.
+    fused: Literal["auto", True, False] = "auto"
 
     def validate(self) -> None:
         for key in ("weight_decay", "clip_grad"):
@@ -132,13 +136,65 @@ def megatron_optimizer_kwargs(opt: OptimizerConfig, dtype: str, lr: float, min_l
 
 
 def build_optimizer(chunks: List[torch.nn.Module], opt: OptimizerConfig, dtype: str, lr: float, min_lr: float):
-    """Megatron optimizer (Adam with decoupled weight decay) over DDP-wrapped chunks."""
+    """Megatron optimizer (Adam with decoupled weight decay) over DDP-wrapped chunks; torch's AdamW fused per
+    `optimizer.fused` where megatron-core uses it."""
     from megatron.core.optimizer import OptimizerConfig as MegatronOptimizerConfig
     from megatron.core.optimizer import get_megatron_optimizer
 
     check_offload_supported(opt)
     cfg = MegatronOptimizerConfig(**megatron_optimizer_kwargs(opt, dtype, lr, min_lr))
-    return get_megatron_optimizer(cfg, chunks)
+    optimizer = get_megatron_optimizer(cfg, chunks)
+    if not opt.offload_fraction:  # the hybrid CPU-offload optimizer picks its own kernels
+        from cplm_megatron.training.metrics_log import rank0_print
+
+        rank0_print(f"[train] optimizer: {set_torch_adam_kernel(optimizer, fused_adam(opt))}")
+    return optimizer
+
+
+def fused_adam(opt: OptimizerConfig) -> bool:
+    """`optimizer.fused` resolved: auto is fused on CUDA."""
+    return torch.cuda.is_available() if opt.fused == "auto" else bool(opt.fused)
+
+
+def torch_adams(optimizer) -> List[torch.optim.Optimizer]:
+    """The torch Adam/AdamW instances inside a Megatron optimizer (chained or not); none where megatron-core
+    uses Apex's or Transformer Engine's FusedAdam."""
+    inner = [getattr(o, "optimizer", None) for o in getattr(optimizer, "chained_optimizers", [optimizer])]
+    return [o for o in inner if type(o) in (torch.optim.Adam, torch.optim.AdamW)]
+
+
+def set_torch_adam_kernel(optimizer, fused: bool) -> str:
+    """Run megatron-core's torch AdamW with the fused kernel (or torch's default choice: foreach on CUDA, a loop on
+    CPU), as if it had been built with `fused=`; a checkpoint's optimizer state loads into the kernel in use (its
+    saved setting and step-counter placement do not carry over). Returns what runs, for the log."""
+    adams = torch_adams(optimizer)
+    for adam in adams:
+        for group in [adam.defaults, *adam.param_groups]:
+            group["fused"], group["foreach"] = (True, False) if fused else (None, None)
+        if fused:
+            for group in adam.param_groups:
+                for p in group["params"]:
+                    _device_dtype_check_for_fused(p)
+        if not getattr(adam, "_cplm_keeps_kernel", False):
+            adam.register_load_state_dict_pre_hook(_keep_kernel)
+            adam._cplm_keeps_kernel = True
+    if not adams:
+        return "Apex/Transformer Engine FusedAdam" if optimizer is not None else "none"
+    return "torch AdamW, fused" if fused else "torch AdamW, torch's default kernel"
+
+
+def _device_dtype_check_for_fused(param: torch.Tensor) -> None:
+    from torch.optim.optimizer import _device_dtype_check_for_fused as check
+
+    check(param)
+
+
+def _keep_kernel(adam: torch.optim.Optimizer, state_dict: dict) -> dict:
+    """load_state_dict pre-hook: the saved param groups take this optimizer's kernel flags, so torch places each
+    `step` counter where that kernel needs it (fused: a float32 tensor on the parameter's device)."""
+    groups = [{**saved, "fused": now["fused"], "foreach": now["foreach"]}
+              for saved, now in zip(state_dict["param_groups"], adam.param_groups)]
+    return {**state_dict, "param_groups": groups}
 
 
 def build_scheduler(optimizer, opt: OptimizerConfig, sched: ScheduleConfig, train_iters: int, lr: float,

@@ -62,3 +62,34 @@ def test_training_entry_point_exits_2_on_offload_here(tmp_path):
                       "optimizer.offload_fraction=0.5", "logging.wandb=false", "data.synthetic=copy"])
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "optimizer.offload_fraction" in proc.stderr and "Transformer Engine" in proc.stderr
+
+
+@pytest.mark.parametrize("value, want", [("auto", "auto"), ("true", True), ("false", False)])
+def test_optimizer_fused_setting(value, want):
+    cfg = load_run_config(REPO / "configs" / "tiny.yaml", [f"optimizer.fused={value}"])
+    assert cfg.optimizer.fused == want
+    with pytest.raises(ConfigError, match="optimizer.fused"):
+        load_run_config(REPO / "configs" / "tiny.yaml", ["optimizer.fused=sometimes"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype, distributed", [("fp32", False), ("bf16", True)])
+def test_fused_adamw_matches_torch_default_straight_and_across_a_checkpoint(tmp_path, dtype, distributed):
+    """megatron-core's torch AdamW run with torch's fused kernel (optimizer.fused=true) makes the update its
+    default kernel makes (a per-parameter loop on CPU), and a checkpoint saved with one kernel resumes with the
+    other: the fused flags stay, the step counters come back as the fused kernel needs them. Each comparison is
+    one step from the same weights, moments and gradients."""
+    from tests.harness import run_distributed
+    from tests.training.optimizer_workers import LR, kernels_agree
+
+    [r] = run_distributed(kernels_agree, 1, str(tmp_path), dtype, distributed)
+    assert "_fused_adamw_" in r["fused_calls"] and "_fused_adamw_" not in r["default_calls"], r
+    assert r["restored_flags"] == [(True, False)]
+    assert r["restored_steps"] == [(1.0, torch.float32, "cpu")]
+    eps = torch.finfo(torch.float32).eps
+    for name, step in (("fused", 0), ("resumed", 1)):
+        for want, got in zip(r["default"][step], r[name]):
+            # each kernel rounds the decay, the update (m / (sqrt(v) + eps): no cancellation, a few ulps) and the
+            # subtraction from p on its own: <= 4 ulps of max(|p|) + lr
+            tol = 4 * eps * (float(want.abs().max()) + LR)
+            assert float((want - got).abs().max()) <= tol, (name, float((want - got).abs().max()), tol)
