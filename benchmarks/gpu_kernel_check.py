@@ -1,9 +1,12 @@
 """GPU correctness check of the fused copy kernels at real sizes (run on a CUDA machine, < 1 min).
 
-Fused vs the naive PyTorch reference at T=4096, H_c=4, d_c in {64, 128}: bf16 and fp32 inputs,
-and FP8 (straight-through, against the reference on the dequantized inputs). Documents of ~700
-tokens, 5% ignored labels, small label vocabulary (so matches exist), random output gradients.
-Also: one-document (no doc_ids) case, strided q/k views, bitwise determinism, no NaN on empty rows.
+Fused vs the naive PyTorch reference at T=4096, b=2, H_c=4, d_c in {64, 128}: bf16 and fp32 inputs,
+and FP8 (straight-through, against the reference on the dequantized inputs; one scale per tensor as the
+copy head quantizes, and one per block of 128 rows). Documents of ~700 tokens, 5% ignored labels, small
+label vocabulary (so matches exist), random output gradients. Also: one-document (no doc_ids) cases, strided
+q/k views, bitwise determinism, no NaN on empty rows; one case at b=1, whose grid is small enough
+(b*H*T < cplm_kernels.configs.SMALL_GRID_ROWS) for the forward's small-grid tiles. The cases without
+documents compile the kernels the benchmark (benchmarks/copy_kernel.py) then finds in Triton's cache.
 
 Tolerances (max |fused - ref| / max |ref|, per tensor): fp32 1e-5 (tl.dot in ieee fp32),
 bf16 2e-2 and FP8 2e-2 (bf16 dS in the gradient matmuls; fp8 tensor-core accumulation).
@@ -14,6 +17,7 @@ bf16 2e-2 and FP8 2e-2 (bf16 dS in the gradient matmuls; fp8 tensor-core accumul
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 import time
@@ -30,7 +34,8 @@ import cplm_kernels as ck  # noqa: E402
 
 HEADS, N_LABELS = 4, 64
 T, BATCH, DEVICE = 4096, 2, "cuda"  # --tiny: 64, 1, "cpu"
-TOLERANCE = {"fp32": 1e-5, "bf16": 2e-2, "fp8": 2e-2}
+TOLERANCE = {"fp32": 1e-5, "bf16": 2e-2, "fp8": 2e-2, "fp8-rows": 2e-2}
+FP8_BLOCK_ROWS = 128  # "fp8-rows": one scale per 128 rows of each head
 
 
 def rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
@@ -44,16 +49,16 @@ def rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
     return ((a - e).abs().max() / e.abs().max().clamp_min(1e-30)).item()
 
 
-def make_inputs(d: int, dtype: torch.dtype, with_docs: bool, seed: int):
+def make_inputs(d: int, dtype: torch.dtype, with_docs: bool, seed: int, batch: int):
     gen = torch.Generator(device=DEVICE).manual_seed(seed)
-    q = torch.randn(BATCH, HEADS, T, d, device=DEVICE, generator=gen).to(dtype)
-    k = torch.randn(BATCH, HEADS, T, d, device=DEVICE, generator=gen).to(dtype)
-    labels = torch.randint(0, N_LABELS, (BATCH, T), device=DEVICE, generator=gen)
-    labels[torch.rand(BATCH, T, device=DEVICE, generator=gen) < 0.05] = -100
+    q = torch.randn(batch, HEADS, T, d, device=DEVICE, generator=gen).to(dtype)
+    k = torch.randn(batch, HEADS, T, d, device=DEVICE, generator=gen).to(dtype)
+    labels = torch.randint(0, N_LABELS, (batch, T), device=DEVICE, generator=gen)
+    labels[torch.rand(batch, T, device=DEVICE, generator=gen) < 0.05] = -100
     doc_ids = None
     if with_docs:
-        doc_ids = torch.cumsum(torch.rand(BATCH, T, device=DEVICE, generator=gen) < min(1 / 700, 4 / T), dim=1)
-    grads = torch.randn(2, BATCH, HEADS, T, device=DEVICE, generator=gen)
+        doc_ids = torch.cumsum(torch.rand(batch, T, device=DEVICE, generator=gen) < min(1 / 700, 4 / T), dim=1)
+    grads = torch.randn(2, batch, HEADS, T, device=DEVICE, generator=gen)
     return q, k, labels, doc_ids, grads[0], grads[1]
 
 
@@ -69,22 +74,30 @@ def outputs_and_grads(fn: Callable, q, k, labels, doc_ids, g_all, g_match) -> tu
 
 
 def reference_for(kind: str, q, k):
-    """(reference q, reference k): fp8 compares against the reference on the dequantized values."""
-    if kind != "fp8":
+    """(reference q, reference k): FP8 compares against the reference on the dequantized values."""
+    if not kind.startswith("fp8"):
         return q, k
-    q8, qs = ck.quantize_fp8(q)
-    k8, ks = ck.quantize_fp8(k)
-    return ck.dequantize_fp8(q8, qs), ck.dequantize_fp8(k8, ks)
+    rows = FP8_BLOCK_ROWS if kind == "fp8-rows" else None
+    (q8, qs), (k8, ks) = ck.quantize_fp8(q, rows), ck.quantize_fp8(k, rows)
+    return ck.dequantize_fp8(q8, qs, rows), ck.dequantize_fp8(k8, ks, rows)
 
 
-def check_case(d: int, kind: str, with_docs: bool, strided: bool = False) -> dict[str, object]:
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp8": torch.bfloat16}[kind]
-    q, k, labels, doc_ids, g_all, g_match = make_inputs(d, dtype, with_docs, seed=d)
+def fused_for(kind: str) -> Callable:
+    """The fused entry point of ``kind``: FP8 straight-through (per tensor or per block of rows), or plain."""
+    if kind == "fp8-rows":
+        return functools.partial(ck.copy_lse_fused_fp8, block_rows=FP8_BLOCK_ROWS)
+    return ck.copy_lse_fused_fp8 if kind == "fp8" else ck.copy_lse_fused
+
+
+def check_case(d: int, kind: str, with_docs: bool, strided: bool = False, batch: int = 2) -> dict[str, object]:
+    dtype = torch.float32 if kind == "fp32" else torch.bfloat16
+    batch = min(batch, BATCH)  # --tiny: b=1
+    q, k, labels, doc_ids, g_all, g_match = make_inputs(d, dtype, with_docs, seed=d, batch=batch)
     if strided:  # [b, H, T, d] views of one [T, b, 2 * H * d] projection, as the head produces them
-        proj = torch.cat([q, k], dim=1).permute(2, 0, 1, 3).reshape(T, BATCH, 2 * HEADS * d).contiguous()
-        q = proj[..., : HEADS * d].reshape(T, BATCH, HEADS, d).permute(1, 2, 0, 3)
-        k = proj[..., HEADS * d:].reshape(T, BATCH, HEADS, d).permute(1, 2, 0, 3)
-    fused_fn = ck.copy_lse_fused_fp8 if kind == "fp8" else ck.copy_lse_fused
+        proj = torch.cat([q, k], dim=1).permute(2, 0, 1, 3).reshape(T, batch, 2 * HEADS * d).contiguous()
+        q = proj[..., : HEADS * d].reshape(T, batch, HEADS, d).permute(1, 2, 0, 3)
+        k = proj[..., HEADS * d:].reshape(T, batch, HEADS, d).permute(1, 2, 0, 3)
+    fused_fn = fused_for(kind)
     start = time.perf_counter()
     fused = outputs_and_grads(fused_fn, q, k, labels, doc_ids, g_all, g_match)
     if DEVICE == "cuda":
@@ -98,13 +111,15 @@ def check_case(d: int, kind: str, with_docs: bool, strided: bool = False) -> dic
     errors = {name: rel_err(a, e) for name, a, e in zip(("lse_all", "lse_match", "dq", "dk"), fused, ref)}
     empty_rows_ok = bool(torch.isneginf(fused[0][:, :, 0]).all()) and not any(torch.isnan(t).any() for t in fused)
     ok = max(errors.values()) <= TOLERANCE[kind] and deterministic and empty_rows_ok
-    return {"d": d, "kind": kind, "docs": with_docs, "strided": strided, "errors": errors,
+    return {"d": d, "kind": kind, "docs": with_docs, "strided": strided, "batch": batch, "errors": errors,
             "deterministic": deterministic, "empty_rows_ok": empty_rows_ok, "first_call_s": seconds, "ok": ok}
 
 
-CASES: list[tuple[int, str, bool, bool]] = [
-    (64, "bf16", True, False), (128, "bf16", True, False), (64, "fp32", True, False), (128, "fp32", True, False),
-    (64, "fp8", True, False), (128, "fp8", True, False), (64, "bf16", False, True),
+# (d, kind, documents, strided views, batch)
+CASES: list[tuple[int, str, bool, bool, int]] = [
+    (64, "bf16", True, False, 2), (128, "bf16", False, False, 2), (64, "fp32", True, False, 2),
+    (128, "fp32", True, False, 2), (64, "fp8", False, False, 2), (128, "fp8", False, False, 2),
+    (128, "fp8-rows", True, False, 2), (64, "bf16", False, True, 2), (64, "bf16", False, False, 1),
 ]
 
 
@@ -132,22 +147,23 @@ def main(argv: list[str] | None = None) -> int:
         return {"device": device_name, "T": T, "batch": BATCH, "heads": HEADS, "tolerance": TOLERANCE,
                 "cases": results, "passed": failures == 0 and len(results) == len(CASES)}
 
-    for d, kind, docs, strided in CASES:
+    for d, kind, docs, strided, batch in CASES:
         try:
-            result = check_case(d, kind, docs, strided)
+            result = check_case(d, kind, docs, strided, batch)
         except Exception as err:  # noqa: BLE001 -- report and continue: the other cases still tell something
-            result = {"d": d, "kind": kind, "docs": docs, "strided": strided, "ok": False,
+            result = {"d": d, "kind": kind, "docs": docs, "strided": strided, "batch": batch, "ok": False,
                       "error": f"{type(err).__name__}: {err}"}
-            print(f"FAIL d={d} {kind} docs={docs} strided={strided}: {result['error']}", flush=True)
+            print(f"FAIL d={d} {kind} docs={docs} strided={strided} b={batch}: {result['error']}", flush=True)
             results.append(result)
             write_partial(args.json, payload())
             continue
         results.append(result)
         write_partial(args.json, payload())
         errs = " ".join(f"{k}={v:.2e}" for k, v in result["errors"].items())
-        print(f"{'PASS' if result['ok'] else 'FAIL'} d={d:3d} {kind:4s} docs={docs!s:5s} strided={strided!s:5s} "
-              f"{errs} deterministic={result['deterministic']} empty_rows_ok={result['empty_rows_ok']} "
-              f"(first call {result['first_call_s']:.1f} s incl. compile)", flush=True)
+        print(f"{'PASS' if result['ok'] else 'FAIL'} d={d:3d} {kind:8s} docs={docs!s:5s} strided={strided!s:5s} "
+              f"b={result['batch']} {errs} deterministic={result['deterministic']} "
+              f"empty_rows_ok={result['empty_rows_ok']} (first call {result['first_call_s']:.1f} s incl. compile)",
+              flush=True)
     failures = sum(not r["ok"] for r in results)
     print(f"# {'PASS' if failures == 0 else f'FAIL ({failures} cases)'} in {time.perf_counter() - started:.1f} s")
     write_partial(args.json, payload(), complete=True)

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 
 import torch
 
-from cplm_kernels.configs import SUPPORTED_HEAD_DIMS
+from cplm_kernels.configs import SMALL_GRID_ROWS, SUPPORTED_HEAD_DIMS, select_configs
 from cplm_kernels.fp8 import FP8_DTYPE
 from cplm_kernels.fused import (
     KernelCall,
@@ -29,6 +29,7 @@ from cplm_kernels.fused import (
     forward_call,
     grad_call,
     make_launch,
+    stats_call,
 )
 
 _POINTER_TYPES = {
@@ -104,24 +105,32 @@ def register_usage(cubin: bytes) -> str:
 
 def representative_calls(head_dim: int, dtype: torch.dtype, with_docs: bool, arch: int,
                          T: int = 1000) -> Iterator[tuple[str, KernelCall]]:
-    """The forward, dQ and dK launches of one (head_dim, dtype, documents) variant, on CPU tensors."""
+    """The forward, statistics, dQ and dK launches of one (head_dim, dtype, documents) variant, on CPU tensors
+    (FP8: one scale per tensor, as the copy head quantizes, without documents; per block of 128 rows with)."""
     b, H = 1, 4
     q = torch.zeros(b, H, T, head_dim).to(dtype)
     k = torch.zeros(b, H, T, head_dim).to(dtype)
     labels = torch.zeros(b, T, dtype=torch.long)
     doc_ids = torch.zeros(b, T, dtype=torch.long) if with_docs else None
     if dtype == FP8_DTYPE:
-        scales = RowScale(torch.ones(b, H, 8), (H * 8, 8, 1), 128)
+        scales = RowScale(torch.ones(b, H, 8), (H * 8, 8, 1), 128) if with_docs else RowScale(torch.ones(1), (0, 0, 0), 1)
         ops = KernelOperands(q, k, scales, scales)
     else:
         ops = KernelOperands(q, k, RowScale.unused(q.device), RowScale.unused(q.device))
-    launch = make_launch(ops, labels, doc_ids, None, capability=(arch // 10, arch % 10))
+    capability = (arch // 10, arch % 10)
+    launch = make_launch(ops, labels, doc_ids, None, capability,
+                         configs=select_configs(head_dim, dtype, interpret=False, rows=SMALL_GRID_ROWS))
     lse = torch.zeros(b, H, T)
     grad_dtype = torch.bfloat16 if dtype == FP8_DTYPE else dtype
     out = torch.zeros(b, H, T, head_dim, dtype=grad_dtype)
+    stats, exact = torch.zeros(5, b * H * T), torch.zeros(b * H, T, dtype=torch.int32)
     yield "forward", forward_call(launch, lse, lse)
-    yield "grad_q", grad_call(launch, "q", lse, lse, lse, lse, out)
-    yield "grad_k", grad_call(launch, "k", lse, lse, lse, lse, out)
+    small = make_launch(ops, labels, doc_ids, None, capability)  # b * H * T < SMALL_GRID_ROWS: small-grid tiles
+    if small.configs.forward != launch.configs.forward:
+        yield "fwd_small", forward_call(small, lse, lse)
+    yield "stats", stats_call(launch, lse, lse, lse, lse, stats, exact)
+    yield "grad_q", grad_call(launch, "q", stats, exact, out)
+    yield "grad_k", grad_call(launch, "k", stats, exact, out)
 
 
 def representative_ce_calls(dtype: torch.dtype) -> Iterator[tuple[str, KernelCall]]:

@@ -55,12 +55,16 @@ def query_tile_key_start(first: torch.Tensor, block_m: int, block_n: int, keys: 
     return (torch.div(lo, block_n, rounding_mode="floor") * block_n).to(torch.int32).contiguous()
 
 
-def key_tile_query_start(positions: torch.Tensor, T: int, block_m: int, block_n: int) -> torch.Tensor:
-    """For each key tile of ``block_n`` of the ``T`` keys: the first query row (a multiple of ``block_m``) whose
-    global position (``positions``, increasing int ``[Tq]``) lies past the tile's first key."""
+def key_tile_query_bounds(positions: torch.Tensor, T: int, block_m: int, block_n: int) -> torch.Tensor:
+    """For each key tile of ``block_n`` of the ``T`` keys, two query rows (int32 ``[2, tiles]``, multiples of
+    ``block_m``): the first tile of queries to visit (the first row whose global position, ``positions``
+    increasing int ``[Tq]``, lies past the tile's first key, rounded down) and the first tile whose rows all lie
+    past the tile's last key (rounded up: from there on no causal mask is needed)."""
     starts = torch.arange(0, T, block_n, device=positions.device, dtype=positions.dtype)
-    first = torch.searchsorted(positions, starts, right=True)
-    return (torch.div(first, block_m, rounding_mode="floor") * block_m).to(torch.int32).contiguous()
+    first = torch.searchsorted(positions, torch.stack((starts, starts + (block_n - 1))), right=True)
+    first[0] = torch.div(first[0], block_m, rounding_mode="floor")
+    first[1] = torch.div(first[1] + (block_m - 1), block_m, rounding_mode="floor")
+    return (first * block_m).to(torch.int32).contiguous()
 
 
 def key_tile_query_end(last: torch.Tensor, block_n: int) -> torch.Tensor:

@@ -1,11 +1,22 @@
-"""Tile sizes and launch parameters of the fused kernels, per kernel, head width and dtype (a table).
+"""Tile sizes and launch parameters of the fused kernels: a table keyed on (grid size, head width, dtype).
 
-A table rather than ``triton.autotune``: no benchmarking at first call (the GPU benchmark and the
-training job start fast and reproducibly). Tiles follow the Triton FlashAttention tutorial's Hopper
-shapes (query tile 128 x key tile 64 in forward and dQ; key tile 128 x query tile 64 in dK); warp
-counts were chosen so that sm_90 builds spill at most a few dozen bytes per thread (checked offline
-with ``python -m cplm_kernels.aot_check``, triton 3.6 and 3.9). Timing alternatives on an H200:
-``benchmarks/copy_kernel.py --sweep-tiles``.
+A table rather than ``triton.autotune``: no benchmarking at first call (the benchmark and the training job
+start fast and run reproducibly: the same shape always takes the same tiles), and each call compiles exactly one
+variant of each kernel (first call: 4 kernels, ~1-2.5 s each on an H200 host). The entries were chosen on sm_90
+from the compiled code (``python -m cplm_kernels.aot_check`` prints registers and spills; the SASS of the inner
+loops was counted per score) and from the Triton fused-attention tutorial's Hopper shapes:
+
+* forward: query tile 128 x key tile 64, 4 warps (one warpgroup, 64 scores per thread: ~15 instructions per score
+  at d=64, 255 registers, two programs per SM). When the grid is small (``b*H*Tq < SMALL_GRID_ROWS``: fewer than
+  256 query tiles of 128 rows, under one wave of two programs per SM on 132 SMs), the longest causal row alone
+  sets the time, so 64-row query tiles halve the work per step on that row (~19 instructions per score, 143
+  registers, three programs per SM);
+* dQ (keys stream along the MMA rows) and dK (queries stream along the rows): 64 x 64 tiles, 4 warps, 2 stages
+  (~11-12 instructions per score at d=64, <= 255 registers and <= 90 KiB of shared memory at d=128: two
+  programs per SM); larger tiles spill (dQ 128 x 64) or gain < 10% of instructions for half the programs.
+
+fp32 operands take the exact (ieee) FMA path, not tensor cores: small tiles avoid register spills. Timing
+alternatives on a GPU: ``benchmarks/copy_kernel.py --sweep-tiles``.
 """
 from __future__ import annotations
 
@@ -42,21 +53,22 @@ class KernelConfigs:
     grad_k: TileConfig
 
 
-_GPU_TABLE = {  # bf16 / fp16 / fp8 operands (wgmma)
-    32: KernelConfigs(TileConfig(128, 64, 4, 3), TileConfig(128, 64, 8, 3), TileConfig(64, 128, 8, 3)),
-    64: KernelConfigs(TileConfig(128, 64, 4, 3), TileConfig(128, 64, 8, 3), TileConfig(64, 128, 8, 3)),
-    128: KernelConfigs(TileConfig(128, 64, 8, 3), TileConfig(128, 64, 8, 2), TileConfig(64, 128, 8, 2)),
-}
-# fp32 operands take the exact (ieee) FMA path, not tensor cores: small tiles avoid register spills.
-_GPU_FP32 = KernelConfigs(TileConfig(32, 32, 4, 2), TileConfig(32, 32, 4, 2), TileConfig(32, 32, 4, 2))
+SMALL_GRID_ROWS = 32768  # b * H * Tq below this: the forward takes 64-row query tiles (see the module docstring)
+
+_FORWARD = {32: TileConfig(128, 64, 4, 3), 64: TileConfig(128, 64, 4, 3), 128: TileConfig(128, 64, 4, 2)}
+_FORWARD_SMALL_GRID = TileConfig(64, 64, 4, 3)
+_GRAD = TileConfig(64, 64, 4, 2)  # dQ and dK, every head width (bf16 / fp16 / fp8 operands)
+# fp32 operands take the exact (ieee) FMA path, not tensor cores: small tiles, none spilling registers at d=128.
+_GPU_FP32 = KernelConfigs(TileConfig(32, 16, 4, 2), TileConfig(16, 16, 4, 2), TileConfig(16, 32, 4, 2))
 
 # The interpreter pays per program and per numpy op, not per element: 64 x 64 tiles measured
 # fastest at T = 256 (about 2x faster than 32 x 32); tests pass smaller tiles explicitly.
 _INTERPRETER = KernelConfigs(TileConfig(64, 64, 1, 1), TileConfig(64, 64, 1, 1), TileConfig(64, 64, 1, 1))
 
 
-def select_configs(head_dim: int, dtype: torch.dtype, interpret: bool) -> KernelConfigs:
-    """Tile table entry for ``head_dim`` (one of SUPPORTED_HEAD_DIMS) and q/k storage ``dtype``."""
+def select_configs(head_dim: int, dtype: torch.dtype, interpret: bool, rows: int = SMALL_GRID_ROWS) -> KernelConfigs:
+    """Table entry for ``head_dim`` (one of SUPPORTED_HEAD_DIMS), q/k storage ``dtype`` and ``rows`` = b * H * Tq
+    (the query rows of one call); the interpreter always takes one entry."""
     if head_dim not in SUPPORTED_HEAD_DIMS:
         raise ValueError(
             f"fused copy kernel supports head dims {SUPPORTED_HEAD_DIMS}; got d_c={head_dim} "
@@ -64,4 +76,7 @@ def select_configs(head_dim: int, dtype: torch.dtype, interpret: bool) -> Kernel
         )
     if interpret:
         return _INTERPRETER
-    return _GPU_FP32 if dtype == torch.float32 else _GPU_TABLE[head_dim]
+    if dtype == torch.float32:
+        return _GPU_FP32
+    forward = _FORWARD_SMALL_GRID if rows < SMALL_GRID_ROWS else _FORWARD[head_dim]
+    return KernelConfigs(forward, _GRAD, _GRAD)

@@ -22,8 +22,8 @@ from cplm_kernels import triton_copy
 from cplm_kernels.block_bounds import (
     DocumentIndex,
     index_documents,
+    key_tile_query_bounds,
     key_tile_query_end,
-    key_tile_query_start,
     query_tile_key_start,
 )
 from cplm_kernels.configs import KernelConfigs, TileConfig, select_configs
@@ -60,6 +60,15 @@ class KernelOperands:
     @property
     def is_fp8(self) -> bool:
         return self.q.dtype == FP8_DTYPE
+
+    @property
+    def scales_mode(self) -> int:
+        """The kernels' ``SCALES``: 0 without FP8, 1 one scale per tensor (folded into the score scale), 2 per
+        block of rows."""
+        if not self.is_fp8:
+            return 0
+        per_tensor = all(scale.tensor.numel() == 1 for scale in (self.q_scale, self.k_scale))
+        return 1 if per_tensor else 2
 
 
 def row_scale_view(scale: torch.Tensor, name: str, x: torch.Tensor, block_rows: int) -> RowScale:
@@ -127,7 +136,7 @@ class Launch:
     scale: float
     plan: DotPlan
     configs: KernelConfigs
-    positions: torch.Tensor  # int32 [Tq]: the global position of each query row (0 .. T-1 without CP)
+    positions: torch.Tensor | None  # int32 [Tq]: the global position of each query row (None: 0 .. T-1, no CP)
 
     @property
     def shape(self) -> tuple[int, int, int, int]:
@@ -147,31 +156,39 @@ class Launch:
 
     def pointer_args(self, *bounds: torch.Tensor) -> tuple:
         doc = self.docs.rank if self.docs is not None else self.labels
+        positions = self.positions if self.positions is not None else self.labels  # unused pointer without CP
         return (self.ops.q, self.ops.k, self.labels, doc, self.ops.q_scale.tensor, self.ops.k_scale.tensor,
-                self.positions, *bounds)
+                positions, *bounds)
 
     def key_start(self, tile: TileConfig) -> torch.Tensor:
         """Per query tile, the first key to visit (unused pointer without documents)."""
         if self.docs is None:
             return self.labels
-        return query_tile_key_start(self.docs.first[:, self.positions], tile.block_m, tile.block_n, self.keys)
+        first = self.docs.first if self.positions is None else self.docs.first[:, self.positions]
+        return query_tile_key_start(first, tile.block_m, tile.block_n, self.keys)
 
-    def query_start(self, tile: TileConfig) -> torch.Tensor:
-        """Per key tile, the first query row to visit (a multiple of block_m)."""
-        return key_tile_query_start(self.positions, self.keys, tile.block_m, tile.block_n)
+    def query_bounds(self, tile: TileConfig) -> torch.Tensor:
+        """Per key tile, the first query row to visit and the first one past all its keys (multiples of block_m;
+        computed in the kernel without CP: an unused pointer)."""
+        if self.positions is None:
+            return self.labels
+        return key_tile_query_bounds(self.positions, self.keys, tile.block_m, tile.block_n)
 
     def query_end(self, tile: TileConfig) -> torch.Tensor:
         """Per key tile, one past the last query row to visit (unused pointer without documents)."""
         if self.docs is None:
             return self.labels
         end = key_tile_query_end(self.docs.last, tile.block_n)  # a global position
+        if self.positions is None:
+            return end
         return torch.searchsorted(self.positions, end, side="left").to(torch.int32).contiguous()
 
     def constexprs(self, tile: TileConfig, with_grad_mode: bool) -> dict:
         extra = {"GRAD_MODE": self.plan.grad_mode} if with_grad_mode else {}
         return dict(HEAD_DIM=self.shape[3], BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
-                    HAS_DOC=self.docs is not None, IS_FP8=self.ops.is_fp8, SCORE_MODE=self.plan.score_mode,
-                    PRECISION=self.plan.input_precision, SHARED_EXP=tile.shared_exp, **extra)
+                    HAS_DOC=self.docs is not None, HAS_QPOS=self.positions is not None, SCALES=self.ops.scales_mode,
+                    SCORE_MODE=self.plan.score_mode, PRECISION=self.plan.input_precision,
+                    SHARED_EXP=tile.shared_exp, **extra)
 
 
 @dataclass(frozen=True)
@@ -203,19 +220,31 @@ def forward_call(launch: Launch, lse_all: torch.Tensor, lse_match: torch.Tensor)
                       launch.constexprs(tile, with_grad_mode=False), tile.num_warps, tile.num_stages)
 
 
-def grad_call(launch: Launch, which: str, lse_all, lse_match, g_all, g_match, out: torch.Tensor) -> KernelCall:
-    """The dQ (``which == "q"``, ``out`` [b, H, Tq, d]) or dK (``out`` [b, H, T, d]) kernel, contiguous ``out``."""
+def stats_call(launch: Launch, lse_all, lse_match, g_all, g_match, stats: torch.Tensor,
+               exact: torch.Tensor) -> KernelCall:
+    """The backward statistics kernel: per query row ``stats`` [N_STATS, b*H*Tq] fp32, per dK query tile
+    ``exact`` [b*H, tiles] int32 (see :func:`cplm_kernels.triton_copy.copy_lse_bwd_stats_kernel`)."""
+    b, H, T, _ = launch.shape
+    block = launch.configs.grad_k.block_m  # dK's query tiles: one flag each
+    args = (lse_all, lse_match, g_all, g_match, stats, exact, *g_all.stride(), *g_match.stride(), H, T, launch.scale)
+    return KernelCall(triton_copy.copy_lse_bwd_stats_kernel, (triton.cdiv(T, block), b * H), args,
+                      {"BLOCK": block}, 4, 1)
+
+
+def grad_call(launch: Launch, which: str, stats: torch.Tensor, exact: torch.Tensor, out: torch.Tensor) -> KernelCall:
+    """The dQ (``which == "q"``, ``out`` [b, H, Tq, d]) or dK (``out`` [b, H, T, d]) kernel, contiguous ``out``,
+    reading the statistics kernel's ``stats`` (and, dK, its ``exact`` flags)."""
     b, H, T, _ = launch.shape
     if which == "q":
         tile, kernel = launch.configs.grad_q, triton_copy.copy_lse_bwd_dq_kernel
         bound, n_tiles = launch.key_start(tile), triton.cdiv(T, tile.block_m)
-        bounds = (bound,)
+        bounds, outputs = (bound,), (stats, out)
     else:
         tile, kernel = launch.configs.grad_k, triton_copy.copy_lse_bwd_dk_kernel
         bound, n_tiles = launch.query_end(tile), triton.cdiv(launch.keys, tile.block_n)
-        bounds = (launch.query_start(tile), bound)
-    args = (*launch.pointer_args(*bounds), lse_all, lse_match, g_all, g_match, out, *launch.stride_args(bound),
-            *g_all.stride(), *g_match.stride(), H, T, launch.keys, launch.scale * LOG2E, launch.scale)
+        bounds, outputs = (launch.query_bounds(tile), bound), (stats, exact, out)
+    args = (*launch.pointer_args(*bounds), *outputs, *launch.stride_args(bound), H, T, launch.keys,
+            launch.scale * LOG2E)
     return KernelCall(kernel, (n_tiles, b * H), args, launch.constexprs(tile, with_grad_mode=True),
                       tile.num_warps, tile.num_stages)
 
@@ -229,13 +258,21 @@ def _forward(launch: Launch) -> tuple[torch.Tensor, torch.Tensor]:
     return lse_all, lse_match
 
 
-def _grad(launch: Launch, which: str, lse_all, lse_match, g_all, g_match, grad_dtype) -> torch.Tensor:
-    """dq (``which == "q"``) or dk of the scores' inputs, contiguous (q's or k's shape) in ``grad_dtype``."""
-    shape = launch.shape if which == "q" else tuple(launch.ops.k.shape)
-    out = torch.empty(shape, dtype=grad_dtype, device=launch.ops.q.device)
-    if out.numel() > 0:
-        grad_call(launch, which, lse_all, lse_match, g_all, g_match, out).launch(out.device)
-    return out
+def _grads(launch: Launch, lse_all, lse_match, g_all, g_match, needs: tuple[bool, bool], dtypes) -> list:
+    """[dq, dk] (None where not needed), contiguous, in ``dtypes``: the statistics kernel, then dQ and dK."""
+    b, H, T, _ = launch.shape
+    device = launch.ops.q.device
+    outs = [torch.empty(shape, dtype=dtype, device=device) if need else None
+            for need, shape, dtype in zip(needs, (launch.shape, tuple(launch.ops.k.shape)), dtypes)]
+    if lse_all.numel() == 0 or not any(needs):
+        return outs
+    stats = torch.empty(triton_copy.N_STATS, b * H * T, dtype=torch.float32, device=device)
+    exact = torch.empty(b * H, triton.cdiv(T, launch.configs.grad_k.block_m), dtype=torch.int32, device=device)
+    stats_call(launch, lse_all, lse_match, g_all, g_match, stats, exact).launch(device)
+    for which, out in zip("qk", outs):
+        if out is not None:
+            grad_call(launch, which, stats, exact, out).launch(device)
+    return outs
 
 
 class _FusedCopyLSE(torch.autograd.Function):
@@ -260,10 +297,7 @@ class _FusedCopyLSE(torch.autograd.Function):
         ops = KernelOperands(oq, ok, RowScale(qs, qs_strides, qs_rows), RowScale(ks, ks_strides, ks_rows))
         docs = DocumentIndex(rank, first, last) if rank is not None else None
         launch = Launch(ops, labels, docs, scale, plan, configs, positions)
-        dq = _grad(launch, "q", lse_all, lse_match, g_all, g_match, ctx.grad_dtypes[0]) \
-            if ctx.needs_input_grad[0] else None
-        dk = _grad(launch, "k", lse_all, lse_match, g_all, g_match, ctx.grad_dtypes[1]) \
-            if ctx.needs_input_grad[1] else None
+        dq, dk = _grads(launch, lse_all, lse_match, g_all, g_match, tuple(ctx.needs_input_grad[:2]), ctx.grad_dtypes)
         return dq, dk, None
 
 
@@ -275,14 +309,13 @@ def make_launch(ops: KernelOperands, labels, doc_ids, scale: float | None, capab
     0 .. Tq-1) as int32.
     """
     head_dim = ops.q.shape[-1]
-    if q_positions is None:
-        q_positions = torch.arange(ops.q.shape[2], dtype=torch.int32, device=ops.q.device)
     return Launch(
         ops=ops, labels=labels.to(torch.int32), docs=index_documents(doc_ids) if doc_ids is not None else None,
         scale=float(default_scale(head_dim) if scale is None else scale),
         plan=dot_plan(ops.q.dtype, capability),
-        configs=configs or select_configs(head_dim, ops.q.dtype, interpret=capability is None),
-        positions=q_positions.to(torch.int32).contiguous(),
+        configs=configs or select_configs(head_dim, ops.q.dtype, interpret=capability is None,
+                                          rows=ops.q.shape[0] * ops.q.shape[1] * ops.q.shape[2]),
+        positions=None if q_positions is None else q_positions.to(torch.int32).contiguous(),
     )
 
 

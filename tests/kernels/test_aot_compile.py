@@ -13,6 +13,8 @@ def test_kernels_compile_for_hopper():
     result = subprocess.run([sys.executable, "-m", "cplm_kernels.aot_check", "--quick", "--arch", "90"], env=env,
                             capture_output=True, text=True, check=False, timeout=600)
     assert result.returncode == 0 and result.stdout.strip().endswith("PASS"), result.stdout + result.stderr
-    # 3 copy variants x 3 kernels + 2 dtypes x 2 cross-entropy tile kernels
-    assert result.stdout.count("\nok ") + result.stdout.startswith("ok ") == 13
+    # 3 copy variants x 4 kernels (forward, statistics, dQ, dK) + the small-grid forward of the two tensor-core
+    # variants (fp32 has one forward) + 2 dtypes x 2 cross-entropy tile kernels
+    assert result.stdout.count("\nok ") + result.stdout.startswith("ok ") == 18
+    assert result.stdout.count("fwd_small") == 2 and result.stdout.count(" stats ") == 3
     assert result.stdout.count("ce_stats") == 2 and result.stdout.count("ce_grad") == 2

@@ -3,8 +3,8 @@ import torch
 
 from cplm_kernels.block_bounds import (
     index_documents,
+    key_tile_query_bounds,
     key_tile_query_end,
-    key_tile_query_start,
     query_tile_key_start,
 )
 from cplm_kernels.reference import candidate_masks
@@ -58,18 +58,24 @@ def test_bounds_skip_work_for_contiguous_documents():
     assert key_tile_query_end(last, 64).tolist() == [[64, 128, 192, 256]]
 
 
-def test_query_start_of_key_tiles_under_context_parallelism():
+def test_query_bounds_of_key_tiles_under_context_parallelism():
     """A CP rank's queries (increasing global positions, two chunks): no query row before a key tile's start sees
-    a key of the tile (position <= the tile's first key); the start is a multiple of block_m."""
+    a key of the tile (position <= the tile's first key); from the second bound on, every row lies past the
+    tile's last key (no causal mask needed); both are multiples of block_m, start <= full."""
     from cplm_megatron.parallel.context import local_positions
 
     T = 96
     for n, r in ((1, 0), (2, 1), (4, 0), (4, 3)):
         pos = local_positions(T, n, r).to(torch.int32)
         for block_m, block_n in ((16, 16), (16, 32), (32, 16)):
-            start = key_tile_query_start(pos, T, block_m, block_n)
-            assert start.dtype == torch.int32 and (start % block_m == 0).all()
-            for tile, s in enumerate(start.tolist()):
+            bounds = key_tile_query_bounds(pos, T, block_m, block_n)
+            assert bounds.dtype == torch.int32 and bounds.shape == (2, -(-T // block_n))
+            assert (bounds % block_m == 0).all() and (bounds[0] <= bounds[1]).all()
+            for tile, (s, full) in enumerate(bounds.t().tolist()):
                 assert (pos[:s] <= tile * block_n).all()  # skipped rows see no key j >= tile * block_n
                 later = pos > tile * block_n
                 assert not later.any() or s <= int(later.nonzero()[0])  # the first row that does is visited
+                past = pos > min(T, (tile + 1) * block_n) - 1
+                assert past[full:].all()  # rows from `full` on lie past every key of the tile
+                if past.any():
+                    assert full - block_m < int(past.nonzero()[0])  # and `full` is the first such tile

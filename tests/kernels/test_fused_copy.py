@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import cplm_kernels as ck
-from cplm_kernels.configs import KernelConfigs, TileConfig
+from cplm_kernels.configs import SMALL_GRID_ROWS, KernelConfigs, TileConfig, select_configs
 from tests.kernels.copy_cases import (
     assert_close_all,
     make_inputs,
@@ -61,6 +61,30 @@ def compare(q, k, labels, doc_ids, tol, scale=None, configs=None, seed=1):
 )
 def test_fp32_matches_reference(b, H, T, d, doc_len, configs):
     q, k, labels, doc_ids = make_inputs(b, H, T, d, doc_len=doc_len, seed=T + d)
+    compare(q, k, labels, doc_ids, FP32_TOL, configs=configs)
+
+
+def test_gpu_table_buckets():
+    """The GPU table: 64-row forward tiles only below SMALL_GRID_ROWS query rows, 64 x 64 gradient tiles, small
+    fp32 tiles; the interpreter always takes its one entry."""
+    for d in (32, 64, 128):
+        large = select_configs(d, torch.bfloat16, interpret=False, rows=SMALL_GRID_ROWS)
+        small = select_configs(d, torch.float8_e4m3fn, interpret=False, rows=SMALL_GRID_ROWS - 1)
+        assert (large.forward.block_m, small.forward.block_m) == (128, 64)
+        assert large.grad_q == large.grad_k == small.grad_q == TileConfig(64, 64, 4, 2)
+        assert select_configs(d, torch.float32, interpret=False, rows=1 << 20).forward.block_m <= 32
+        assert select_configs(d, torch.bfloat16, interpret=True, rows=1 << 20) == select_configs(
+            d, torch.float32, interpret=True, rows=1)
+
+
+@pytest.mark.parametrize("rows", [SMALL_GRID_ROWS, 1])
+def test_gpu_table_tiles_match_reference(rows):
+    """The GPU table's tile shapes (both grid sizes) in the interpreter: T = 160 spans query tiles whose key
+    tiles lie before the tile (no causal mask), straddle it, and hold a partial last tile."""
+    table = select_configs(64, torch.bfloat16, interpret=False, rows=rows)
+    configs = KernelConfigs(*(TileConfig(t.block_m, t.block_n, 1, 1) for t in (table.forward, table.grad_q,
+                                                                               table.grad_k)))
+    q, k, labels, doc_ids = make_inputs(1, 2, 160, 64, doc_len=90, seed=21)
     compare(q, k, labels, doc_ids, FP32_TOL, configs=configs)
 
 
