@@ -14,7 +14,7 @@ Triton interpreter at tiny T (labelled: correctness path, not a speed measuremen
     python benchmarks/copy_kernel.py [--json OUT.json] [--quick] [--sweep-tiles] [--seq-lens T ...] [--head-dims d ...]
                                      [--d128-seq-lens [T ...]]   # no values: no extra d_c = 128 rows
     python benchmarks/copy_kernel.py --gpu-row-set --seq-lens 64 128 --head-dims 32   # the GPU table's rows on CPU
-        (fused kernels interpreted; d_c = 128 at T = 64): a dry run of the GPU benchmark, not a measurement
+        (fused kernels interpreted; d_c = 128 at T = 32): a dry run of the GPU benchmark, not a measurement
 """
 from __future__ import annotations
 
@@ -42,7 +42,7 @@ from cplm_kernels.configs import KernelConfigs, TileConfig  # noqa: E402
 HEADS, BATCH, VOCAB = 4, 1, 1000
 GPU_SEQ_LENS = (1024, 4096, 16384, 32768)
 GPU_D128_SEQ_LENS = (8192, 16384)  # the FP8 question at d_c = 128, T >= 8k
-DRY_RUN_D128_SEQ_LENS = (64,)
+DRY_RUN_D128_SEQ_LENS = (32,)
 MEMORY_TARGET_T = 32768
 
 
@@ -151,11 +151,12 @@ def time_ms(run: Callable[[], None], budget_s: float, max_reps: int) -> float:
     """Mean time of ``run`` after one warm-up (which also compiles), CUDA events on GPU."""
     run()
     _sync()
-    start = time.perf_counter()
-    run()
-    _sync()
-    single = time.perf_counter() - start
-    reps = max(1, min(max_reps, int(budget_s / max(single, 1e-6))))
+    reps = 1
+    if max_reps > 1:  # a probe run sizes the repetitions to the budget
+        start = time.perf_counter()
+        run()
+        _sync()
+        reps = max(1, min(max_reps, int(budget_s / max(time.perf_counter() - start, 1e-6))))
     if not HAS_CUDA:
         start = time.perf_counter()
         for _ in range(reps):
@@ -258,6 +259,7 @@ def gpu_rows(plan: Plan, log: Callable[[Row], None]) -> list[Row]:
     rows: list[Row] = []
     device = torch.device("cuda" if HAS_CUDA else "cpu")  # CPU: --gpu-row-set dry run, fused kernels interpreted
     impls = [("naive", naive), ("chunked", chunked), ("fused", fused), ("sdpa-flash", sdpa_flash)]
+    max_reps = plan.max_reps if HAS_CUDA else 1  # the dry run times nothing worth repeating
     for d, T in plan.gpu_shapes():
         inp = make_inputs(T, d, torch.bfloat16, device)
         for mode in ("fwd", "fwd+bwd"):
@@ -266,10 +268,10 @@ def gpu_rows(plan: Plan, log: Callable[[Row], None]) -> list[Row]:
                 row = Row(name, "bf16", T, d, mode)
                 if name == "sdpa-flash":
                     row.note = f"causal attention, {HEADS} heads of the same [b,H,T,d] shape, v extra"
-                rows.append(log(measure(row, plan.budget_s, plan.max_reps, impl, inp, backward)))
+                rows.append(log(measure(row, plan.budget_s, max_reps, impl, inp, backward)))
             note = "pre-quantized fp8 q/k" if not backward else "straight-through, includes quantize_fp8"
             row = Row("fused", "fp8", T, d, mode, note=note)
-            rows.append(log(measure(row, plan.budget_s, plan.max_reps, fused_fp8, inp, backward)))
+            rows.append(log(measure(row, plan.budget_s, max_reps, fused_fp8, inp, backward)))
         del inp
         _free()
     return rows
@@ -438,7 +440,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seq-lens", type=int, nargs="+", help="sequence lengths T (replace the default set)")
     parser.add_argument("--head-dims", type=int, nargs="+", help="head dims d_c (replace the default set)")
     parser.add_argument("--d128-seq-lens", type=int, nargs="*", default=None,
-                        help="GPU table: also d_c=128 at these T (default 8192 16384 on a GPU, 64 for --gpu-row-set; "
+                        help="GPU table: also d_c=128 at these T (default 8192 16384 on a GPU, 32 for --gpu-row-set; "
                              "no values: none)")
     parser.add_argument("--gpu-row-set", action="store_true",
                         help="on CPU, run the GPU table's rows (bf16, SDPA flash, fused + FP8 interpreted): a dry run")

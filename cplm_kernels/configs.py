@@ -1,8 +1,8 @@
 """Tile sizes and launch parameters of the fused kernels: a table keyed on (grid size, head width, dtype).
 
 A table rather than ``triton.autotune``: no benchmarking at first call (the benchmark and the training job
-start fast and run reproducibly: the same shape always takes the same tiles), and each call compiles exactly one
-variant of each kernel (first call: 4 kernels, ~1-2.5 s each on an H200 host). The entries were chosen on sm_90
+start fast and run reproducibly: the same shape always takes the same tiles), and a call compiles one variant of
+each of its four kernels, once (seconds, on first use). The entries were chosen on sm_90
 from the compiled code (``python -m cplm_kernels.aot_check`` prints registers and spills; the SASS of the inner
 loops was counted per score) and from the Triton fused-attention tutorial's Hopper shapes:
 

@@ -134,6 +134,14 @@ def _positions(QPOS, rows, valid, HAS_QPOS: tl.constexpr):
 
 
 @triton.jit
+def _head_bases(X, X_SCALE, LAB, DOC, b, h, stride_xb, stride_xh, stride_sb, stride_sh, stride_lab_b, stride_doc_b):
+    """Base pointers of head (b, h)'s rows of q or k and of their FP8 scales, and of sequence b's labels and
+    document ids."""
+    return (X + b * stride_xb + h * stride_xh, X_SCALE + b * stride_sb + h * stride_sh, LAB + b * stride_lab_b,
+            DOC + b * stride_doc_b)
+
+
+@triton.jit
 def _program_rows(X, LAB, DOC, SCALE, POS, H, T, stride_xb, stride_xh, stride_t, stride_d, stride_lab_b,
                   stride_lab_t, stride_doc_b, stride_doc_t, stride_sb, stride_sh, scale_rows, stride_scale_blk,
                   BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr, HAS_DOC: tl.constexpr, SCALES: tl.constexpr,
@@ -141,7 +149,7 @@ def _program_rows(X, LAB, DOC, SCALE, POS, H, T, stride_xb, stride_xh, stride_t,
     """The tile every kernel's program holds fixed: program axis 1 is (b, h), axis 0 the tile of BLOCK rows of
     ``X`` (q when ``QUERIES``, in reverse order so that long causal rows start first; else k, whose early tiles see
     the most queries). Returns (b*H + h, b, h, tile, rows, valid, global positions, rows of X, labels, document
-    ids, FP8 scales), labels/documents shaped [BLOCK, 1]."""
+    ids, FP8 row scales), labels/documents shaped [BLOCK, 1] (``AS_COLUMN``) or [1, BLOCK]."""
     if QUERIES:
         tile = tl.num_programs(0) - 1 - tl.program_id(0)
     else:
@@ -155,10 +163,10 @@ def _program_rows(X, LAB, DOC, SCALE, POS, H, T, stride_xb, stride_xh, stride_t,
         pos = _positions(POS, rows, valid, HAS_QPOS)
     else:
         pos = rows
-    x, lab, doc, scale = _load_rows(X + b * stride_xb + h * stride_xh, LAB + b * stride_lab_b,
-                                    DOC + b * stride_doc_b, SCALE + b * stride_sb + h * stride_sh, rows, pos, valid,
-                                    stride_t, stride_d, stride_lab_t, stride_doc_t, scale_rows, stride_scale_blk,
-                                    HEAD_DIM, HAS_DOC, SCALES, AS_COLUMN)
+    X_bh, S_bh, LAB_b, DOC_b = _head_bases(X, SCALE, LAB, DOC, b, h, stride_xb, stride_xh, stride_sb, stride_sh,
+                                           stride_lab_b, stride_doc_b)
+    x, lab, doc, scale = _load_rows(X_bh, LAB_b, DOC_b, S_bh, rows, pos, valid, stride_t, stride_d, stride_lab_t,
+                                    stride_doc_t, scale_rows, stride_scale_blk, HEAD_DIM, HAS_DOC, SCALES, AS_COLUMN)
     return pid_bh, b, h, tile, rows, valid, pos, x, lab, doc, scale
 
 
@@ -268,10 +276,8 @@ def copy_lse_fwd_kernel(
         BLOCK_M, HEAD_DIM, HAS_DOC, SCALES, HAS_QPOS, True, True)
     qk_scale_log2, q_scale, k_scale = _tensor_scales(qk_scale_log2, Q_SCALE, K_SCALE, SCALES)
     lo, mid, hi = _key_ranges(QPOS, KEY_START, stride_start_b, b, tile, TQ, BLOCK_M, BLOCK_N, HAS_DOC, HAS_QPOS)
-    K_bh = K + b * stride_kb + h * stride_kh
-    KS_bh = K_SCALE + b * stride_ks_b + h * stride_ks_h
-    LAB_b = LAB + b * stride_lab_b
-    DOC_b = DOC + b * stride_doc_b
+    K_bh, KS_bh, LAB_b, DOC_b = _head_bases(K, K_SCALE, LAB, DOC, b, h, stride_kb, stride_kh, stride_ks_b,
+                                            stride_ks_h, stride_lab_b, stride_doc_b)
 
     m_all = tl.full([BLOCK_M], NEG_INF, tl.float32)
     l_all = tl.zeros([BLOCK_M], tl.float32)
@@ -421,10 +427,8 @@ def copy_lse_bwd_dq_kernel(
         BLOCK_M, HEAD_DIM, HAS_DOC, SCALES, HAS_QPOS, True, False)
     qk_scale_log2, q_scale, k_scale = _tensor_scales(qk_scale_log2, Q_SCALE, K_SCALE, SCALES)
     lo, mid, hi = _key_ranges(QPOS, KEY_START, stride_start_b, b, tile, TQ, BLOCK_M, BLOCK_N, HAS_DOC, HAS_QPOS)
-    K_bh = K + b * stride_kb + h * stride_kh
-    KS_bh = K_SCALE + b * stride_ks_b + h * stride_ks_h
-    LAB_b = LAB + b * stride_lab_b
-    DOC_b = DOC + b * stride_doc_b
+    K_bh, KS_bh, LAB_b, DOC_b = _head_bases(K, K_SCALE, LAB, DOC, b, h, stride_kb, stride_kh, stride_ks_b,
+                                            stride_ks_h, stride_lab_b, stride_doc_b)
     STATS_bh = STATS + pid_bh * TQ
     plane = tl.num_programs(1) * TQ
     la2 = _stat(STATS_bh, 0, offs_m, m_valid, plane, False)
@@ -517,10 +521,8 @@ def copy_lse_bwd_dk_kernel(
         lo = ((tile * BLOCK_N + 1) // BLOCK_M) * BLOCK_M  # queries t > j >= start_n
         mid = tl.cdiv((tile + 1) * BLOCK_N, BLOCK_M) * BLOCK_M  # t > every key of the tile
     mid = tl.minimum(mid, hi)
-    Q_bh = Q + b * stride_qb + h * stride_qh
-    QS_bh = Q_SCALE + b * stride_qs_b + h * stride_qs_h
-    LAB_b = LAB + b * stride_lab_b
-    DOC_b = DOC + b * stride_doc_b
+    Q_bh, QS_bh, LAB_b, DOC_b = _head_bases(Q, Q_SCALE, LAB, DOC, b, h, stride_qb, stride_qh, stride_qs_b,
+                                            stride_qs_h, stride_lab_b, stride_doc_b)
     EXACT_bh = EXACT + pid_bh * tl.cdiv(TQ, BLOCK_M)
 
     dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
