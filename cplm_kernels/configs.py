@@ -46,7 +46,7 @@ class TileConfig:
 
 @dataclass(frozen=True)
 class KernelConfigs:
-    """Tiles for the three kernels of one call."""
+    """Tiles of one call: forward, dQ and dK (the backward statistics kernel follows dK's query tiles)."""
 
     forward: TileConfig
     grad_q: TileConfig

@@ -128,7 +128,7 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, labels: torch.Tensor, doc_id
 
 @dataclass(frozen=True)
 class Launch:
-    """Everything the three kernels share for one call."""
+    """Everything the kernels of one call share."""
 
     ops: KernelOperands
     labels: torch.Tensor  # int32 [b, T]
