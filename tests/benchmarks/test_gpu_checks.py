@@ -204,7 +204,8 @@ def test_gpu_dry_run_runs_every_check_step_as_the_gpu_machine_sees_it(tmp_path: 
     assert all("/site/" in origin for origin in env["module_origins"].values())
     assert summary["compat"]["ok"] and "rng_tracker" in summary["compat"]["applied"]
     assert summary["kernel_check"]["passed"] and summary["kernel_check"]["complete"]
-    assert len(summary["kernel_check"]["cases"]) == 7
+    assert len(summary["kernel_check"]["cases"]) == 9
+    assert "T=32,d=128" in summary["copy_kernel"]  # the head-width-128 rows that answer the FP8 question
     kernel = summary["copy_kernel"]["T=64,d=32"]  # the largest dry-run shape: every GPU-table figure present
     assert kernel["seq_len"] == 64 and kernel["dtype"].startswith("bf16") and kernel["micro_batch"] > 0
     assert kernel["fused_over_sdpa_flash"] > 0 and kernel["fused_over_chunked"] > 0 and kernel["fp8_fwd_speedup"] > 0
