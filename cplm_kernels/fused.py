@@ -305,8 +305,9 @@ def make_launch(ops: KernelOperands, labels, doc_ids, scale: float | None, capab
                 configs: KernelConfigs | None = None, q_positions: torch.Tensor | None = None) -> Launch:
     """Describe one call for a GPU of compute ``capability`` (``None``: the Triton interpreter).
 
-    Labels are compared as int32 (token ids), documents as compact int32 ranks; ``q_positions`` (default
-    0 .. Tq-1) as int32.
+    Labels are compared as int32 (token ids), documents as compact int32 ranks; ``q_positions`` as int32 (None:
+    the rows are the positions, 0 .. Tq-1, and the kernels compute their bounds from them). The tiles come from
+    the table for this head width, dtype and b * H * Tq query rows unless ``configs`` is given.
     """
     head_dim = ops.q.shape[-1]
     return Launch(
