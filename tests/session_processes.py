@@ -3,8 +3,9 @@ in its environment (set at start-up, inherited through subprocess, torchrun, mul
 and still readable in /proc/PID/environ after its parent died and it was reparented); at the end of the session the
 ones still alive are reported with the test that was running when each started, killed, and fail the session.
 
-The session's own helpers are spared: the warm forkserver, multiprocessing's resource trackers and the trainer's
-orphan watchdog while their parent is the session's own process (they exit with it)."""
+The session's own helpers are spared: the warm forkserver, multiprocessing's resource trackers and spawned children
+(a Manager megatron-core started for an in-process save) and the trainer's orphan watchdog, while their parent is
+the session's own process (they exit with it)."""
 from __future__ import annotations
 
 import bisect
@@ -16,7 +17,10 @@ from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
 MARK = "CPLM_TEST_SESSION"
-HELPERS = (b"multiprocessing.forkserver", b"multiprocessing.resource_tracker", b"cplm-orphan-watchdog")
+# the session's own multiprocessing children (the warm forkserver, resource trackers, a Manager that megatron-core
+# spawned for an in-process checkpoint save) and the trainer's watchdog: spared while the session is their parent
+HELPERS = (b"multiprocessing.forkserver", b"multiprocessing.resource_tracker", b"multiprocessing.spawn",
+           b"cplm-orphan-watchdog")
 KEPT_DAEMONS = ("munged", "slurmctld", "slurmd", "slurmstepd")  # CPLM_SLURM_KEEP=1 leaves the local cluster up
 
 

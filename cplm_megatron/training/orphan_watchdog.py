@@ -8,6 +8,7 @@ a helper), else every half second, and exits by itself when the trainer does."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from typing import Optional
@@ -59,9 +60,17 @@ _WATCHDOG: dict = {}  # pid of the watched process -> its watchdog
 
 
 def start_orphan_watchdog() -> subprocess.Popen:
-    """Start a watchdog of this process's helpers (it exits by itself when this process does)."""
-    return subprocess.Popen([sys.executable, "-I", "-S", "-c", _WATCH, str(os.getpid()), WATCHDOG_MARK],
-                            stdin=subprocess.PIPE, close_fds=True)
+    """Start a watchdog of this process's helpers (it exits by itself when this process does). The stop signals are
+    blocked in it (the mask survives exec): a Ctrl-C or a SIGTERM to the run's process group is the trainer's to
+    handle, and must neither kill the watchdog nor print its KeyboardInterrupt."""
+    from cplm_megatron.training.signals import STOP_SIGNALS
+
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, set(STOP_SIGNALS))
+    try:
+        return subprocess.Popen([sys.executable, "-I", "-S", "-c", _WATCH, str(os.getpid()), WATCHDOG_MARK],
+                                stdin=subprocess.PIPE, close_fds=True)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def ensure_orphan_watchdog() -> subprocess.Popen:

@@ -1,5 +1,6 @@
 """Records that only grow: a relaunch of a finished run leaves its throughput record as it was (issue 30)."""
 import json
+from pathlib import Path
 
 import pytest
 
@@ -37,28 +38,36 @@ def test_a_cut_last_metrics_line_is_dropped_on_resume(stdlib_corpus, reference_r
     assert all(json.loads(line) for line in metrics.read_text().splitlines())
 
 
-def test_a_disk_filled_during_an_async_save_resumes_once_space_is_freed(stdlib_corpus, tmp_path, mounts):
-    """A 30 MiB filesystem holds two ~11 MiB checkpoints, not the third written beside them in the background: the
-    run stops with one line saying the disk is full, no record is left half written, and once the filesystem is
-    grown the same command resumes from the last complete checkpoint and finishes."""
+def test_a_disk_filled_during_an_async_save_resumes_once_space_is_freed(tmp_path, mounts):
+    """A filesystem of 2.5 checkpoints (the planner's size: what the launch checks) holds two checkpoints, not the
+    third written beside them in the background: the run stops with one line saying the disk is full, no record is
+    left half written, and once the filesystem is grown the same command resumes from the last complete checkpoint
+    and finishes."""
+    from cplm_megatron.training.checkpoint_lookup import iteration_of
+    from cplm_megatron.training.preflight import checkpoint_size
+    from cplm_megatron.training.run_config import load_run_config
     from tests import harness
 
-    disk = mounts.tmpfs(tmp_path / "disk", "30m")
+    disk = tmp_path / "disk"
     run_dir = disk / "run"
-    overrides = pu.tiny_overrides(stdlib_corpus, run_dir, 10, **{"checkpoint.async_save": "true",
-                                                                  "checkpoint.interval": 2})
+    overrides = [f"run.dir={run_dir}", "data.synthetic=copy", "model.vocab_size=256", "train.seq_len=64",
+                 "train.micro_batch=2", "train.global_batch=2", "train.iters=10", "train.log_interval=1",
+                 "train.eval_interval=0", "checkpoint.interval=2", "checkpoint.async_save=true", "logging.wandb=false"]
+    size = checkpoint_size(load_run_config(str(harness.TINY_RECIPE), overrides))
+    mounts.tmpfs(disk, f"{int(2.5 * size) >> 10}k")
     full = harness.run_pretrain(1, overrides, script=mounts.script(harness.PRETRAIN))
     seen = mounts.seen(run_dir)
     errors = [line for line in full.stderr.splitlines() if line.startswith("error: ")]
     assert full.returncode == 2 and len(errors) == 1, full.stdout[-3000:] + full.stderr[-3000:]
     assert "saving a checkpoint in" in errors[0] and "the disk is full" in errors[0], errors
-    assert (seen / "checkpoints" / "latest").read_text().strip() == "iter_0000004"
     assert "Traceback" not in full.stderr, full.stderr[-3000:]
+    latest = (seen / "checkpoints" / "latest").read_text().strip()
+    assert 2 <= iteration_of(Path(latest)) < 10, latest
     lines = (seen / "metrics.jsonl").read_text().splitlines()
     assert lines and all(json.loads(line) for line in lines)  # whole records only
-    mounts.resize(disk, "80m")  # space freed
+    mounts.resize(disk, f"{int(6 * size) >> 10}k")  # space freed: room for two more beside what is there
     again = harness.run_pretrain(1, overrides, script=mounts.script(harness.PRETRAIN))
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
-    assert f"resumed from {run_dir}/checkpoints/iter_0000004 at iteration 4" in again.stdout
+    assert f"resumed from {run_dir}/checkpoints/{latest} at iteration {iteration_of(Path(latest))}" in again.stdout
     assert sorted(pu.losses(seen)) == list(range(1, 11))
     assert (seen / "checkpoints" / "latest").read_text().strip() == "iter_0000010"
