@@ -3,10 +3,12 @@ append that fails part-way leaves no half line, and the trainer's metrics log dr
 line instead of failing (in-process, no training)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import resource
 import signal
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -31,35 +33,34 @@ def test_a_cut_last_line_is_dropped_and_named(tmp_path: Path) -> None:
     assert read_json_lines(tmp_path / "missing.jsonl").records == []
 
 
-@pytest.fixture
-def file_size_limit():
-    """Limit this process's file writes to `limit` bytes (RLIMIT_FSIZE: the kernel cuts a write at the limit, as a
-    full disk does), restored after."""
+@contextlib.contextmanager
+def file_size_limit(size: int) -> Iterator[None]:
+    """Limit this process's file writes to `size` bytes inside the block (RLIMIT_FSIZE: the kernel cuts a write at
+    the limit, as a full disk does). Lifted before the block's end: pytest's own output may go to a file."""
     soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
     previous = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails instead of killing
+    resource.setrlimit(resource.RLIMIT_FSIZE, (size, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, previous)
 
-    def limit(size: int) -> None:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (size, hard))
 
-    yield limit
-    resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
-    signal.signal(signal.SIGXFSZ, previous)
-
-
-def test_an_append_cut_by_the_disk_leaves_the_file_as_it_was(tmp_path: Path, file_size_limit) -> None:
+def test_an_append_cut_by_the_disk_leaves_the_file_as_it_was(tmp_path: Path) -> None:
     path = tmp_path / "metrics.jsonl"
     append_line(path, json.dumps({"iteration": 1}))
     before = path.read_bytes()
-    file_size_limit(len(before) + 10)  # room for 10 more bytes: the next record is cut after them
-    with pytest.raises(OSError):
-        append_line(path, json.dumps({"iteration": 2, "loss": 1.2345}))
-    with pytest.raises(OSError):
-        write_atomic(tmp_path / "timing.json", json.dumps({"train_seconds": 1.0} | {f"k{i}": i for i in range(9)}))
+    with file_size_limit(len(before) + 10):  # room for 10 more bytes: the next record is cut after them
+        with pytest.raises(OSError):
+            append_line(path, json.dumps({"iteration": 2, "loss": 1.2345}))
+        with pytest.raises(OSError):
+            write_atomic(tmp_path / "timing.json", json.dumps({"train_seconds": 1.0} | {f"k{i}": i for i in range(9)}))
     assert path.read_bytes() == before and not list(tmp_path.glob("*.tmp"))
 
 
 def test_the_metrics_log_drops_a_cut_line_on_resume_and_skips_records_it_cannot_write(
-        tmp_path: Path, capsys, file_size_limit) -> None:
+        tmp_path: Path, capsys) -> None:
     from cplm_megatron.training.metrics_log import MetricsLogger
     from cplm_megatron.training.run_config import LoggingConfig
 
@@ -68,10 +69,9 @@ def test_the_metrics_log_drops_a_cut_line_on_resume_and_skips_records_it_cannot_
     logger = MetricsLogger(tmp_path, LoggingConfig(wandb=False), {}, True, resume_iteration=2)
     assert f"[train] {path}: dropped its last line (line 3)" in capsys.readouterr().out
     assert path.read_text() == _lines({"iteration": 1, "loss": 3.0}, {"iteration": 2, "loss": 2.5})
-    file_size_limit(path.stat().st_size + 5)
-    logger.log({"iteration": 3, "loss": 2.0})
-    logger.log({"iteration": 4, "loss": 1.9})
-    file_size_limit(resource.RLIM_INFINITY)
+    with file_size_limit(path.stat().st_size + 5):
+        logger.log({"iteration": 3, "loss": 2.0})
+        logger.log({"iteration": 4, "loss": 1.9})
     logger.log({"iteration": 5, "loss": 1.8})
     out = capsys.readouterr().out.splitlines()
     assert len(out) == 2 and out[0].startswith(f"[train] cannot write {path} (File too large): skipping its records")
