@@ -333,6 +333,7 @@ def plot_gradients(pairs: Sequence[PairSummary], path: Path) -> Path | None:
                 ax.axhline(chance, **CHANCE, label=f"chance sqrt(1 - d/V) = {chance:.4f}")
             ax.set(title=f"{pair_title(pair)}:\nlogit gradient outside the LM head's span", xlabel="training step",
                    ylabel="||(I - P) G|| / ||G||")
+            ax.ticklabel_format(axis="y", useOffset=False)  # values near 1: printed whole, not as an offset
         else:
             its, vals = pair.cplm.eval_curve("gradient", "copy_grad_share")
             ax.plot(its, vals, "o-", ms=3, color=COLORS[True], label="CPLM")
