@@ -126,7 +126,7 @@ class SDPAttention(MegatronModule):
             if is_document_ids(attention_mask):  # this rank's query rows against every key: [b, 1, s/cp, s]
                 attention_mask = dense_document_mask(attention_mask, this_rank_positions(query.shape[0], query.device))
         elif is_document_ids(attention_mask):
-            return self._documents(query, key, value, document_spans(attention_mask))
+            return self._documents(query, key, value, attention_mask)
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # [b, heads|groups, s, d]
         rep = self.heads // self.groups
         kwargs: dict = {}
@@ -151,9 +151,11 @@ class SDPAttention(MegatronModule):
                 return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, scale=self.softmax_scale, **kwargs)
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, scale=self.softmax_scale, **kwargs)
 
-    def _documents(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, spans: DocumentSpans
+    @torch.compiler.disable  # data-dependent spans: eager inside a compiled layer (model.compile)
+    def _documents(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor
                    ) -> torch.Tensor:
-        """Causal attention within each document (`[s, b, n, d]` -> `[s, b, n*d]`)."""
+        """Causal attention within each document of the document-ids mask (`[s, b, n, d]` -> `[s, b, n*d]`)."""
+        spans = document_spans(mask)
         s, b = query.shape[:2]
         rep = self.heads // self.groups
         backend = self.document_backend if query.is_cuda else "per_document"

@@ -133,8 +133,8 @@ def transformer_config(
         bf16=precision.dtype == "bf16",
         fp16=precision.dtype == "fp16",
         use_cpu_initialization=on_cpu,
-        # fusions that need Apex/TE/CUDA kernels
-        bias_activation_fusion=use_te and model.add_bias_linear,
+        # fusions that need Apex/TE/CUDA kernels; SwiGLU's is megatron-core's own (torch.compile'd)
+        bias_activation_fusion=(use_te and model.add_bias_linear) or (model.fused_swiglu and model.gated),
         masked_softmax_fusion=use_te,
         persist_layer_norm=False,
         bias_dropout_fusion=use_te,
@@ -212,10 +212,11 @@ def model_run(
 
 def single_process_run(cfg: RunSpec) -> ModelRun:
     """The run `cfg` as one process loads it to score or convert it: TP = PP = CP = 1, its dtype without FP8, no
-    recomputation, and a GPU-only LM-head loss as its CPU twin where Triton cannot run (same values)."""
+    recomputation, eager layers (no compile time), and a GPU-only LM-head loss as its CPU twin where Triton cannot
+    run (same values)."""
     from cplm_megatron.model.lm_head_loss import runnable_here
 
-    model = replace(cfg.model, lm_head_loss=runnable_here(cfg.model.lm_head_loss))
+    model = replace(cfg.model, lm_head_loss=runnable_here(cfg.model.lm_head_loss), compile=False)
     return model_run(model, cfg.copy_head, precision=PrecisionConfig(dtype=cfg.precision.dtype),
                      seq_len=cfg.train.seq_len)
 
@@ -286,6 +287,10 @@ def build_run(cfg: RunSpec, layout: Optional[RankLayout] = None) -> BuiltRun:
         )
         if torch.cuda.is_available() and not any(p.is_meta for p in chunk.parameters()):
             chunk.cuda(torch.cuda.current_device())
+        if model.compile:
+            from cplm_megatron.model.compile import compile_layers
+
+            compile_layers(chunk)
         if config.bf16 or config.fp16:
             # As Megatron-LM does: every parameter in 16 bit (torch norms are built in fp32, which the
             # mixed-precision optimizer's checkpoint mapping cannot handle), fp32 outputs on the last stage.

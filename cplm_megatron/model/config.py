@@ -43,6 +43,12 @@ class ModelConfig:
     # (cplm_megatron/model/lm_head_loss.py; chunked: torch, fused: Triton on GPUs). Same values. auto: Megatron's
     # unless its logits would take > 25% of the device's memory (model/lm_head_choice.py), resolved at launch.
     lm_head_loss: Literal["auto", "megatron", "chunked", "fused"] = "megatron"
+    # torch.compile of each transformer layer (model/compile.py): RoPE, SwiGLU, norms, residual adds and casts fused
+    # by inductor; the embedding, LM head, copy head and optimizer stay eager. TP = CP = 1 only.
+    compile: bool = False  # torch.compile each transformer layer (fuses RoPE, SwiGLU, norms, casts); TP = CP = 1
+    # megatron-core's fused SwiGLU (bias_swiglu_impl, torch.compile'd by megatron-core itself): two kernels instead
+    # of five per layer and only the fc1 output kept for the backward. Independent of model.compile.
+    fused_swiglu: bool = False  # megatron-core's fused SwiGLU: fewer kernels, one activation less kept
     default_tp: int = 1  # suggested layout for 8-GPU nodes (model_info, SLURM scripts)
     default_pp: int = 1
 
@@ -88,6 +94,9 @@ class ModelConfig:
         if self.attention_impl == "te" and self.layer_spec == "local":
             raise ConfigError("model.attention_impl=te needs the Transformer Engine layer spec; "
                               "use model.layer_spec=te (or auto) or model.attention_impl=sdpa")
+        if self.fused_swiglu and self.activation != "swiglu":
+            raise ConfigError(f"model.fused_swiglu=true fuses SwiGLU, but model.activation={self.activation}; "
+                              "set model.fused_swiglu=false")
         if self.vocab_pad_multiple <= 0:
             raise ConfigError(f"model.vocab_pad_multiple must be positive, got {self.vocab_pad_multiple}")
 

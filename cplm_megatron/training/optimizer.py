@@ -28,7 +28,7 @@ class OptimizerConfig:
     # torch's fused AdamW kernel (one pass over parameters, gradients and moments) where megatron-core falls back
     # to torch's AdamW (no Apex, no Transformer Engine; their FusedAdam is fused already). auto: fused on CUDA;
     # false: torch's default (foreach on CUDA, a per-parameter loop on CPU). The same update to rounding.
-    fused: Literal["auto", True, False] = "auto"
+    fused: Literal["auto", True, False] = "auto"  # torch's fused AdamW kernel; auto: on CUDA (no Apex/TE only)
 
     def validate(self) -> None:
         for key in ("weight_decay", "clip_grad"):

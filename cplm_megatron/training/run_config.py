@@ -28,11 +28,13 @@ from cplm_megatron.config.loader import (
 from cplm_megatron.data.config import BatchShape, DataConfig
 from cplm_megatron.errors import ConfigError
 from cplm_megatron.model.builder import PrecisionConfig, RecomputeConfig
+from cplm_megatron.model.compile import check_compile
 from cplm_megatron.model.config import ModelConfig, resolve_model_section
 from cplm_megatron.model.copy_head import CopyHeadConfig
 from cplm_megatron.model.layout import check_context_parallel, validate_layout
 from cplm_megatron.parallel.config import ParallelConfig
 from cplm_megatron.training.optimizer import OptimizerConfig, ScheduleConfig
+from cplm_megatron.training.profiling import check_profile_steps
 
 # The batch shape's one home is train.*; the loaders receive it as a BatchShape (TrainConfig.shape).
 _BATCH_KEYS = ("seq_len", "micro_batch", "global_batch")
@@ -70,6 +72,7 @@ class TrainConfig:
     eval_iters: int = 4  # validation micro-batches per data-parallel rank per evaluation
     max_nonfinite_steps: int = 5  # abort after this many non-finite losses in a row
     exit_after_iters: Optional[int] = None  # stop (with a checkpoint) after this many iterations of this launch
+    profile_steps: Optional[List[int]] = None  # [first, last] iterations to profile into RUN_DIR/profile.json
 
     def validate(self) -> None:
         if (self.iters is None) == (self.tokens is None):
@@ -84,6 +87,8 @@ class TrainConfig:
                 raise ConfigError(f"train.{key} must be >= 1, got {getattr(self, key)}")
         if self.eval_interval < 0:
             raise ConfigError(f"train.eval_interval must be >= 0, got {self.eval_interval}")
+        if self.profile_steps is not None:
+            check_profile_steps(self.profile_steps)
         if self.lr <= 0 or not 0 <= self.min_lr <= self.lr:
             raise ConfigError(f"train.lr/min_lr must satisfy lr > 0 and 0 <= min_lr <= lr (got {self.lr}/{self.min_lr})")
 
@@ -169,6 +174,7 @@ class RunConfig:
         if self.data.document_masking and self.model.layer_spec == "te":
             raise ConfigError("data.document_masking=true needs model.layer_spec=local (explicit attention masks)")
         check_context_parallel(self.parallel, self.model, self.train.seq_len)
+        check_compile(self.model, self.parallel)
         if self.copy_head.fp8 and self.precision.dtype == "fp32":
             raise ConfigError("copy_head.fp8=true needs precision.dtype=bf16")
 

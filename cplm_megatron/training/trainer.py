@@ -20,6 +20,7 @@ from cplm_megatron.training.checkpointing import Checkpointer, TrainState
 from cplm_megatron.training.loop import Cadence, NonFiniteGuard, NonFiniteLossError, StopPolicy  # noqa: F401
 from cplm_megatron.training.metrics_log import MetricsLogger, format_line, objective_terms, rank0_print
 from cplm_megatron.training.preflight import checkpoint_size
+from cplm_megatron.training.profiling import StepProfiler
 from cplm_megatron.training.resume import StartPlan, apply_plan, plan_start
 from cplm_megatron.training.run_config import RunConfig, dump_run_config
 from cplm_megatron.training.signals import RESUME_EXIT_CODE, StopSignal
@@ -160,6 +161,7 @@ class Trainer:
             peak_tflops=cfg.logging.peak_tflops or default_peak_tflops(),
             total_iters=self.total_iters,
         )
+        self.profiler = StepProfiler(t.profile_steps, self.run_dir / "profile.json", self.is_logger)
         n_params = sum(p.numel() for c in self.chunks for p in c.parameters())
         rank0_print(f"[train] layout tp={self.layout.tp} pp={self.layout.pp} dp={self.layout.dp} cp={self.layout.cp} "
                     f"vpp={self.layout.vpp} sp={self.layout.sp}; rank-0 parameters {n_params:,}; "
@@ -225,12 +227,14 @@ class Trainer:
         policy = StopPolicy(cfg.checkpoint.interval, t.exit_after_iters, launch_start=self.state.iteration)
         try:
             while self.state.iteration < self.total_iters:
+                self.profiler.begin(self.state.iteration + 1)
                 self.speed.begin_step()
                 batches, self._first_batches = self._first_batches or take(self.train_data, self.num_micro), None
                 result = train_step(self.chunks, self.optimizer, self.scheduler, batches, t.seq_len,
                                     t.micro_batch, cfg.data.document_masking)
                 self.speed.end_step()
                 self.state.iteration += 1
+                self.profiler.end(self.state.iteration)
                 self.state.consumed_tokens += t.global_batch * t.seq_len
                 it = self.state.iteration
                 self.state.skipped_steps += int(result.skipped)
@@ -258,6 +262,7 @@ class Trainer:
             rank0_print(f"[train] done: {self.state.iteration} iterations, {self.state.consumed_tokens:,} tokens")
             return 0
         finally:
+            self.profiler.close()
             self.checkpointer.close()
             self.logger.close()
             stop.restore()
