@@ -186,15 +186,11 @@ def memory_estimate_gib(config: dict) -> float:
 
 
 def _metrics(path: Path) -> list[dict]:
-    """The trainer's per-step records (metrics.jsonl, log_interval=1) that carry a timestamp, by iteration."""
-    records = []
-    for line in path.read_text().splitlines() if path.exists() else []:
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if "iteration" in record and "time" in record:
-            records.append(record)
+    """The trainer's per-step records (a copy of its metrics.jsonl, log_interval=1, read by the trainer's own
+    reader: a line cut by a killed step is dropped) that carry a timestamp, by iteration."""
+    from cplm_megatron.training.durable_files import read_json_lines
+
+    records = [r for r in read_json_lines(path).records if "iteration" in r and "time" in r]
     return sorted(records, key=lambda r: r["iteration"])
 
 
@@ -239,8 +235,10 @@ def run_figures(work: Path, name: str, warmup: int, device: Optional[str]) -> Op
     import yaml
 
     config_path = work / f"{name}.yaml"
+    if not config_path.exists():  # the run never started (nor, maybe, the install: nothing of ours is importable)
+        return None
     records = _metrics(work / f"{name}.metrics.jsonl")
-    if not config_path.exists() or not records:
+    if not records:
         return None
     config = yaml.safe_load(config_path.read_text())
     record = _load(work / f"{name}.json") or {}
