@@ -29,13 +29,15 @@ RESUME_CHANGEABLE: Dict[str, Any] = {
     "checkpoint": ALL,
     "schedule": ALL,  # the LR scheduler follows the new values (build_scheduler overrides the saved ones)
     "train": {"iters", "tokens", "micro_batch", "global_batch", "lr", "min_lr", "log_interval", "eval_interval",
-              "eval_iters", "max_nonfinite_steps", "exit_after_iters"},
+              "eval_iters", "max_nonfinite_steps", "exit_after_iters", "profile_steps"},
     # beta1/beta2/eps are restored from the optimizer state, `distributed` decides its format: must match
-    "optimizer": {"weight_decay", "clip_grad", "overlap_grad_reduce", "overlap_param_gather", "bucket_size"},
+    "optimizer": {"weight_decay", "clip_grad", "overlap_grad_reduce", "overlap_param_gather", "bucket_size",
+                  "fused"},  # fused: the same update, another kernel (the state loads into either)
     # the data loader refuses a resume position that no longer fits the streams (epoch size, seed, tokenizer)
     "data": {"streams", "val_streams", "num_workers", "cache_dir", "verify_shards", "epoch_size"},
     # + same maths, other kernel (attention, the LM-head loss path: `auto` may resolve otherwise on another machine)
-    "model": {"preset", "default_tp", "default_pp", "init_method_std", "attention_impl", "lm_head_loss"},
+    "model": {"preset", "default_tp", "default_pp", "init_method_std", "attention_impl", "lm_head_loss", "compile",
+              "fused_swiglu"},
     "copy_head": {"impl", "block_size", "fp8", "gate_bias_init"},  # same math, another kernel; init only
 }
 
