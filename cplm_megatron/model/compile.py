@@ -9,8 +9,9 @@ optimizer stay eager.
 
 Document-masked attention (data-dependent spans) runs eager inside the compiled layer (`SDPAttention._documents`
 is excluded: one graph break per layer); causal attention is traced. Tensor and context parallelism are refused
-(their communication runs inside megatron-core's autograd functions; untested under compile); pipeline stages
-compile their own layers.
+(their communication runs inside megatron-core's autograd functions; untested under compile), and so is activation
+recomputation (megatron-core's checkpoint function breaks a layer's graph 5-7 times); pipeline stages compile their
+own layers.
 """
 from __future__ import annotations
 
@@ -25,14 +26,18 @@ if TYPE_CHECKING:  # config validation imports no torch
     from cplm_megatron.parallel.config import ParallelConfig
 
 
-def check_compile(model: ModelConfig, parallel: ParallelConfig) -> None:
-    """Refuse `model.compile=true` on the layouts it does not support (one line naming the fix)."""
+def check_compile(model: ModelConfig, parallel: ParallelConfig, recompute: str = "none") -> None:
+    """Refuse `model.compile=true` on the layouts and with the activation recomputation it does not support (one
+    line naming the fix); `recompute`: recompute.granularity."""
     if not model.compile:
         return
     for key, size in (("tp", parallel.tp), ("cp", parallel.cp)):
         if size > 1:
             raise ConfigError(f"model.compile=true supports parallel.tp=1 and parallel.cp=1 (got parallel.{key}="
                               f"{size}): set model.compile=false, or parallelize over data and pipeline stages")
+    if recompute != "none":  # megatron-core's checkpoint function (RNG state save/restore) breaks the layer's graph
+        raise ConfigError(f"model.compile=true does not combine with recompute.granularity={recompute}: set "
+                          "recompute.granularity=none or model.compile=false")
 
 
 def decoder_layers(chunk: torch.nn.Module) -> list:

@@ -44,8 +44,8 @@ class ModelConfig:
     # unless its logits would take > 25% of the device's memory (model/lm_head_choice.py), resolved at launch.
     lm_head_loss: Literal["auto", "megatron", "chunked", "fused"] = "megatron"
     # torch.compile of each transformer layer (model/compile.py): RoPE, SwiGLU, norms, residual adds and casts fused
-    # by inductor; the embedding, LM head, copy head and optimizer stay eager. TP = CP = 1 only.
-    compile: bool = False  # torch.compile each transformer layer (fuses RoPE, SwiGLU, norms, casts); TP = CP = 1
+    # by inductor; the embedding, LM head, copy head and optimizer stay eager. TP = CP = 1, no recomputation.
+    compile: bool = False  # torch.compile each transformer layer (fuses RoPE, SwiGLU, norms, casts); TP = CP = 1, no recompute
     # megatron-core's fused SwiGLU (bias_swiglu_impl, torch.compile'd by megatron-core itself): two kernels instead
     # of five per layer and only the fc1 output kept for the backward. Independent of model.compile.
     fused_swiglu: bool = False  # megatron-core's fused SwiGLU: fewer kernels, one activation less kept

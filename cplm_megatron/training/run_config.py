@@ -174,7 +174,7 @@ class RunConfig:
         if self.data.document_masking and self.model.layer_spec == "te":
             raise ConfigError("data.document_masking=true needs model.layer_spec=local (explicit attention masks)")
         check_context_parallel(self.parallel, self.model, self.train.seq_len)
-        check_compile(self.model, self.parallel)
+        check_compile(self.model, self.parallel, self.recompute.granularity)
         if self.copy_head.fp8 and self.precision.dtype == "fp32":
             raise ConfigError("copy_head.fp8=true needs precision.dtype=bf16")
 

@@ -1,6 +1,6 @@
 """`model.compile`: the tiny recipe trains compiled (inductor on CPU) to the eager run's losses, pipeline stages
-compile their own layers, tensor and context parallelism are refused with one line; `model.fused_swiglu` gives
-megatron-core's SwiGLU values."""
+compile their own layers, tensor and context parallelism and activation recomputation are refused with one line;
+`model.fused_swiglu` gives megatron-core's SwiGLU values."""
 import json
 
 import pytest
@@ -22,11 +22,16 @@ def inductor_env(tmp_path_factory) -> dict:
     return {_CACHE_ENV: str(tmp_path_factory.mktemp("inductor")), "TORCHINDUCTOR_COMPILE_THREADS": "1"}
 
 
-@pytest.mark.parametrize("layout", ["parallel.tp=2", "parallel.cp=2"])
-def test_compile_is_refused_under_tensor_and_context_parallelism(layout):
-    with pytest.raises(ConfigError, match=r"model.compile=true supports parallel.tp=1 and parallel.cp=1 .*set "
-                                          r"model.compile=false"):
-        load_run_config(TINY, ["model.compile=true", layout])
+@pytest.mark.parametrize("setting, message", [
+    ("parallel.tp=2", r"model.compile=true supports parallel.tp=1 and parallel.cp=1 \(got parallel.tp=2\)"),
+    ("parallel.cp=2", r"model.compile=true supports parallel.tp=1 and parallel.cp=1 \(got parallel.cp=2\)"),
+    ("recompute.granularity=selective", r"does not combine with recompute.granularity=selective: set "
+                                        r"recompute.granularity=none or model.compile=false"),
+])
+def test_compile_is_refused_under_tp_cp_and_recomputation(setting, message):
+    with pytest.raises(ConfigError, match=message):
+        load_run_config(TINY, ["model.compile=true", setting])
+    load_run_config(TINY, ["model.compile=false", setting])
     load_run_config(TINY, ["model.compile=true", "parallel.pp=2"])  # pipeline stages compile their own layers
 
 
