@@ -287,10 +287,6 @@ def build_run(cfg: RunSpec, layout: Optional[RankLayout] = None) -> BuiltRun:
         )
         if torch.cuda.is_available() and not any(p.is_meta for p in chunk.parameters()):
             chunk.cuda(torch.cuda.current_device())
-        if model.compile:
-            from cplm_megatron.model.compile import compile_layers
-
-            compile_layers(chunk)
         if config.bf16 or config.fp16:
             # As Megatron-LM does: every parameter in 16 bit (torch norms are built in fp32, which the
             # mixed-precision optimizer's checkpoint mapping cannot handle), fp32 outputs on the last stage.
@@ -298,6 +294,10 @@ def build_run(cfg: RunSpec, layout: Optional[RankLayout] = None) -> BuiltRun:
 
             chunk = Float16Module(config, chunk)
         chunks.append(chunk)
+    if model.compile:
+        from cplm_megatron.model.compile import compile_chunks
+
+        compile_chunks(chunks)
     head = cfg.copy_head if cfg.copy_head is not None and cfg.copy_head.enabled else None
     return BuiltRun(chunks, layout, Vocabulary(model.vocab_size, model.padded_vocab_size), head, te,
                     attention_impl(model, te))

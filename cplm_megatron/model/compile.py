@@ -41,13 +41,31 @@ def check_compile(model: ModelConfig, parallel: ParallelConfig, recompute: str =
 
 
 def decoder_layers(chunk: torch.nn.Module) -> list:
-    """The transformer layers of an unwrapped model chunk (none on a stage without layers)."""
-    decoder = getattr(chunk, "decoder", None)
+    """The transformer layers of a model chunk, wrapped (Float16Module, DDP) or not."""
+    from megatron.core.utils import get_attr_wrapped_model
+
+    decoder = get_attr_wrapped_model(chunk, "decoder")
     return list(decoder.layers) if decoder is not None else []
 
 
+def compile_chunks(chunks: list) -> int:
+    """Compile every transformer layer of a run's model chunks in place (inductor, default mode), after dropping
+    whatever this process compiled before (`forget_compiled`); returns how many layers."""
+    forget_compiled()
+    return sum(compile_layers(chunk) for chunk in chunks)
+
+
+def forget_compiled() -> None:
+    """Drop what torch.compile compiled earlier in this process, so a new run's layers compile for their own shapes
+    as in a fresh process (a process training several runs would otherwise recompile with dynamic shapes, and stop
+    compiling past dynamo's recompilation limit)."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+
+
 def compile_layers(chunk: torch.nn.Module) -> int:
-    """Compile each transformer layer of `chunk` in place (inductor, default mode); returns how many."""
+    """Compile each transformer layer of one chunk in place; returns how many."""
     layers = decoder_layers(chunk)
     for layer in layers:
         layer.compile()

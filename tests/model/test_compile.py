@@ -27,7 +27,7 @@ def inductor_env(tmp_path_factory) -> dict:
     ("parallel.cp=2", r"model.compile=true supports parallel.tp=1 and parallel.cp=1 \(got parallel.cp=2\)"),
     ("recompute.granularity=selective", r"does not combine with recompute.granularity=selective: set "
                                         r"recompute.granularity=none or model.compile=false"),
-])
+], ids=["tp2", "cp2", "selective_recompute"])
 def test_compile_is_refused_under_tp_cp_and_recomputation(setting, message):
     with pytest.raises(ConfigError, match=message):
         load_run_config(TINY, ["model.compile=true", setting])
