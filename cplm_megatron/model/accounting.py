@@ -127,16 +127,14 @@ def _stage_params(m: ModelConfig, c: Optional[CopyHeadShape], tp: int, pp: int) 
     return {"first": layers + emb, "last": layers + out + head + final_norm}
 
 
-def activation_bytes_per_layer_token(m: ModelConfig, tp: int, sp: bool, recompute: str,
-                                     fused_swiglu: bool = False) -> float:
+def activation_bytes_per_layer_token(m: ModelConfig, tp: int, sp: bool, recompute: str) -> float:
     """Stored activations (bytes, 16-bit) for one token in one layer on one GPU.
 
     Megatron-core's local layer spec without Transformer Engine, as autograd keeps it (measured on CPU with
     saved-tensor hooks: tests/model/test_accounting.py): the QKV projection's output (alive through the value view
     attention keeps), the rotated queries and keys, the attention output (which the output projection reads in
-    place); an unfused SwiGLU (`fused_swiglu=False`, megatron-core's path without a bias and without TE) keeps
-    fc1's output, the SiLU output, the gated product and a copy, where the fused one keeps fc1's output and the
-    product. On an H200 this puts the estimate within -0.2% to +0.9% of the measured peak at SmolLM2-135M and
+    place); an unfused SwiGLU (megatron-core's path without a bias, TE or `model.fused_swiglu`) keeps fc1's
+    output, the SiLU output, the gated product and a copy, where the fused one keeps fc1's output and the product. On an H200 this puts the estimate within -0.2% to +0.9% of the measured peak at SmolLM2-135M and
     -1.7B (2026-12-04; 9-17% under without the unfused SwiGLU and the rotated q, k)."""
     h, q, kv = m.hidden_size, m.num_attention_heads * m.head_dim, m.kv_heads * m.head_dim
     hid = h / tp if sp else h
@@ -144,7 +142,7 @@ def activation_bytes_per_layer_token(m: ModelConfig, tp: int, sp: bool, recomput
         return 2 * hid  # only the layer input
     ffn = m.ffn_hidden_size / tp
     fc1_out = ffn * (2 if m.gated else 1)
-    mlp = fc1_out + ffn + (2 * ffn if m.gated and not fused_swiglu else 0)
+    mlp = fc1_out + ffn + (2 * ffn if m.gated and not m.fused_swiglu else 0)
     per = 2 * (
         4 * hid  # norm inputs/outputs (attention and MLP)
         + (q + 2 * kv) / tp  # the QKV projection's output

@@ -205,10 +205,11 @@ def _saved_bytes_per_token(fn, tokens: int, exclude=()) -> float:
     return sum(kept.values()) / tokens
 
 
-def test_activation_model_matches_what_autograd_keeps_in_a_layer():
-    """One SmolLM2-135M-width layer (megatron-core's local spec, SDPA, unfused SwiGLU, bf16): the bytes autograd
-    keeps per token, measured as a 2-layer minus a 1-layer model, equal activation_bytes_per_layer_token (to
-    0.5%: the lse and the rstd vectors), once corrected for what differs on a CPU: torch's CPU RMSNorm keeps fp32
+@pytest.mark.parametrize("fused_swiglu", [False, True], ids=["swiglu", "fused-swiglu"])
+def test_activation_model_matches_what_autograd_keeps_in_a_layer(fused_swiglu):
+    """One SmolLM2-135M-width layer (megatron-core's local spec, SDPA, bf16; its SwiGLU, or the fused one of
+    model.fused_swiglu): the bytes autograd keeps per token, measured as a 2-layer minus a 1-layer model, equal
+    activation_bytes_per_layer_token (to 0.5%: the lse and the rstd vectors), once corrected for what differs on a CPU: torch's CPU RMSNorm keeps fp32
     copies (measured on F.rms_norm alone) instead of its bf16 input, and no dropout mask is kept (dropout 0). On an
     H200 the same model puts the planner within -0.2..+0.9% of the measured peak at 135M and 1.7B
     (benchmarks/results/gpu/2026-12-04)."""
@@ -222,7 +223,8 @@ def test_activation_model_matches_what_autograd_keeps_in_a_layer():
     from cplm_megatron.training.run_config import PrecisionConfig
 
     seq, micro = 128, 2
-    base = dataclasses.replace(load_preset("smollm2-135m"), vocab_size=256, attention_impl="sdpa")
+    base = dataclasses.replace(load_preset("smollm2-135m"), vocab_size=256, attention_impl="sdpa",
+                               fused_swiglu=fused_swiglu)
     ids = torch.randint(0, 256, (micro, seq))
     positions = torch.arange(seq).unsqueeze(0).expand(micro, -1)
     per_model = {}
