@@ -194,11 +194,14 @@ def _metrics(path: Path) -> list[dict]:
     return sorted(records, key=lambda r: r["iteration"])
 
 
-def measured_step_time(records: list[dict], warmup: int) -> tuple[Optional[float], int]:
-    """Mean step time over the steps after the first `warmup` ones, and how many steps that is: from the
-    trainer's per-interval step times (`step_time` over `interval_steps` steps), or for records without them the
-    wall time between the log line of step `warmup` and the last one; (None, 0) without such steps."""
-    later = [r for r in records if r["iteration"] > warmup]
+def measured_step_time(records: list[dict], warmup: int, profiled: Optional[list] = None
+                       ) -> tuple[Optional[float], int]:
+    """Mean step time over the steps after the first `warmup` ones (and outside the `profiled` [first, last]
+    iterations: the profiler slows them), and how many steps that is: from the trainer's per-interval step times
+    (`step_time` over `interval_steps` steps), or for records without them the wall time between the log line of
+    step `warmup` and the last one; (None, 0) without such steps."""
+    first, last = profiled or (0, -1)
+    later = [r for r in records if r["iteration"] > warmup and not first <= r["iteration"] <= last]
     if later and all("interval_steps" in r for r in later):
         steps = sum(r["interval_steps"] for r in later)
         return sum(r["step_time"] * r["interval_steps"] for r in later) / steps, steps
@@ -243,7 +246,7 @@ def run_figures(work: Path, name: str, warmup: int, device: Optional[str]) -> Op
     config = yaml.safe_load(config_path.read_text())
     record = _load(work / f"{name}.json") or {}
     train = config["train"]
-    step_time, steps = measured_step_time(records, warmup)
+    step_time, steps = measured_step_time(records, warmup, train.get("profile_steps"))
     tokens_per_sec = train["global_batch"] * train["seq_len"] / step_time if step_time else None
     peaks = [r["tflops_per_device"] / r["mfu"] for r in records if r.get("mfu") and r.get("tflops_per_device")]
     flops = train_flops(config)
@@ -266,7 +269,24 @@ def run_figures(work: Path, name: str, warmup: int, device: Optional[str]) -> Op
             "complete" if record else "metrics.jsonl only (no trainer record)"),
         "memory_estimate_gib": round(estimate, 3),
         "peak_over_estimate": _ratio(record.get("peak_memory_gib"), estimate),
+        "levers": {f"model.{k}": config["model"].get(k) for k in ("compile", "fused_swiglu")} | {
+            "optimizer.fused": config["optimizer"].get("fused")},
+        **profile_figures(_load(work / f"{name}.profile.json")),
     }
+
+
+PROFILE_FIGURES = ("kernel_launches_per_step", "device_kernels_per_step", "device_kernel_us_per_step",
+                   "matmul_share_of_kernel_time", "host_syncs_per_step", "compiled_regions_per_step", "mean_step_s")
+
+
+def profile_figures(profile: Optional[dict]) -> dict[str, Any]:
+    """A profiled run's per-step counts (training/profiling.py's profile.json) under `profile`, with its top three
+    kernels; {} for a run that was not profiled."""
+    if not profile:
+        return {}
+    top = [{k: row[k] for k in ("name", "us_per_step")} for row in profile.get("top_kernels", [])[:3]]
+    return {"profile": {"iterations": profile.get("iterations"), **{k: profile.get(k) for k in PROFILE_FIGURES},
+                        "top_kernels": top}}
 
 
 def group_figures(work: Path, group: str, warmup: int, device: Optional[str] = None) -> dict[str, Any]:

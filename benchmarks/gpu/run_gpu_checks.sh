@@ -33,21 +33,23 @@
 #   install        30  every carried wheel into a private site dir; every module a step imports is imported and
 #                      must come from there (a cold machine took 15 s)
 #   compat         30  the compat layer on CUDA: no CPU patch; the torch-fallback fixes (no Apex/TE in the image)
-#   kernel_check   45  fused copy kernels vs the PyTorch reference at T=4096 (bf16, fp32, FP8; d 64/128; ~18 cold
-#                      Triton compiles: 28 s measured)
-#   kernel_bench   30  copy kernels at T = 4k/16k/32k, d=64: fused vs SDPA flash vs chunked vs naive, FP8 vs bf16,
-#                      extra memory (21 s measured)
+#   kernel_check   60  fused copy kernels vs the PyTorch reference at T=4096 (bf16, fp32, FP8; d 64/128; 9 cases,
+#                      each a few cold Triton compiles)
+#   kernel_bench   40  copy kernels at T = 4k/16k/32k, d=64, and 8k/16k at d=128: fused vs SDPA flash vs chunked vs
+#                      naive, FP8 vs bf16, extra memory (after kernel_check: its compiled kernels are cached)
 #   attention      25  benchmarks/attention.py: document masking by every available backend (flash varlen, nested
 #                      jagged, per document) vs the dense-mask reference, seq 8192 / 2048, bf16 (20 s measured)
-#   train          95  benchmarks/gpu/train_runs.py check: in one process, SmolLM2-1.7B at seq 4096 with four
+#   train          75  benchmarks/gpu/train_runs.py check: in one process, SmolLM2-1.7B at seq 4096 with four
 #                      micro-batches of 4 per step and SmolLM2-135M (seq 2048, micro 8), baseline and CPLM with
-#                      the recipes' LM-head loss (auto); 135M and 1.7B (seq 2048, micro 2) with the chunked loss
-#                      (benchmarks/gpu/runs.py): tokens/s, MFU (full and causal attention FLOPs), peak memory
+#                      the recipes' defaults (benchmarks/gpu/runs.py): tokens/s, MFU (full and causal attention
+#                      FLOPs), peak memory beside the planner's estimate
 #   peer           85  benchmarks/gpu/hf_peer.py check: transformers' Llama at the 135M shape, eager and
 #                      torch.compile (~60 s of compilation)
 #   perf:
-#   perf_train    200  train_runs.py perf: each lever on and off (LM-head loss path, ...) at 135M and 1.7B/4k
-#   perf_peer      45  hf_peer.py perf: the peer at the 1.7B shapes (seq 4096 x 4 micro-batches; seq 2048)
+#   perf_train    230  train_runs.py perf: each lever alone at 135M (model.compile, model.fused_swiglu, the
+#                      optimizer's fused step off, the LM-head loss path), all levers at 135M and 1.7B/4k, profiled
+#                      steps (kernel launches per step), the earlier chunked-loss rows
+#   perf_peer      45  hf_peer.py perf: the peer at the 1.7B seq 4096 shape, four micro-batches per step
 #   lm_head_loss   45  benchmarks/lm_head_loss.py (Megatron's LM-head loss path vs chunked vs fused)
 #   study:
 #   study         300  benchmarks/gpu/study_step.py: the code corpus from the machine's own Python sources, 135M
@@ -77,8 +79,8 @@ if [ -n "$ONLY" ] && [ -n "$GROUP" ]; then echo "--steps and --group: give one" 
 cd "$(dirname "$0")/../.." || exit 2
 ROOT=$PWD
 ORDER=(install compat kernel_check kernel_bench attention train peer perf_train perf_peer lm_head_loss study summary)
-declare -A BUDGET=([install]=30 [compat]=30 [kernel_check]=45 [kernel_bench]=30 [attention]=25 [train]=95
-                   [peer]=85 [perf_train]=200 [perf_peer]=45 [lm_head_loss]=45 [study]=300 [summary]=5)
+declare -A BUDGET=([install]=30 [compat]=30 [kernel_check]=60 [kernel_bench]=40 [attention]=25 [train]=75
+                   [peer]=85 [perf_train]=230 [perf_peer]=45 [lm_head_loss]=45 [study]=300 [summary]=5)
 declare -A STEP_GROUPS=([check]="install compat kernel_check kernel_bench attention train peer summary"
                    [perf]="install perf_train perf_peer lm_head_loss summary"
                    [study]="install study summary")

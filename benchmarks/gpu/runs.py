@@ -7,8 +7,11 @@ trains in one process (benchmarks/gpu/train_runs.py), so the 10-15 s of importin
 is paid once per group, not once per run. The dry run trains the tiny preset at tiny sizes instead.
 
 Groups: `check`, the default pass (what users run: SmolLM2-135M, and the 1.7B at seq 4096 with four micro-batches
-per step, where the copy head's overhead is read; plus the earlier chunked-loss rows to compare with), and
-`perf`, the lever matrix: each lever on and off at 135M and at the 1.7B/4k accumulation point.
+per step, where the copy head's overhead is read, each with the recipes' defaults), and `perf`, the lever matrix:
+each lever turned alone at 135M (`model.compile`, `model.fused_swiglu`, the optimizer's fused step off, the
+LM-head loss path), all levers together at 135M and at the 1.7B/4k accumulation point, and the earlier
+chunked-loss rows. The runs whose name says `profile` end with two steps under torch.profiler
+(`train.profile_steps`: kernel launches per step, matmul share; the summary's step times leave those steps out).
 """
 from __future__ import annotations
 
@@ -32,11 +35,12 @@ class Shape:
 
 
 # slot: (on the GPU, in the CPU dry run). Iterations: enough steps after the summary's warm-up ones (3 on the GPU)
-# for a stable mean; the 1.7B/4k steps take ~1.75 s each on an H200.
+# for a stable mean; the 1.7B/4k steps take ~1.75 s each on an H200. The dry run's slots share one layer shape, so
+# a compiled layer is compiled once (inductor's cache) whatever slot it trains in.
 SHAPES: Dict[str, Tuple[Shape, Shape]] = {
     "small": (Shape("smollm2-135m", 2048, 8, 8, 20), Shape("tiny", 64, 2, 2, 4)),
-    "large": (Shape("smollm2-1.7b", 2048, 2, 2, 10), Shape("tiny", 128, 2, 2, 4)),
-    "large_4k": (Shape("smollm2-1.7b", 4096, 4, 16, 7), Shape("tiny", 128, 2, 4, 4)),
+    "large": (Shape("smollm2-1.7b", 2048, 2, 2, 10), Shape("tiny", 64, 2, 2, 4)),
+    "large_4k": (Shape("smollm2-1.7b", 4096, 4, 16, 8), Shape("tiny", 64, 2, 4, 4)),
 }
 SLOT_TITLES = {"small": "SmolLM2-135M, seq 2048, micro 8", "large": "SmolLM2-1.7B, seq 2048, micro 2",
                "large_4k": "SmolLM2-1.7B, seq 4096, micro 4, four micro-batches per step"}
@@ -51,6 +55,7 @@ class TrainRun:
     loss: str  # model.lm_head_loss
     levers: Tuple[Tuple[str, str], ...] = ()  # (config key, value) the perf matrix turns
     tag: str = ""  # names the lever setting in the run's name
+    profile: bool = False  # the last two steps under torch.profiler (train.profile_steps)
 
     @property
     def name(self) -> str:
@@ -61,17 +66,33 @@ class TrainRun:
         """The run's key inside its slot in summary.json."""
         return "_".join(p for p in (self.variant, self.loss, self.tag) if p)
 
+    def profile_steps(self, dry_run: bool) -> Tuple[int, int] | None:
+        """The iterations profiled (the last two), or None."""
+        iters = shape(self, dry_run).iters
+        return (iters - 1, iters) if self.profile else None
+
 
 CHECK: List[TrainRun] = [
     TrainRun("large_4k", "base", "auto"), TrainRun("large_4k", "cplm", "auto"),
     TrainRun("small", "base", "auto"), TrainRun("small", "cplm", "auto"),
-    TrainRun("small", "base", "chunked"), TrainRun("large", "base", "chunked"), TrainRun("large", "cplm", "chunked"),
 ]
-# The lever matrix: each lever turned alone against the slot's `base_auto` of the same pass.
+COMPILE = (("model.compile", "true"),)
+FUSED_SWIGLU = (("model.fused_swiglu", "true"),)
+ALL_LEVERS = COMPILE + FUSED_SWIGLU
+# The lever matrix, the most wanted first: each lever alone against the slot's `base_auto` of the same pass.
 PERF: List[TrainRun] = [
-    TrainRun("small", "base", "auto"),
-    TrainRun("small", "base", "megatron"), TrainRun("small", "base", "fused"),
-    TrainRun("large_4k", "base", "auto"), TrainRun("large_4k", "base", "fused"),
+    TrainRun("small", "base", "auto", profile=True),
+    TrainRun("small", "base", "auto", COMPILE, "compile", profile=True),
+    TrainRun("small", "base", "auto", FUSED_SWIGLU, "fused_swiglu"),
+    TrainRun("small", "base", "auto", (("optimizer.fused", "false"),), "unfused_adam"),
+    TrainRun("small", "base", "auto", ALL_LEVERS, "levers", profile=True),
+    TrainRun("small", "cplm", "auto", ALL_LEVERS, "levers"),
+    TrainRun("large_4k", "base", "auto", profile=True),
+    TrainRun("large_4k", "base", "auto", ALL_LEVERS, "levers", profile=True),
+    TrainRun("large_4k", "cplm", "auto", ALL_LEVERS, "levers"),
+    TrainRun("small", "base", "fused"), TrainRun("small", "base", "chunked"),
+    TrainRun("large_4k", "base", "fused"),
+    TrainRun("large", "base", "chunked"), TrainRun("large", "cplm", "chunked"),
 ]
 GROUPS: Dict[str, List[TrainRun]] = {"check": CHECK, "perf": PERF}
 COMMON = ("model.attention_impl=sdpa", "data.synthetic=copy", "data.document_masking=false", "train.tokens=null",
@@ -86,15 +107,24 @@ def shape(run: TrainRun, dry_run: bool) -> Shape:
     return SHAPES[run.slot][1 if dry_run else 0]
 
 
+def loss_path(run: TrainRun, dry_run: bool) -> str:
+    """The run's `model.lm_head_loss`; in the dry run `fused` trains as `chunked` (the same values: the Triton CPU
+    interpreter would take minutes per step)."""
+    return "chunked" if dry_run and run.loss == "fused" else run.loss
+
+
 def overrides(run: TrainRun, dry_run: bool, run_dir: str) -> List[str]:
     """The run's `--set` overrides of configs/smollm2_135m.yaml."""
     s = shape(run, dry_run)
-    out = [f"run.dir={run_dir}", f"model.preset={s.preset}", f"model.lm_head_loss={run.loss}",
+    out = [f"run.dir={run_dir}", f"model.preset={s.preset}", f"model.lm_head_loss={loss_path(run, dry_run)}",
            f"copy_head.enabled={'true' if run.variant == 'cplm' else 'false'}", f"train.iters={s.iters}",
            f"train.seq_len={s.seq_len}", f"train.micro_batch={s.micro_batch}", f"train.global_batch={s.global_batch}",
            *COMMON]
     if s.seq_len > 2048:
         out.append(f"model.max_position_embeddings={s.seq_len}")
+    profiled = run.profile_steps(dry_run)
+    if profiled:
+        out.append(f"train.profile_steps=[{profiled[0]},{profiled[1]}]")
     return out + [f"{key}={value}" for key, value in run.levers]
 
 

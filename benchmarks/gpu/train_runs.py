@@ -1,7 +1,7 @@
 """Train a group of the GPU check's runs (benchmarks/gpu/runs.py) one after another in this one process, each as
 `pretrain_cplm.py` would (`cplm_megatron.pretrain.main` with the recipe and the run's overrides), and copy each
-run's record, resolved config and per-step metrics to WORK_DIR/train_<group>_<name>.{json,yaml,metrics.jsonl} as it
-ends.
+run's record, resolved config, per-step metrics and profile to WORK_DIR/train_<group>_<name>.{json,yaml,metrics.jsonl,
+profile.json} as it ends.
 
     python benchmarks/gpu/train_runs.py WORK_DIR GROUP [--dry-run]
 
@@ -34,7 +34,7 @@ def collect(work: Path, group: str, run: TrainRun, run_dir: Path) -> None:
         if (run_dir / record).exists():
             shutil.copy(run_dir / record, f"{stem}.json")
             break
-    for name, suffix in (("metrics.jsonl", ".metrics.jsonl"), ("config.yaml", ".yaml")):
+    for name, suffix in (("metrics.jsonl", ".metrics.jsonl"), ("config.yaml", ".yaml"), ("profile.json", ".profile.json")):
         if (run_dir / name).exists():
             shutil.copy(run_dir / name, f"{stem}{suffix}")
 

@@ -181,7 +181,13 @@ def _assert_run(run: dict, train_run, loss: str) -> None:
     assert (run["seq_len"], run["micro_batch"], run["global_batch"]) == (shape.seq_len, shape.micro_batch,
                                                                           shape.global_batch)
     assert run["iterations"] == shape.iters and run["warmup_steps_excluded"] == 1
-    assert run["measured_steps"] == shape.iters - 1
+    profiled = train_run.profile_steps(dry_run=True)  # the profiler slows its steps: left out of the step time
+    assert run["measured_steps"] == shape.iters - 1 - (profiled[1] - profiled[0] + 1 if profiled else 0)
+    assert ("profile" in run) == train_run.profile
+    if profiled:
+        assert run["profile"]["iterations"] == list(profiled) and run["profile"]["kernel_launches_per_step"] == 0
+    assert {k: str(v).lower() for k, v in run["levers"].items() if k in dict(train_run.levers)} == \
+        dict(train_run.levers)
     assert run["tokens_per_sec"] == pytest.approx(shape.global_batch * shape.seq_len / run["step_time"])
     assert run["train_flops_per_token_causal"] < run["train_flops_per_token_full"]
     assert 0 < run["mfu_causal_attention"] < run["mfu_full_attention"]
@@ -215,12 +221,11 @@ def test_gpu_dry_run_runs_every_check_step_as_the_gpu_machine_sees_it(tmp_path: 
         _assert_run(summary["training"][train_run.slot][train_run.key], train_run,
                     "megatron" if train_run.loss == "auto" else train_run.loss)
     training = summary["training"]
-    for slot, loss in (("small", "auto"), ("large_4k", "auto"), ("large", "chunked")):
+    for slot, loss in (("small", "auto"), ("large_4k", "auto")):
         entry = training[slot]
         assert entry[f"cplm_{loss}"]["memory_estimate_gib"] > entry[f"base_{loss}"]["memory_estimate_gib"] > 0
         assert entry[f"cplm_step_time_overhead_{loss}"] == pytest.approx(
             entry[f"cplm_{loss}"]["step_time"] / entry[f"base_{loss}"]["step_time"] - 1, abs=1e-3)  # 4 decimals
-    assert training["small"]["base_chunked"]["step_time_over_base_auto"] > 0
     assert training["large_4k"]["base_auto"]["global_batch"] == 2 * training["large_4k"]["base_auto"]["micro_batch"]
     peer = summary["peer"]["check"]["variants"]
     assert set(peer) == {"small_eager", "small_compiled"} and peer["small_compiled"]["compiled"]
@@ -240,21 +245,25 @@ def test_gpu_dry_run_runs_every_check_step_as_the_gpu_machine_sees_it(tmp_path: 
     with tarfile.open(out / "details.tar.gz") as tar:
         names = set(tar.getnames())
     assert {f"./logs/{s}.log" for s in GROUP_STEPS["check"]} <= names
-    assert "./train_check_large_cplm_chunked.json" in names and "./peer_check.json" in names
+    assert "./train_check_large_4k_cplm_auto.json" in names and "./peer_check.json" in names
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
 def test_gpu_dry_run_of_the_perf_matrix(tmp_path: Path, image_env):
-    """`make gpu-dry-run GROUP=perf`: every lever run of the matrix trains and is compared with its slot's
-    `base_auto`; the peer at the 1.7B/4k shape; the LM-head loss benchmark."""
+    """`make gpu-dry-run GROUP=perf`: every lever run of the matrix trains with its levers set and is compared with
+    its slot's `base_auto`; the profiled runs report their per-step counts (compiled regions with model.compile);
+    the peer at the 1.7B/4k shape; the LM-head loss benchmark."""
     _, summary, _ = _dry_run(tmp_path, "GROUP=perf")
     assert [s["name"] for s in summary["steps"]] == GROUP_STEPS["perf"]
     for train_run in gpu_runs.PERF:
         run = summary["perf"][train_run.slot][train_run.key]
-        _assert_run(run, train_run, "megatron" if train_run.loss == "auto" else train_run.loss)
-        if train_run.key != "base_auto":
+        _assert_run(run, train_run, {"auto": "megatron", "fused": "chunked"}.get(train_run.loss, train_run.loss))
+        if train_run.key != "base_auto" and train_run.slot != "large":
             assert run["step_time_over_base_auto"] > 0
+    compiled = summary["perf"]["small"]["base_auto_compile"]["profile"]
+    assert compiled["compiled_regions_per_step"] > 0  # the layers ran compiled
+    assert summary["perf"]["large"]["cplm_step_time_overhead_chunked"] is not None
     assert set(summary["peer"]["perf"]["variants"]) == {"large_4k_eager"}
     assert [row["slot"] for row in summary["versus_peer"]] == ["large_4k"]
     assert summary["lm_head_loss"]["complete"] and summary["lm_head_loss"]["rows"]
