@@ -41,39 +41,39 @@ class CopyHeadShape:
         return cls(c.heads, c.head_dim, c.qk_norm, c.mixing) if c.enabled else None
 
 
-def layer_params(m: ModelConfig) -> int:
+def layer_params(model: ModelConfig) -> int:
     """Parameters of one transformer layer."""
-    h, q, kv = m.hidden_size, m.num_attention_heads * m.head_dim, m.kv_heads * m.head_dim
-    fc1_out = m.ffn_hidden_size * (2 if m.gated else 1)
-    n = backbone(m.family).layer_norm_params(m) + h * (q + 2 * kv) + q * h + h * fc1_out + m.ffn_hidden_size * h
-    if m.add_bias_linear:
+    h, q, kv = model.hidden_size, model.num_attention_heads * model.head_dim, model.kv_heads * model.head_dim
+    fc1_out = model.ffn_hidden_size * (2 if model.gated else 1)
+    n = backbone(model.family).layer_norm_params(model) + h * (q + 2 * kv) + q * h + h * fc1_out + model.ffn_hidden_size * h
+    if model.add_bias_linear:
         n += (q + 2 * kv) + h + fc1_out + h
     return n
 
 
-def embedding_params(m: ModelConfig) -> int:
+def embedding_params(model: ModelConfig) -> int:
     """Word (padded vocab) and learned position embeddings."""
-    n = m.padded_vocab_size * m.hidden_size
-    if m.position_embedding == "learned_absolute":
-        n += m.max_position_embeddings * m.hidden_size
+    n = model.padded_vocab_size * model.hidden_size
+    if model.position_embedding == "learned_absolute":
+        n += model.max_position_embeddings * model.hidden_size
     return n
 
 
-def backbone_params(m: ModelConfig) -> int:
+def backbone_params(model: ModelConfig) -> int:
     """All backbone parameters (tied embeddings counted once)."""
-    final_norm = m.hidden_size * (2 if m.normalization == "LayerNorm" else 1)
-    output = 0 if m.tie_embeddings else m.padded_vocab_size * m.hidden_size
-    return embedding_params(m) + m.num_layers * layer_params(m) + final_norm + output
+    final_norm = model.hidden_size * (2 if model.normalization == "LayerNorm" else 1)
+    output = 0 if model.tie_embeddings else model.padded_vocab_size * model.hidden_size
+    return embedding_params(model) + model.num_layers * layer_params(model) + final_norm + output
 
 
-def copy_head_params(m: ModelConfig, c: Optional[CopyHeadShape]) -> int:
+def copy_head_params(model: ModelConfig, copy: Optional[CopyHeadShape]) -> int:
     """docs/design.md: 2·d·H_c·d_c + rows·(d + 1) (+ 2·d_c with q/k RMSNorm); the gate's rows are 1 (gate,
     constant) or H_c (sentinel: one sentinel logit per copy head), as the mixing rule builds them."""
-    if c is None:
+    if copy is None:
         return 0
-    gate_rows = 1 if c.mixing == "gate" else _gate_rows(c.mixing, c.heads)
-    return (2 * m.hidden_size * c.heads * c.head_dim + gate_rows * (m.hidden_size + 1)
-            + (2 * c.head_dim if c.qk_norm else 0))
+    gate_rows = 1 if copy.mixing == "gate" else _gate_rows(copy.mixing, copy.heads)
+    return (2 * model.hidden_size * copy.heads * copy.head_dim + gate_rows * (model.hidden_size + 1)
+            + (2 * copy.head_dim if copy.qk_norm else 0))
 
 
 def _gate_rows(mixing: str, heads: int) -> int:
@@ -84,28 +84,28 @@ def _gate_rows(mixing: str, heads: int) -> int:
     return mixing_rule(mixing).gate_rows(heads)
 
 
-def forward_flops_per_token(m: ModelConfig, seq_len: int, c: Optional[CopyHeadShape] = None) -> Dict[str, float]:
+def forward_flops_per_token(model: ModelConfig, seq_len: int, copy: Optional[CopyHeadShape] = None) -> Dict[str, float]:
     """Forward matmul FLOPs per token, by component."""
-    h, q, kv = m.hidden_size, m.num_attention_heads * m.head_dim, m.kv_heads * m.head_dim
-    fc1_out = m.ffn_hidden_size * (2 if m.gated else 1)
-    dense = 2 * (h * (q + 2 * kv) + q * h + h * fc1_out + m.ffn_hidden_size * h)
+    h, q, kv = model.hidden_size, model.num_attention_heads * model.head_dim, model.kv_heads * model.head_dim
+    fc1_out = model.ffn_hidden_size * (2 if model.gated else 1)
+    dense = 2 * (h * (q + 2 * kv) + q * h + h * fc1_out + model.ffn_hidden_size * h)
     attention = 2 * 2 * seq_len * q  # QK^T and AV
     out = {
-        "layers_dense": m.num_layers * dense,
-        "layers_attention": m.num_layers * attention,
-        "lm_head": 2 * h * m.padded_vocab_size,
+        "layers_dense": model.num_layers * dense,
+        "layers_attention": model.num_layers * attention,
+        "lm_head": 2 * h * model.padded_vocab_size,
         "copy_head": 0.0,
     }
-    if c is not None:
-        out["copy_head"] = 2 * (2 * h * c.heads * c.head_dim + h) + 2 * seq_len * c.heads * c.head_dim
+    if copy is not None:
+        out["copy_head"] = 2 * (2 * h * copy.heads * copy.head_dim + h) + 2 * seq_len * copy.heads * copy.head_dim
     return out
 
 
 def train_flops_per_token(
-    m: ModelConfig, seq_len: int, c: Optional[CopyHeadShape] = None, recompute: str = "none"
+    model: ModelConfig, seq_len: int, copy: Optional[CopyHeadShape] = None, recompute: str = "none"
 ) -> float:
     """Training FLOPs per token: forward + backward (2x), + layer forward again under full recompute."""
-    f = forward_flops_per_token(m, seq_len, c)
+    f = forward_flops_per_token(model, seq_len, copy)
     total = 3 * sum(f.values())
     if recompute == "full":
         total += f["layers_dense"] + f["layers_attention"]
@@ -114,35 +114,36 @@ def train_flops_per_token(
     return float(total)
 
 
-def _stage_params(m: ModelConfig, c: Optional[CopyHeadShape], tp: int, pp: int) -> Dict[str, float]:
+def _stage_params(model: ModelConfig, copy: Optional[CopyHeadShape], tp: int, pp: int) -> Dict[str, float]:
     """Parameters held by one GPU on the first and the last pipeline stage."""
-    layers = m.num_layers / pp * layer_params(m) / tp
-    emb = embedding_params(m) / tp
-    out = m.padded_vocab_size * m.hidden_size / tp
-    head = copy_head_params(m, c)  # replicated across TP
-    final_norm = m.hidden_size * (2 if m.normalization == "LayerNorm" else 1)
+    layers = model.num_layers / pp * layer_params(model) / tp
+    emb = embedding_params(model) / tp
+    out = model.padded_vocab_size * model.hidden_size / tp
+    head = copy_head_params(model, copy)  # replicated across TP
+    final_norm = model.hidden_size * (2 if model.normalization == "LayerNorm" else 1)
     if pp == 1:
-        both = layers + emb + (0 if m.tie_embeddings else out) + head + final_norm
+        both = layers + emb + (0 if model.tie_embeddings else out) + head + final_norm
         return {"first": both, "last": both}
     return {"first": layers + emb, "last": layers + out + head + final_norm}
 
 
-def activation_bytes_per_layer_token(m: ModelConfig, tp: int, sp: bool, recompute: str) -> float:
+def activation_bytes_per_layer_token(model: ModelConfig, tp: int, sp: bool, recompute: str) -> float:
     """Stored activations (bytes, 16-bit) for one token in one layer on one GPU.
 
     Megatron-core's local layer spec without Transformer Engine, as autograd keeps it (measured on CPU with
     saved-tensor hooks: tests/model/test_accounting.py): the QKV projection's output (alive through the value view
     attention keeps), the rotated queries and keys, the attention output (which the output projection reads in
     place); an unfused SwiGLU (megatron-core's path without a bias, TE or `model.fused_swiglu`) keeps fc1's
-    output, the SiLU output, the gated product and a copy, where the fused one keeps fc1's output and the product. On an H200 this puts the estimate within -0.2% to +0.9% of the measured peak at SmolLM2-135M and
-    -1.7B (2026-12-04; 9-17% under without the unfused SwiGLU and the rotated q, k)."""
-    h, q, kv = m.hidden_size, m.num_attention_heads * m.head_dim, m.kv_heads * m.head_dim
+    output, the SiLU output, the gated product and a copy, where the fused one keeps fc1's output and the product.
+    On an H200 this puts the estimate within -0.4% to +0.9% of the measured peak at SmolLM2-135M and -1.7B
+    (2026-12-04; 9-17% under without the unfused SwiGLU and the rotated q, k)."""
+    h, q, kv = model.hidden_size, model.num_attention_heads * model.head_dim, model.kv_heads * model.head_dim
     hid = h / tp if sp else h
     if recompute == "full":
         return 2 * hid  # only the layer input
-    ffn = m.ffn_hidden_size / tp
-    fc1_out = ffn * (2 if m.gated else 1)
-    mlp = fc1_out + ffn + (2 * ffn if m.gated and not m.fused_swiglu else 0)
+    ffn = model.ffn_hidden_size / tp
+    fc1_out = ffn * (2 if model.gated else 1)
+    mlp = fc1_out + ffn + (2 * ffn if model.gated and not model.fused_swiglu else 0)
     per = 2 * (
         4 * hid  # norm inputs/outputs (attention and MLP)
         + (q + 2 * kv) / tp  # the QKV projection's output
@@ -159,7 +160,7 @@ def activation_bytes_per_layer_token(m: ModelConfig, tp: int, sp: bool, recomput
 GPU_CE_TILE = (4096, 4096)
 
 
-def lm_head_loss_bytes(m: ModelConfig, tokens: int, tp: int, lm_head_loss: str = "megatron",
+def lm_head_loss_bytes(model: ModelConfig, tokens: int, tp: int, lm_head_loss: str = "megatron",
                        param_bytes: int = 2, tile: Optional["CEChunks"] = None) -> Dict[str, float]:
     """Memory of the LM head's loss for one micro-batch of ``tokens`` on one GPU of the last stage:
     ``held`` from its forward until its backward, ``peak`` while it runs (inputs and the returned
@@ -172,18 +173,18 @@ def lm_head_loss_bytes(m: ModelConfig, tokens: int, tp: int, lm_head_loss: str =
     hidden rows scaled by the upstream gradient, in 16-bit training fp32 accumulators for the
     hidden-state gradient and a tile's weight rows, and a few per-token vectors; the forward keeps
     12 B per token (log-sum-exp and target)."""
-    logits = tokens * m.padded_vocab_size / tp
+    logits = tokens * model.padded_vocab_size / tp
     if lm_head_loss == "megatron":  # + a target mask (bool) and masked targets (int64) per token
         return {"held": 4 * logits + 9 * tokens, "peak": (4 + (param_bytes if param_bytes < 4 else 0)) * logits}
     tile_tokens, tile_vocab = GPU_CE_TILE if tile is None else (tile.tokens, tile.vocab)
-    rows, cols = min(tokens, tile_tokens), min(m.padded_vocab_size / tp, tile_vocab)
+    rows, cols = min(tokens, tile_tokens), min(model.padded_vocab_size / tp, tile_vocab)
     per_tile = param_bytes + (4 if lm_head_loss == "chunked" and param_bytes < 4 else 0)
-    accumulators = 4 * m.hidden_size * (tokens + cols) if param_bytes < 4 else 0
-    scaled_rows = param_bytes * rows * m.hidden_size  # a tile's hidden rows times the upstream gradient
+    accumulators = 4 * model.hidden_size * (tokens + cols) if param_bytes < 4 else 0
+    scaled_rows = param_bytes * rows * model.hidden_size  # a tile's hidden rows times the upstream gradient
     return {"held": 12 * tokens, "peak": per_tile * rows * cols + scaled_rows + accumulators + 40 * tokens}
 
 
-def attention_bytes(m: ModelConfig, seq_len: int, micro_batch: int, tp: int, layers: float, attention: str = "sdpa",
+def attention_bytes(model: ModelConfig, seq_len: int, micro_batch: int, tp: int, layers: float, attention: str = "sdpa",
                     param_bytes: int = 2, recompute: str = "none", document_masking: bool = False,
                     cp: int = 1) -> Dict[str, float]:
     """Core-attention memory of one micro-batch on one GPU beyond the q/k/v and output activations that
@@ -206,9 +207,9 @@ def attention_bytes(m: ModelConfig, seq_len: int, micro_batch: int, tp: int, lay
     all-gathered K/V of the whole sequence (``2 x T x groups/tp x head_dim`` per sequence) for its backward."""
     local = seq_len / cp
     tokens = local * micro_batch
-    heads = m.num_attention_heads / tp
+    heads = model.num_attention_heads / tp
     mask = (1 + param_bytes) * micro_batch * local * seq_len if document_masking and cp > 1 else 0
-    gathered = 2 * micro_batch * seq_len * (m.kv_heads / tp) * m.head_dim * param_bytes if cp > 1 else 0
+    gathered = 2 * micro_batch * seq_len * (model.kv_heads / tp) * model.head_dim * param_bytes if cp > 1 else 0
     if attention == "megatron":
         elements = micro_batch * heads * seq_len * seq_len
         per_layer = (4 + (param_bytes if param_bytes < 4 else 0)) * elements
@@ -216,16 +217,17 @@ def attention_bytes(m: ModelConfig, seq_len: int, micro_batch: int, tp: int, lay
         peak = (3 * 4 + param_bytes) * elements
         return {"held": held + (1 if document_masking else 0) * micro_batch * seq_len * seq_len, "peak": peak}
     if cp > 1:  # GQA with a mask repeats the gathered K/V to the query heads
-        repeated = 2 * heads * m.head_dim * micro_batch * seq_len * param_bytes if document_masking and \
-            m.kv_heads != m.num_attention_heads else 0
+        repeated = 2 * heads * model.head_dim * micro_batch * seq_len * param_bytes if document_masking and \
+            model.kv_heads != model.num_attention_heads else 0
         held = ((4 * heads * tokens + gathered) * layers if recompute == "none" else 0.0) + mask
         return {"held": held, "peak": 4 * heads * tokens + gathered + repeated}
     lse = 4 * heads * tokens
     # per-document attention (CUDA's varlen kernel): q/k/v packed row after row (a copy at micro-batch > 1) and,
     # with GQA, key/value copies repeated to the query heads
-    repeated = 2 * heads * m.head_dim * tokens * param_bytes if document_masking and m.kv_heads != m.num_attention_heads else 0
+    gqa = model.kv_heads != model.num_attention_heads
+    repeated = 2 * heads * model.head_dim * tokens * param_bytes if document_masking and gqa else 0
     if document_masking and micro_batch > 1:
-        repeated += (heads + (0 if repeated else 2 * m.kv_heads / tp)) * m.head_dim * tokens * param_bytes
+        repeated += (heads + (0 if repeated else 2 * model.kv_heads / tp)) * model.head_dim * tokens * param_bytes
     held = (lse + repeated) * layers if recompute == "none" else 0.0  # recompute: core attention re-run
     return {"held": held, "peak": lse + repeated}
 
@@ -245,8 +247,8 @@ def optimizer_bytes_per_param(param_bytes: int, dp: int, distributed: bool, offl
 
 
 def memory_estimate(
-    m: ModelConfig,
-    c: Optional[CopyHeadShape] = None,
+    model: ModelConfig,
+    copy: Optional[CopyHeadShape] = None,
     tp: int = 1,
     pp: int = 1,
     dp: int = 1,
@@ -269,19 +271,20 @@ def memory_estimate(
     `model.attention_impl` (sdpa, te or megatron; `attention_bytes`). ``cp``: context parallelism, each GPU
     holds seq_len / cp tokens of a sequence (activations / cp) plus the gathered K/V and copy keys; the
     distributed optimizer shards over dp x cp (megatron's data+context-parallel group)."""
-    stage = _stage_params(m, c, tp, pp)
+    stage = _stage_params(model, copy, tp, pp)
     tokens = seq_len * micro_batch / cp
-    layers_per_stage = m.num_layers / pp
-    attn = attention_bytes(m, seq_len, micro_batch, tp, layers_per_stage, attention, param_bytes, recompute,
+    layers_per_stage = model.num_layers / pp
+    attn = attention_bytes(model, seq_len, micro_batch, tp, layers_per_stage, attention, param_bytes, recompute,
                            document_masking, cp)
-    per_micro_batch = activation_bytes_per_layer_token(m, tp, sp, recompute) * tokens * layers_per_stage + attn["held"]
-    head = lm_head_loss_bytes(m, tokens, tp, lm_head_loss, param_bytes)
-    copy = 0.0
-    if c is not None:
-        copy = tokens * (2 * 2 * c.heads * c.head_dim + 4 * 2 * c.heads)  # q, k (bf16) + 2 fp32 stats
+    per_layer_token = activation_bytes_per_layer_token(model, tp, sp, recompute)
+    per_micro_batch = per_layer_token * tokens * layers_per_stage + attn["held"]
+    head = lm_head_loss_bytes(model, tokens, tp, lm_head_loss, param_bytes)
+    copy_bytes = 0.0
+    if copy is not None:
+        copy_bytes = tokens * (2 * 2 * copy.heads * copy.head_dim + 4 * 2 * copy.heads)  # q, k (bf16) + fp32 stats
         if cp > 1:  # all-gathered copy keys (bf16), candidate labels and document ids (int64)
-            copy += seq_len * micro_batch * (2 * c.heads * c.head_dim + 16)
-    loss_side = head["peak"] + copy
+            copy_bytes += seq_len * micro_batch * (2 * copy.heads * copy.head_dim + 16)
+    loss_side = head["peak"] + copy_bytes
     # one layer's attention transient, or the loss side on the last stage, whichever is larger (not at once)
     activations = {"first": per_micro_batch * pp + attn["peak"],
                    "last": per_micro_batch + max(loss_side, attn["peak"])}
@@ -319,115 +322,27 @@ def memory_estimate(
     }
 
 
-@dataclass(frozen=True)
-class PlannedLayout:
-    """One way to run a model on ``tp * pp * cp * dp`` GPUs, with its memory-saving options."""
-
-    tp: int
-    pp: int
-    dp: int
-    recompute: str = "none"
-    lm_head_loss: str = "megatron"
-    offload_fraction: float = 0.0
-    cp: int = 1  # context parallelism (the sequence split over cp GPUs)
-
-    @property
-    def sp(self) -> bool:
-        return self.tp > 1  # sequence parallelism whenever tensor parallel (Megatron-LM's advice)
-
-
-RECOMPUTE_OPTIONS = ("none", "selective", "full")
-LM_HEAD_LOSS_OPTIONS = ("megatron", "fused")  # chunked costs the same memory on GPUs and is slower
-OFFLOAD_OPTIONS = (0.0, 0.5, 1.0)
-
-
-def layout_valid(m: ModelConfig, layout: PlannedLayout) -> bool:
-    """Whether training would accept the layout (cplm_megatron.model.layout.validate_layout)."""
-    from cplm_megatron.errors import ConfigError
-    from cplm_megatron.model.layout import validate_layout
-    from cplm_megatron.parallel.distributed import ParallelConfig
-
-    try:
-        validate_layout(layout.tp * layout.pp * layout.cp * layout.dp,
-                        ParallelConfig(tp=layout.tp, pp=layout.pp, sp=layout.sp, cp=layout.cp), m)
-    except ConfigError:
-        return False
-    return True
-
-
-def extra_flops_fraction(m: ModelConfig, seq_len: int, c: Optional[CopyHeadShape], layout: PlannedLayout) -> float:
-    """Training FLOPs added by recomputation (layers, and the LM head's logits recomputed by the
-    chunked/fused loss) relative to the plain step."""
-    base = train_flops_per_token(m, seq_len, c)
-    extra = train_flops_per_token(m, seq_len, c, layout.recompute) - base
-    if layout.lm_head_loss != "megatron":
-        extra += forward_flops_per_token(m, seq_len, c)["lm_head"]
-    return extra / base
-
-
-def plan_layouts(m: ModelConfig, c: Optional[CopyHeadShape], gpus: int, seq_len: int, micro_batch: int,
-                 usable_gib: float, param_bytes: int = 2, attention: str = "sdpa",
-                 document_masking: bool = False) -> list:
-    """Every layout of ``gpus`` GPUs (distributed optimizer; SP with TP) with each recomputation,
-    LM-head loss and offload option, as dicts with the per-GPU estimate and whether it fits in
-    ``usable_gib``; the least costly first: no offload before offload, then fewest extra FLOPs, then the least
-    model parallelism (tp x pp x cp), then pipeline-free before pipelined, then the lowest estimated time per
-    sequence (`step_time.seconds_per_sequence`: FLOPs at a sustained rate + TP/CP traffic; so at equal degree,
-    TP or CP by which moves fewer bytes: CP's K/V gather when its 2 x kv_heads x head_dim per token undercuts
-    SP's four [T, h] collectives per layer)."""
-    from cplm_megatron.model.step_time import seconds_per_sequence
-
-    rows = []
-    grids = [(tp, pp, cp) for tp in (1, 2, 4, 8) for pp in (1, 2, 4, 8) for cp in (1, 2, 4, 8)
-             if gpus % (tp * pp * cp) == 0 and seq_len % (2 * cp) == 0 and (cp == 1 or attention != "megatron")
-             and (cp == 1 or pp == 1)]  # PP x CP is refused (model/layout.py: check_context_parallel)
-    for tp, pp, cp in grids:
-        dp = gpus // (tp * pp * cp)
-        if not layout_valid(m, PlannedLayout(tp, pp, dp, cp=cp)):
-            continue
-        for recompute in RECOMPUTE_OPTIONS:
-            for loss in LM_HEAD_LOSS_OPTIONS:
-                for offload in OFFLOAD_OPTIONS:
-                    layout = PlannedLayout(tp, pp, dp, recompute, loss, offload, cp)
-                    mem = memory_estimate(m, c, tp=tp, pp=pp, dp=dp, seq_len=seq_len, micro_batch=micro_batch,
-                                          sp=layout.sp, param_bytes=param_bytes, recompute=recompute,
-                                          lm_head_loss=loss, offload_fraction=offload, attention=attention,
-                                          document_masking=document_masking, cp=cp)
-                    total = mem["total_distributed_optimizer_gib"]
-                    rows.append({**asdict(layout), "sp": layout.sp, "total_gib": total,
-                                 "fits": total <= usable_gib,
-                                 "extra_flops_pct": 100 * extra_flops_fraction(m, seq_len, c, layout),
-                                 "seconds_per_sequence": seconds_per_sequence(
-                                     m, c, seq_len, micro_batch, tp, cp, pp, dp, recompute, loss, param_bytes),
-                                 "lm_head_loss_gib": mem["lm_head_loss_gib"],
-                                 "optimizer_host_gib": mem["optimizer_host_gib"]})
-    # least model parallelism first; at equal degree, no pipeline (its bubble is not estimated), then the fastest
-    rows.sort(key=lambda r: (r["offload_fraction"], round(r["extra_flops_pct"], 6), r["tp"] * r["pp"] * r["cp"],
-                             r["pp"], r["seconds_per_sequence"], r["cp"]))
-    return rows
-
-
-def model_summary(m: ModelConfig, c: Optional[CopyHeadShape], seq_len: int) -> Dict[str, object]:
+def model_summary(model: ModelConfig, copy: Optional[CopyHeadShape], seq_len: int) -> Dict[str, object]:
     """Counts and FLOPs in one dict (for model_info and run logs)."""
-    backbone = backbone_params(m)
-    head = copy_head_params(m, c)
+    backbone = backbone_params(model)
+    head = copy_head_params(model, copy)
     return {
-        "preset": m.preset,
+        "preset": model.preset,
         "backbone_params": backbone,
         "copy_head_params": head,
         "total_params": backbone + head,
-        "forward_flops_per_token": forward_flops_per_token(m, seq_len, c),
-        "train_flops_per_token": train_flops_per_token(m, seq_len, c),
-        "train_flops_per_token_backbone_only": train_flops_per_token(m, seq_len, None),
-        "copy_head": asdict(c) if c else None,
+        "forward_flops_per_token": forward_flops_per_token(model, seq_len, copy),
+        "train_flops_per_token": train_flops_per_token(model, seq_len, copy),
+        "train_flops_per_token_backbone_only": train_flops_per_token(model, seq_len, None),
+        "copy_head": asdict(copy) if copy else None,
         "seq_len": seq_len,
     }
 
 
-def checkpoint_bytes(m: ModelConfig, c: Optional[CopyHeadShape] = None, param_bytes: int = 2,
+def checkpoint_bytes(model: ModelConfig, copy: Optional[CopyHeadShape] = None, param_bytes: int = 2,
                      with_optimizer: bool = True) -> float:
     """Bytes of one training checkpoint on disk (all ranks together): the weights in their dtype, and with the
     optimizer its fp32 Adam moments (8 B) plus fp32 master weights (4 B) for 16-bit parameters."""
-    params = backbone_params(m) + copy_head_params(m, c)
+    params = backbone_params(model) + copy_head_params(model, copy)
     optimizer = (8 + (4 if param_bytes < 4 else 0)) if with_optimizer else 0
     return params * (param_bytes + optimizer)

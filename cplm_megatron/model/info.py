@@ -18,9 +18,9 @@ from cplm_megatron.model.accounting import (
     lm_head_loss_bytes,
     memory_estimate,
     model_summary,
-    plan_layouts,
 )
 from cplm_megatron.model.config import ModelConfig, load_preset
+from cplm_megatron.model.planner import plan_layouts
 from cplm_megatron.parallel.config import ParallelConfig
 
 _UNITS = {"": 1e9, "gb": 1e9, "g": 1e9, "gib": 2**30, "mb": 1e6, "mib": 2**20, "tb": 1e12, "tib": 2**40}

@@ -39,41 +39,41 @@ def _passes(recompute: str, regathered: bool) -> int:
     return 2 + (1 if recompute == "full" or (recompute == "selective" and regathered) else 0)
 
 
-def communication_bytes(m: ModelConfig, c: Optional[CopyHeadShape], seq_len: int, micro_batch: int, tp: int,
+def communication_bytes(model: ModelConfig, copy: Optional[CopyHeadShape], seq_len: int, micro_batch: int, tp: int,
                         cp: int, pp: int, recompute: str = "none", param_bytes: int = 2) -> Dict[str, float]:
     """Bytes one GPU sends for one micro-batch: ``tp`` (sequence-parallel collectives of its layers) and ``cp``
     (the gathered K/V of its layers, their gradients' reduce-scatter, the copy head's gathered keys)."""
     tokens = seq_len * micro_batch  # of the whole sequence(s); this GPU holds tokens / cp of them
-    layers = m.num_layers / pp
-    tp_bytes = layers * _passes(recompute, False) * 4 * (tp - 1) / tp * (tokens / cp) * m.hidden_size * param_bytes
-    kv = 2 * (m.kv_heads / tp) * m.head_dim * param_bytes  # K and V of one token on one TP rank
+    layers = model.num_layers / pp
+    tp_bytes = layers * _passes(recompute, False) * 4 * (tp - 1) / tp * (tokens / cp) * model.hidden_size * param_bytes
+    kv = 2 * (model.kv_heads / tp) * model.head_dim * param_bytes  # K and V of one token on one TP rank
     cp_bytes = layers * _passes(recompute, True) * (cp - 1) / cp * tokens * kv
-    if c is not None and cp > 1:  # keys (and their gradients), int64 candidate labels and document ids
-        cp_bytes += (cp - 1) / cp * tokens * (2 * c.heads * c.head_dim * param_bytes + 16)
+    if copy is not None and cp > 1:  # keys (and their gradients), int64 candidate labels and document ids
+        cp_bytes += (cp - 1) / cp * tokens * (2 * copy.heads * copy.head_dim * param_bytes + 16)
     return {"tp": tp_bytes, "cp": cp_bytes}
 
 
-def micro_batch_seconds(m: ModelConfig, c: Optional[CopyHeadShape], seq_len: int, micro_batch: int, tp: int,
+def micro_batch_seconds(model: ModelConfig, copy: Optional[CopyHeadShape], seq_len: int, micro_batch: int, tp: int,
                         cp: int, pp: int, recompute: str = "none", lm_head_loss: str = "megatron",
                         param_bytes: int = 2, speed: NodeSpeed = DEFAULT_SPEED) -> Dict[str, float]:
     """Seconds of one micro-batch on one GPU: ``compute`` (its 1/(tp x cp x pp) of the training FLOPs, with
     recomputation), ``tp`` and ``cp`` communication, and their ``total``."""
     from cplm_megatron.model.accounting import forward_flops_per_token, train_flops_per_token
 
-    per_token = train_flops_per_token(m, seq_len, c, recompute)
+    per_token = train_flops_per_token(model, seq_len, copy, recompute)
     if lm_head_loss != "megatron":  # the tiled losses recompute the logits in the backward
-        per_token += forward_flops_per_token(m, seq_len, c)["lm_head"]
+        per_token += forward_flops_per_token(model, seq_len, copy)["lm_head"]
     compute = per_token * seq_len * micro_batch / (tp * cp * pp) / speed.matmul_flops
-    comm = communication_bytes(m, c, seq_len, micro_batch, tp, cp, pp, recompute, param_bytes)
+    comm = communication_bytes(model, copy, seq_len, micro_batch, tp, cp, pp, recompute, param_bytes)
     out = {"compute": compute, "tp": comm["tp"] / speed.link_bytes, "cp": comm["cp"] / speed.link_bytes}
     out["total"] = sum(out.values())
     return out
 
 
-def seconds_per_sequence(m: ModelConfig, c: Optional[CopyHeadShape], seq_len: int, micro_batch: int, tp: int,
+def seconds_per_sequence(model: ModelConfig, copy: Optional[CopyHeadShape], seq_len: int, micro_batch: int, tp: int,
                          cp: int, pp: int, dp: int, recompute: str = "none", lm_head_loss: str = "megatron",
                          param_bytes: int = 2, speed: NodeSpeed = DEFAULT_SPEED) -> float:
     """The layout's time per training sequence (``dp`` replicas side by side, each a micro-batch of
     ``micro_batch`` sequences per `micro_batch_seconds`; no pipeline bubble): what the planner ranks."""
-    t = micro_batch_seconds(m, c, seq_len, micro_batch, tp, cp, pp, recompute, lm_head_loss, param_bytes, speed)
+    t = micro_batch_seconds(model, copy, seq_len, micro_batch, tp, cp, pp, recompute, lm_head_loss, param_bytes, speed)
     return t["total"] / (dp * micro_batch)

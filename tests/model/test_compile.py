@@ -105,7 +105,7 @@ def swiglu_paths(rank: int) -> dict:
         mlp = chunks[0].module.decoder.layers[0].mlp
         grads = []
 
-        def keep_grad(module, inputs, output):
+        def keep_grad(module, inputs, output, grads=grads):
             output[0].register_hook(grads.append)
 
         mlp.linear_fc1.register_forward_hook(keep_grad)
@@ -113,7 +113,7 @@ def swiglu_paths(rank: int) -> dict:
         x = torch.randn(16, 2, mlp.config.hidden_size, generator=g, requires_grad=True)
         saved = []
         with torch.compiler.set_stance("force_eager"), \
-                torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.numel() * t.element_size()) or t,
+                torch.autograd.graph.saved_tensors_hooks(lambda t, saved=saved: saved.append(t.numel() * t.element_size()) or t,
                                                          lambda t: t):
             y, _ = mlp(x)
         y.backward(torch.randn(y.shape, generator=g))

@@ -70,7 +70,8 @@ def ablation_runs(settings: AblationSettings, data_dir: Path | None) -> list[Run
         vocab, seq_len = manifest.tokenizer.vocab_size, manifest.seq_len
         corpus = {**common, "model.vocab_size": vocab, "data.streams": [data_dir / "train"],
                   "data.val_streams": [data_dir / "val"], "train.iters": s.corpus_iters, "train.seq_len": seq_len,
-                  "train.micro_batch": 4, "train.global_batch": 8, "train.eval_interval": s.corpus_val_interval or s.corpus_interval,
+                  "train.micro_batch": 4, "train.global_batch": 8,
+                  "train.eval_interval": s.corpus_val_interval or s.corpus_interval,
                   "train.eval_iters": 4, "checkpoint.interval": s.corpus_interval}
         evaluation = Evaluation(("val", "copy", "passkey", "gradient"), limit=s.eval_sequences, gradient_source="val",
                                 copy_length=min(128, seq_len),

@@ -1,0 +1,105 @@
+"""The layout planner: every way to run a model on a number of GPUs (tensor, pipeline, context and data
+parallelism, activation recomputation, the LM-head loss path, optimizer offload), with its memory estimate
+(model/accounting.py), its extra FLOPs and its estimated time per sequence (model/step_time.py), the least costly
+first. `tools/model_info.py --plan` prints it; the recipes' layouts follow its first fitting row.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Optional
+
+from cplm_megatron.model.accounting import (
+    CopyHeadShape,
+    forward_flops_per_token,
+    memory_estimate,
+    train_flops_per_token,
+)
+from cplm_megatron.model.config import ModelConfig
+from cplm_megatron.model.step_time import seconds_per_sequence
+
+
+@dataclass(frozen=True)
+class PlannedLayout:
+    """One way to run a model on ``tp * pp * cp * dp`` GPUs, with its memory-saving options."""
+
+    tp: int
+    pp: int
+    dp: int
+    recompute: str = "none"
+    lm_head_loss: str = "megatron"
+    offload_fraction: float = 0.0
+    cp: int = 1  # context parallelism (the sequence split over cp GPUs)
+
+    @property
+    def sp(self) -> bool:
+        return self.tp > 1  # sequence parallelism whenever tensor parallel (Megatron-LM's advice)
+
+
+RECOMPUTE_OPTIONS = ("none", "selective", "full")
+LM_HEAD_LOSS_OPTIONS = ("megatron", "fused")  # chunked costs the same memory on GPUs and is slower
+OFFLOAD_OPTIONS = (0.0, 0.5, 1.0)
+
+
+def layout_valid(model: ModelConfig, layout: PlannedLayout) -> bool:
+    """Whether training would accept the layout (cplm_megatron.model.layout.validate_layout)."""
+    from cplm_megatron.errors import ConfigError
+    from cplm_megatron.model.layout import validate_layout
+    from cplm_megatron.parallel.distributed import ParallelConfig
+
+    try:
+        validate_layout(layout.tp * layout.pp * layout.cp * layout.dp,
+                        ParallelConfig(tp=layout.tp, pp=layout.pp, sp=layout.sp, cp=layout.cp), model)
+    except ConfigError:
+        return False
+    return True
+
+
+def extra_flops_fraction(model: ModelConfig, seq_len: int, copy: Optional[CopyHeadShape], layout: PlannedLayout
+                         ) -> float:
+    """Training FLOPs added by recomputation (layers, and the LM head's logits recomputed by the
+    chunked/fused loss) relative to the plain step."""
+    base = train_flops_per_token(model, seq_len, copy)
+    extra = train_flops_per_token(model, seq_len, copy, layout.recompute) - base
+    if layout.lm_head_loss != "megatron":
+        extra += forward_flops_per_token(model, seq_len, copy)["lm_head"]
+    return extra / base
+
+
+def plan_layouts(model: ModelConfig, copy: Optional[CopyHeadShape], gpus: int, seq_len: int, micro_batch: int,
+                 usable_gib: float, param_bytes: int = 2, attention: str = "sdpa",
+                 document_masking: bool = False) -> list:
+    """Every layout of ``gpus`` GPUs (distributed optimizer; SP with TP) with each recomputation,
+    LM-head loss and offload option, as dicts with the per-GPU estimate and whether it fits in
+    ``usable_gib``; the least costly first: no offload before offload, then fewest extra FLOPs, then the least
+    model parallelism (tp x pp x cp), then pipeline-free before pipelined, then the lowest estimated time per
+    sequence (`step_time.seconds_per_sequence`: FLOPs at a sustained rate + TP/CP traffic; so at equal degree,
+    TP or CP by which moves fewer bytes: CP's K/V gather when its 2 x kv_heads x head_dim per token undercuts
+    SP's four [T, h] collectives per layer)."""
+    rows = []
+    grids = [(tp, pp, cp) for tp in (1, 2, 4, 8) for pp in (1, 2, 4, 8) for cp in (1, 2, 4, 8)
+             if gpus % (tp * pp * cp) == 0 and seq_len % (2 * cp) == 0 and (cp == 1 or attention != "megatron")
+             and (cp == 1 or pp == 1)]  # PP x CP is refused (model/layout.py: check_context_parallel)
+    for tp, pp, cp in grids:
+        dp = gpus // (tp * pp * cp)
+        if not layout_valid(model, PlannedLayout(tp, pp, dp, cp=cp)):
+            continue
+        for recompute in RECOMPUTE_OPTIONS:
+            for loss in LM_HEAD_LOSS_OPTIONS:
+                for offload in OFFLOAD_OPTIONS:
+                    layout = PlannedLayout(tp, pp, dp, recompute, loss, offload, cp)
+                    mem = memory_estimate(model, copy, tp=tp, pp=pp, dp=dp, seq_len=seq_len, micro_batch=micro_batch,
+                                          sp=layout.sp, param_bytes=param_bytes, recompute=recompute,
+                                          lm_head_loss=loss, offload_fraction=offload, attention=attention,
+                                          document_masking=document_masking, cp=cp)
+                    total = mem["total_distributed_optimizer_gib"]
+                    rows.append({**asdict(layout), "sp": layout.sp, "total_gib": total,
+                                 "fits": total <= usable_gib,
+                                 "extra_flops_pct": 100 * extra_flops_fraction(model, seq_len, copy, layout),
+                                 "seconds_per_sequence": seconds_per_sequence(
+                                     model, copy, seq_len, micro_batch, tp, cp, pp, dp, recompute, loss, param_bytes),
+                                 "lm_head_loss_gib": mem["lm_head_loss_gib"],
+                                 "optimizer_host_gib": mem["optimizer_host_gib"]})
+    # least model parallelism first; at equal degree, no pipeline (its bubble is not estimated), then the fastest
+    rows.sort(key=lambda r: (r["offload_fraction"], round(r["extra_flops_pct"], 6), r["tp"] * r["pp"] * r["cp"],
+                             r["pp"], r["seconds_per_sequence"], r["cp"]))
+    return rows
