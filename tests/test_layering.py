@@ -83,3 +83,59 @@ def test_the_scan_sees_type_checking_function_level_and_relative_imports(tmp_pat
     monkeypatch.setattr(__import__(__name__, fromlist=["PACKAGE"]), "PACKAGE", fake)
     assert violations() == ["cplm_megatron/parallel/config.py:3: parallel imports model",
                             "cplm_megatron/parallel/config.py:5: parallel imports training"]
+
+
+def module_imports(package: Path, root: Path) -> dict[str, set[str]]:
+    """module -> the modules of `package` it imports (ast scan: TYPE_CHECKING and function-level imports too;
+    `from pkg import name` counts as importing pkg.name when that is a module, else pkg)."""
+    modules = {".".join(p.relative_to(root).with_suffix("").parts).removesuffix(".__init__"): p
+               for p in package.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        here = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = ".".join(here[: len(here) - node.level + 1] + [node.module] if node.level else [node.module]) \
+                    if node.module or node.level else ""
+                if node.level and not node.module:
+                    base = ".".join(here[: len(here) - node.level + 1])
+                targets |= {f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names}
+        graph[name] = {t for t in targets if t in modules and t != name}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every import cycle, each once (as found by a depth-first search from its smallest module)."""
+    found = []
+
+    def walk(start: str, node: str, path: list[str]) -> None:
+        for nxt in sorted(graph[node]):
+            if nxt == start:
+                found.append(path + [start])
+            elif nxt > start and nxt not in path:
+                walk(start, nxt, path + [nxt])
+
+    for start in sorted(graph):
+        walk(start, start, [start])
+    return found
+
+
+def test_no_import_circle_in_the_model_package():
+    """cplm_megatron/model/ imports one way inside too: the planner sits above accounting and step_time, and
+    the backbones read a model's shape (a Protocol) instead of importing the config module that registers them."""
+    graph = module_imports(PACKAGE / "model", PACKAGE.parent)
+    assert "cplm_megatron.model.planner" in graph and graph["cplm_megatron.model.backbones.base"] is not None
+    assert cycles(graph) == []
+
+
+def test_the_cycle_finder_finds_a_type_only_circle(tmp_path: Path):
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from pkg.sub import b\n")
+    (pkg / "sub" / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg import a\n")
+    assert cycles(module_imports(pkg, tmp_path)) == [["pkg.a", "pkg.sub.b", "pkg.a"]]

@@ -79,7 +79,12 @@ def model_config_from_hf(hf: PretrainedConfig, source: str) -> ModelConfig:
             f"{getattr(hf, 'architectures', None)}); convert_from_hf reads decoders of model types: "
             f"{', '.join(IMPORTABLE_MODEL_TYPES)}"
         )
-    return spec.model_config(hf, source)
+    model = ModelConfig(**spec.model_fields(hf, source))
+    try:
+        model.validate()
+    except ConfigError as err:
+        raise ConversionError(f"{source}: {err}") from err
+    return model
 
 
 def copy_head_config_from_hf(

@@ -13,14 +13,43 @@ without torch).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from cplm_megatron.errors import UserError
 
 if TYPE_CHECKING:
     import torch
 
-    from cplm_megatron.model.config import ModelConfig
+
+class ModelShape(Protocol):
+    """What a backbone reads of a model's config (cplm_megatron.model.config.ModelConfig has it all): the
+    backbones depend on this shape, not on the config module, which imports the registry."""
+
+    family: str
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_query_groups: int | None
+    kv_channels: int | None
+    ffn_hidden_size: int
+    vocab_size: int
+    max_position_embeddings: int
+    position_embedding: str
+    rope_theta: float
+    normalization: str
+    norm_eps: float
+    add_bias_linear: bool
+    tie_embeddings: bool
+    init_method_std: float
+
+    @property
+    def head_dim(self) -> int: ...
+
+    @property
+    def kv_heads(self) -> int: ...
+
+    @property
+    def padded_vocab_size(self) -> int: ...
 
 EMBEDDING = "embedding.word_embeddings.weight"
 POSITIONS = "embedding.position_embeddings.weight"
@@ -56,12 +85,12 @@ def checked(tensors: Mapping[str, torch.Tensor], key: str, shape: tuple[int | No
     return tensor
 
 
-def qkv_rows(model: ModelConfig) -> int:
+def qkv_rows(model: ModelShape) -> int:
     """Rows of Megatron's fused QKV weight."""
     return (model.num_attention_heads + 2 * model.kv_heads) * model.head_dim
 
 
-def split_qkv(qkv: torch.Tensor, model: ModelConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def split_qkv(qkv: torch.Tensor, model: ModelShape) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Grouped Megatron QKV rows [(H + 2G)·d, ...] -> q [H·d, ...], k [G·d, ...], v [G·d, ...]."""
     groups, per_group, d = model.kv_heads, model.num_attention_heads // model.kv_heads, model.head_dim
     grouped = qkv.reshape(groups, per_group + 2, d, *qkv.shape[1:])
@@ -71,7 +100,7 @@ def split_qkv(qkv: torch.Tensor, model: ModelConfig) -> tuple[torch.Tensor, torc
             grouped[:, per_group + 1].reshape(groups * d, *rest))
 
 
-def merge_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, model: ModelConfig) -> torch.Tensor:
+def merge_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, model: ModelShape) -> torch.Tensor:
     """Inverse of `split_qkv`."""
     import torch
 
@@ -82,7 +111,7 @@ def merge_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, model: ModelCon
     return grouped.reshape(qkv_rows(model), *rest)
 
 
-def vocab_rows(tensors: Mapping[str, torch.Tensor], key: str, model: ModelConfig) -> torch.Tensor:
+def vocab_rows(tensors: Mapping[str, torch.Tensor], key: str, model: ModelShape) -> torch.Tensor:
     """The real-vocabulary rows of a padded embedding / output layer."""
     return checked(tensors, key, (model.padded_vocab_size, model.hidden_size))[: model.vocab_size]
 
@@ -105,7 +134,7 @@ class HFState:
 
         return torch.stack([self.take(name.format(i=i), shape) for i in range(layers)])
 
-    def padded_vocab(self, key: str, model: ModelConfig) -> torch.Tensor:
+    def padded_vocab(self, key: str, model: ModelShape) -> torch.Tensor:
         """A [vocab, h] HF table zero-filled to Megatron's padded vocabulary."""
         import torch
 
@@ -131,11 +160,11 @@ class BackboneSpec:
     cplm_export: bool = False
 
     # ---------------------------------------------------------------- Megatron-Core
-    def transformer_config_kwargs(self, model: ModelConfig) -> dict[str, Any]:
+    def transformer_config_kwargs(self, model: ModelShape) -> dict[str, Any]:
         """TransformerConfig arguments this family sets beyond the shared shape fields."""
         return {"qk_layernorm": self.qk_norm}
 
-    def layer_spec(self, model: ModelConfig, use_te: bool) -> Any:
+    def layer_spec(self, model: ModelShape, use_te: bool) -> Any:
         """Megatron-Core's transformer layer spec (TE's on GPUs with transformer_engine, local otherwise)."""
         from megatron.core.models.gpt.gpt_layer_specs import (
             get_gpt_layer_local_spec,
@@ -147,13 +176,13 @@ class BackboneSpec:
         return get_gpt_layer_local_spec(qk_layernorm=self.qk_norm, normalization=model.normalization)
 
     # ---------------------------------------------------------------- accounting
-    def layer_norm_params(self, model: ModelConfig) -> int:
+    def layer_norm_params(self, model: ModelShape) -> int:
         """Normalization parameters of one transformer layer (input, pre-MLP and any q/k norms)."""
         per_norm = model.hidden_size * (2 if model.normalization == "LayerNorm" else 1)
         return 2 * per_norm + (2 * model.head_dim if self.qk_norm else 0)
 
     # ---------------------------------------------------------------- checkpoint keys
-    def megatron_keys(self, model: ModelConfig) -> list[str]:
+    def megatron_keys(self, model: ModelShape) -> list[str]:
         """The Megatron tensors a checkpoint of this backbone holds (copy head and optimizer aside)."""
         suffixes = ["weight", "bias"] if model.normalization == "LayerNorm" else ["weight"]
         linear = ["weight", "bias"] if model.add_bias_linear else ["weight"]
@@ -169,7 +198,7 @@ class BackboneSpec:
         return keys
 
     # ---------------------------------------------------------------- Hugging Face
-    def check_exportable(self, model: ModelConfig) -> None:
+    def check_exportable(self, model: ModelShape) -> None:
         """Raise unless the backbone has an exact HF equivalent (every `required` field at its value)."""
         for field, value in self.required.items():
             if getattr(model, field) != value:
@@ -187,23 +216,23 @@ class BackboneSpec:
         """The transformers `model_type` of `hf_model_class` (a CPLM export's `cplm_backbone`)."""
         return self.hf_model_class().config_class.model_type
 
-    def hf_config_fields(self, model: ModelConfig) -> dict[str, Any]:
+    def hf_config_fields(self, model: ModelShape) -> dict[str, Any]:
         """The HF config's fields as keyword arguments (a CPLM export's CPLMConfig takes them: `cplm_export`)."""
         raise NotImplementedError
 
-    def hf_config(self, model: ModelConfig, positions: int | None = None) -> Any:
+    def hf_config(self, model: ModelShape, positions: int | None = None) -> Any:
         """The HF config of the backbone (`positions`: rows of a learned position table, if any)."""
         raise NotImplementedError
 
-    def to_hf(self, tensors: Mapping[str, torch.Tensor], model: ModelConfig) -> dict[str, torch.Tensor]:
+    def to_hf(self, tensors: Mapping[str, torch.Tensor], model: ModelShape) -> dict[str, torch.Tensor]:
         """HF state dict of a checkpoint's full Megatron tensors (backbone only)."""
         raise NotImplementedError
 
-    def from_hf(self, state: HFState, model: ModelConfig) -> dict[str, torch.Tensor]:
+    def from_hf(self, state: HFState, model: ModelShape) -> dict[str, torch.Tensor]:
         """Full Megatron tensors of an HF state dict (backbone only); tensors read are marked used."""
         raise ConversionError(f"convert_from_hf does not import the {self.family} family")
 
-    def model_config(self, hf: Any, source: str) -> ModelConfig:
-        """The ModelConfig equal to an HF config of one of `hf_model_types`; `source` names it in errors."""
+    def model_fields(self, hf: Any, source: str) -> dict[str, Any]:
+        """The ModelConfig fields equal to an HF config of one of `hf_model_types`; `source` names it in errors."""
         raise ConversionError(f"convert_from_hf does not import the {self.family} family")
 

@@ -19,6 +19,7 @@ from cplm_megatron.model.backbones.base import (
     QKV,
     BackboneSpec,
     ConversionError,
+    ModelShape,
     checked,
     split_qkv,
     vocab_rows,
@@ -26,8 +27,6 @@ from cplm_megatron.model.backbones.base import (
 
 if TYPE_CHECKING:
     import torch
-
-    from cplm_megatron.model.config import ModelConfig
 
 
 class GPT2Spec(BackboneSpec):
@@ -37,7 +36,7 @@ class GPT2Spec(BackboneSpec):
     required = {"position_embedding": "learned_absolute", "normalization": "LayerNorm", "activation": "gelu",
                 "add_bias_linear": True}
 
-    def check_exportable(self, model: ModelConfig) -> None:
+    def check_exportable(self, model: ModelShape) -> None:
         super().check_exportable(model)
         if model.kv_heads != model.num_attention_heads:
             raise ConversionError(f"unsupported architecture: GPT2LMHeadModel has no grouped-query attention "
@@ -51,7 +50,7 @@ class GPT2Spec(BackboneSpec):
 
         return GPT2LMHeadModel
 
-    def hf_config(self, model: ModelConfig, positions: int | None = None) -> Any:
+    def hf_config(self, model: ModelShape, positions: int | None = None) -> Any:
         """GPT2Config; `positions`: rows of the learned position table (the trainer sizes it to its sequence
         length, so it comes from the saved tensor, not from the config)."""
         from transformers import GPT2Config
@@ -68,7 +67,7 @@ class GPT2Spec(BackboneSpec):
             **NO_SPECIAL_TOKENS,
         )
 
-    def to_hf(self, tensors: Mapping[str, torch.Tensor], model: ModelConfig) -> dict[str, torch.Tensor]:
+    def to_hf(self, tensors: Mapping[str, torch.Tensor], model: ModelShape) -> dict[str, torch.Tensor]:
         import torch
 
         n, h, f = model.num_layers, model.hidden_size, model.ffn_hidden_size

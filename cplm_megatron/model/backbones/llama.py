@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from cplm_megatron.errors import ConfigError
 from cplm_megatron.model.backbones.base import (
     EMBEDDING,
     FC1,
@@ -20,6 +19,7 @@ from cplm_megatron.model.backbones.base import (
     BackboneSpec,
     ConversionError,
     HFState,
+    ModelShape,
     checked,
     merge_qkv,
     qkv_rows,
@@ -29,8 +29,6 @@ from cplm_megatron.model.backbones.base import (
 
 if TYPE_CHECKING:
     import torch
-
-    from cplm_megatron.model.config import ModelConfig
 
 
 def rope_of(hf: Any) -> tuple[float, str]:
@@ -59,7 +57,7 @@ class LlamaSpec(BackboneSpec):
 
         return LlamaForCausalLM
 
-    def hf_config_fields(self, model: ModelConfig) -> dict[str, Any]:
+    def hf_config_fields(self, model: ModelShape) -> dict[str, Any]:
         """The HF config's fields (shared with CPLMConfig, which extends LlamaConfig)."""
         return {
             "vocab_size": model.vocab_size,
@@ -80,16 +78,16 @@ class LlamaSpec(BackboneSpec):
             **NO_SPECIAL_TOKENS,
         }
 
-    def hf_config(self, model: ModelConfig, positions: int | None = None) -> Any:
+    def hf_config(self, model: ModelShape, positions: int | None = None) -> Any:
         from transformers import LlamaConfig
 
         return LlamaConfig(**self.hf_config_fields(model))
 
-    def layer_shapes(self, model: ModelConfig) -> dict[str, tuple[int, ...]]:
+    def layer_shapes(self, model: ModelShape) -> dict[str, tuple[int, ...]]:
         """Per-layer shape of each LAYER_TENSORS entry."""
         return {name: (model.hidden_size,) for name in self.LAYER_TENSORS}
 
-    def to_hf(self, tensors: Mapping[str, torch.Tensor], model: ModelConfig) -> dict[str, torch.Tensor]:
+    def to_hf(self, tensors: Mapping[str, torch.Tensor], model: ModelShape) -> dict[str, torch.Tensor]:
         n, h, f = model.num_layers, model.hidden_size, model.ffn_hidden_size
         attn_width = model.num_attention_heads * model.head_dim
         state = {"model.embed_tokens.weight": vocab_rows(tensors, EMBEDDING, model),
@@ -117,7 +115,7 @@ class LlamaSpec(BackboneSpec):
             })
         return state
 
-    def from_hf(self, state: HFState, model: ModelConfig) -> dict[str, torch.Tensor]:
+    def from_hf(self, state: HFState, model: ModelShape) -> dict[str, torch.Tensor]:
         import torch
 
         n, h, f = model.num_layers, model.hidden_size, model.ffn_hidden_size
@@ -152,9 +150,7 @@ class LlamaSpec(BackboneSpec):
             "rope type": (rope_of(hf)[1], "default"),
         }
 
-    def model_config(self, hf: Any, source: str) -> ModelConfig:
-        from cplm_megatron.model.config import ModelConfig
-
+    def model_fields(self, hf: Any, source: str) -> dict[str, Any]:
         if getattr(hf, "sliding_window", None) is not None and getattr(hf, "use_sliding_window", True):
             raise ConversionError(
                 f"unsupported architecture in {source}: sliding_window={hf.sliding_window}; Megatron here trains "
@@ -170,7 +166,7 @@ class LlamaSpec(BackboneSpec):
                                   "(Megatron's rotary_base is an int)")
         heads, kv_heads = hf.num_attention_heads, getattr(hf, "num_key_value_heads", None) or hf.num_attention_heads
         head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // heads
-        model = ModelConfig(
+        return dict(
             family=self.family, num_layers=hf.num_hidden_layers, hidden_size=hf.hidden_size,
             num_attention_heads=heads, num_query_groups=kv_heads if kv_heads != heads else None,
             ffn_hidden_size=hf.intermediate_size,
@@ -180,11 +176,6 @@ class LlamaSpec(BackboneSpec):
             activation="swiglu", add_bias_linear=False, tie_embeddings=bool(hf.tie_word_embeddings),
             init_method_std=getattr(hf, "initializer_range", 0.02),
         )
-        try:
-            model.validate()
-        except ConfigError as err:
-            raise ConversionError(f"{source}: {err}") from err
-        return model
 
 
 SPEC = LlamaSpec()

@@ -7,13 +7,10 @@ HF's `q_norm`/`k_norm`, before rotary), and with tensor parallelism sums their g
 (finalize_model_grads) since each rank sees a subset of the heads."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from cplm_megatron.model.backbones.base import K_NORM, Q_NORM
+from cplm_megatron.model.backbones.base import K_NORM, Q_NORM, ModelShape
 from cplm_megatron.model.backbones.llama import LlamaSpec
-
-if TYPE_CHECKING:
-    from cplm_megatron.model.config import ModelConfig
 
 
 class Qwen3Spec(LlamaSpec):
@@ -31,17 +28,17 @@ class Qwen3Spec(LlamaSpec):
 
         return Qwen3ForCausalLM
 
-    def layer_shapes(self, model: ModelConfig) -> dict[str, tuple[int, ...]]:
+    def layer_shapes(self, model: ModelShape) -> dict[str, tuple[int, ...]]:
         shapes = super().layer_shapes(model)
         shapes.update({"self_attn.q_norm.weight": (model.head_dim,), "self_attn.k_norm.weight": (model.head_dim,)})
         return shapes
 
-    def hf_config_fields(self, model: ModelConfig) -> dict[str, Any]:
+    def hf_config_fields(self, model: ModelShape) -> dict[str, Any]:
         fields = super().hf_config_fields(model)
         del fields["mlp_bias"]  # Qwen3's MLP has no bias option
         return {**fields, "use_sliding_window": False}
 
-    def hf_config(self, model: ModelConfig, positions: int | None = None) -> Any:
+    def hf_config(self, model: ModelShape, positions: int | None = None) -> Any:
         from transformers import Qwen3Config
 
         return Qwen3Config(**self.hf_config_fields(model))
