@@ -70,8 +70,8 @@ def build(preset: str, seq_len: int):
 
 
 def measure(root: Path, chunks, optimizer, scheduler, repeats: int) -> dict:
-    from cplm_megatron.training.checkpoint_lookup import checkpoint_files, checksum_files, content_damage, read_record
-    from cplm_megatron.training.checkpointing import Checkpointer, TrainState
+    from cplm_megatron.checkpoint.checkpointer import Checkpointer, TrainState
+    from cplm_megatron.checkpoint.lookup import checkpoint_files, checksum_files, content_damage, read_record
 
     saver = Checkpointer(root, keep=1, log=lambda message: None)
     rows = []

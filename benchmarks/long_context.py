@@ -163,7 +163,7 @@ def portable(cmd: List[str]) -> str:
 
 
 def _last_iteration(run_dir: Path) -> int:
-    from cplm_megatron.training.checkpoint_lookup import CheckpointError, resolve_checkpoint
+    from cplm_megatron.checkpoint.lookup import CheckpointError, resolve_checkpoint
 
     if not (run_dir / "checkpoints").is_dir():
         return 0
@@ -174,7 +174,7 @@ def _last_iteration(run_dir: Path) -> int:
 
 
 def _losses(run_dir: Path) -> Dict[int, float]:
-    from cplm_megatron.training.durable_files import read_metrics
+    from cplm_megatron.training.metrics_log import read_metrics
     from cplm_megatron.training.metrics_log import record_nll
 
     # the NLL, whichever version logged it; a line cut by an interrupted write is left out
@@ -210,7 +210,7 @@ def _timing(run_dir: Path) -> Optional[Dict[str, float]]:
 def _add_timing(run_dir: Path, seconds: float, cpu_seconds: float, base: Optional[Dict[str, float]] = None
                 ) -> Dict[str, float]:
     """The run dir's totals (`base`: as before this attempt) plus this attempt's time, written; returns them."""
-    from cplm_megatron.training.durable_files import write_atomic
+    from cplm_megatron.durable_files import write_atomic
 
     total = base or {"train_seconds": 0.0, "train_cpu_seconds": 0.0}
     total = {"train_seconds": round(total["train_seconds"] + seconds, 1),

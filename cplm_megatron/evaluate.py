@@ -102,8 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     output = Path(args.output)
     check_output(output)  # before the evaluation, not after it
     results = run(args, tasks, options)
+    from cplm_megatron.durable_files import write_atomic
     from cplm_megatron.evaluation.results import with_version
-    from cplm_megatron.training.durable_files import write_atomic
 
     write_atomic(output, json.dumps(with_version(results), indent=2) + "\n")  # whole or not at all
     for entry in results.get("checkpoints", [results]):
@@ -145,8 +145,8 @@ def run(args: argparse.Namespace, tasks: list[str], options: EvalOptions) -> dic
 
     if args.hf and not args.all_checkpoints:
         return evaluate(_load_hf(args.hf), tasks, options)
+    from cplm_megatron.checkpoint.lookup import read_live
     from cplm_megatron.parallel.cpu_compat import setup_compat
-    from cplm_megatron.training.checkpoint_lookup import read_live
 
     setup_compat()  # a Megatron model from here on
     if args.all_checkpoints:

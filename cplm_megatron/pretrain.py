@@ -66,8 +66,8 @@ def run(args: argparse.Namespace) -> int:
         print_config(cfg, args.describe)
         return 0
     try:
+        from cplm_megatron.checkpoint.checkpointer import CheckpointWriterDied
         from cplm_megatron.parallel.cpu_compat import setup_compat
-        from cplm_megatron.training.checkpointing import CheckpointWriterDied
         from cplm_megatron.training.trainer import NonFiniteLossError, train
 
         setup_compat()

@@ -1,20 +1,23 @@
 """The package's layers import one way (an ast scan of every import in cplm_megatron/, TYPE_CHECKING and
-function-level imports included): config and errors at the bottom; data, kernels and parallel never import the
-layers above them; model never imports training, evaluation, hf or experiments; training never imports
-evaluation, hf or experiments; evaluation never imports experiments."""
+function-level imports included): config, errors and durable_files at the bottom; data, kernels and parallel
+never import the layers above them; model never imports checkpoint, training, evaluation, hf or experiments;
+checkpoint never imports training, evaluation, hf or experiments; training never imports evaluation, hf or
+experiments; evaluation never imports experiments. Inside model/, no import circle."""
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "cplm_megatron"
-UPPER = {"model", "training", "evaluation", "hf", "experiments"}
+UPPER = {"model", "checkpoint", "training", "evaluation", "hf", "experiments"}
 FORBIDDEN = {
     "config": UPPER | {"data", "parallel"},
     "errors": UPPER | {"data", "parallel", "config"},
+    "durable_files": UPPER | {"data", "parallel", "config"},
     "data": UPPER,
     "parallel": UPPER,
     "model": UPPER - {"model"},
+    "checkpoint": {"training", "evaluation", "hf", "experiments"},
     "training": {"evaluation", "hf", "experiments"},
     "evaluation": {"experiments"},
 }

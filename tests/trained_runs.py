@@ -42,7 +42,7 @@ def reference_run(stdlib_corpus, tmp_path_factory) -> dict:
 @pytest.fixture(scope="session")
 def stopped_run(stdlib_corpus, tmp_path_factory) -> Path:
     """The reference recipe stopped after 4 iterations: checkpoints iter_0000003 and iter_0000004 (latest)."""
-    from cplm_megatron.training.checkpoint_lookup import list_checkpoints
+    from cplm_megatron.checkpoint.lookup import list_checkpoints
     from tests.training import pretrain_utils as pu
 
     run_dir = tmp_path_factory.mktemp("stopped") / "run"

@@ -188,9 +188,9 @@ def memory_estimate_gib(config: dict) -> float:
 def _metrics(path: Path) -> list[dict]:
     """The trainer's per-step records (a copy of its metrics.jsonl, log_interval=1, read by the trainer's own
     reader: a line cut by a killed step is dropped) that carry a timestamp, by iteration."""
-    from cplm_megatron.training.durable_files import read_json_lines
+    from cplm_megatron.training.metrics_log import read_metrics
 
-    records = [r for r in read_json_lines(path).records if "iteration" in r and "time" in r]
+    records = [r for r in read_metrics(path) if "iteration" in r and "time" in r]
     return sorted(records, key=lambda r: r["iteration"])
 
 

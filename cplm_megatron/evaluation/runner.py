@@ -80,8 +80,8 @@ def evaluate_checkpoints(run_dir: str | Path, tasks: Sequence[str], options: Eva
     include_initial: start with the untrained model (iteration 0, rebuilt from the run's seed)."""
     from tqdm import tqdm
 
+    from cplm_megatron.checkpoint.lookup import all_checkpoints, is_committed
     from cplm_megatron.evaluation.scorers import MegatronScorer, cp_note, single_process_megatron
-    from cplm_megatron.training.checkpoint_lookup import all_checkpoints, is_committed
 
     refs = all_checkpoints(run_dir)
     models = ([("initial", refs[0].path)] if include_initial else []) + [("trained", ref.path) for ref in refs]

@@ -30,8 +30,8 @@ from typing import Any, Protocol
 
 import torch
 
+from cplm_megatron.checkpoint.lookup import CheckpointRef, read_saved_config, resolve_checkpoint
 from cplm_megatron.model.layout import single_process_megatron  # noqa: F401 - scorers load inside it
-from cplm_megatron.training.checkpoint_lookup import CheckpointRef, read_saved_config, resolve_checkpoint
 
 Batch = dict[str, torch.Tensor]
 
@@ -91,8 +91,8 @@ def _build(cfg):
     """A tp = pp = 1 CPLMGPTModel for a run config (builder.single_process_run: no FP8 at evaluation; a GPU-only
     LM-head loss becomes its CPU twin, same values), in the run's dtype; outside the Float16Module of a bf16/fp16 run
     (which only casts float inputs and outputs), so the tasks reach its decoder and copy head."""
+    from cplm_megatron.checkpoint.weights import unwrap
     from cplm_megatron.model.builder import build_run, single_process_run
-    from cplm_megatron.training.weights import unwrap
 
     return unwrap(build_run(single_process_run(cfg)).model)
 
@@ -109,7 +109,7 @@ class MegatronScorer:
     @classmethod
     def load(cls, path: str | Path) -> MegatronScorer:
         """Load weights from a run dir, checkpoint root or iter_* dir (needs `single_process_megatron()`)."""
-        from cplm_megatron.training.weights import load_weights
+        from cplm_megatron.checkpoint.weights import load_weights
 
         _require_single_process_state()
         ref = resolve_checkpoint(path)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import torch
 
+from cplm_megatron.checkpoint.lookup import read_live
 from cplm_megatron.config.loader import to_dict
 from cplm_megatron.hf.config_mapping import (
     ConversionError,
@@ -47,7 +48,6 @@ from cplm_megatron.hf.weight_mapping import (
 )
 from cplm_megatron.model.config import ModelConfig
 from cplm_megatron.model.copy_head import CopyHeadConfig
-from cplm_megatron.training.checkpoint_lookup import read_live
 from cplm_megatron.training.run_config import RunConfig, build_run_config
 
 log = logging.getLogger(__name__)

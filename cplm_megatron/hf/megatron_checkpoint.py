@@ -20,19 +20,19 @@ from typing import Any
 
 import torch
 
-from cplm_megatron.config.loader import build_dataclass
-from cplm_megatron.errors import ConfigError
-from cplm_megatron.hf.config_mapping import ConversionError
-from cplm_megatron.model.config import ModelConfig
-from cplm_megatron.model.copy_head import CopyHeadConfig
-from cplm_megatron.model.layout import single_process_megatron
-from cplm_megatron.training.checkpoint_lookup import (
+from cplm_megatron.checkpoint.lookup import (
     DIST_METADATA,
     CheckpointRecord,
     read_record,
     read_saved_config,
     resolve_checkpoint,
 )
+from cplm_megatron.config.loader import build_dataclass
+from cplm_megatron.errors import ConfigError
+from cplm_megatron.hf.config_mapping import ConversionError
+from cplm_megatron.model.config import ModelConfig
+from cplm_megatron.model.copy_head import CopyHeadConfig
+from cplm_megatron.model.layout import single_process_megatron
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ class MegatronCheckpoint:
 
 
 def open_checkpoint(path: str | Path) -> MegatronCheckpoint:
-    """Locate a checkpoint (`checkpoint_lookup.resolve_checkpoint`: a run dir, its checkpoints/ root or an
+    """Locate a checkpoint (`checkpoint.lookup.resolve_checkpoint`: a run dir, its checkpoints/ root or an
     iter_* dir) and read its saved config (model + copy-head sections) and record."""
     iter_dir = resolve_checkpoint(Path(path), say=log.warning).path
     config = read_saved_config(iter_dir)
@@ -138,8 +138,8 @@ def write_weights_checkpoint(
 
     Copy-head parameters absent from `tensors` keep Megatron's fresh initialization (seeded by `seed`).
     """
+    from cplm_megatron.checkpoint.checkpointer import Checkpointer, TrainState
     from cplm_megatron.model.builder import build_run, model_run
-    from cplm_megatron.training.checkpointing import Checkpointer, TrainState
 
     root = Path(root)
     if root.exists() and (not root.is_dir() or any(root.iterdir())):

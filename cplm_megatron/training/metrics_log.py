@@ -10,9 +10,11 @@ import datetime
 import json
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Dict, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
-from cplm_megatron.training.durable_files import METRICS_FILE, append_line, read_json_lines, write_atomic
+from cplm_megatron.durable_files import append_line, read_json_lines, write_atomic
+
+METRICS_FILE = "metrics.jsonl"  # a run's training and validation records, one JSON object per line
 
 if TYPE_CHECKING:
     from cplm_megatron.training.run_config import LoggingConfig
@@ -20,6 +22,13 @@ if TYPE_CHECKING:
 
 TENSORBOARD_DIR = "tensorboard"
 
+
+def read_metrics(run: Path) -> List[Dict[str, Any]]:
+    """The records of a run's metrics.jsonl (`run`: the run dir, or the file itself, e.g. a copy); none if it is
+    missing; a line cut short by an interrupted write is left out (a reader of a run that is still training, or was
+    killed mid-write, sees whole records only). This module writes the file; every reader reads it here."""
+    path = Path(run)
+    return read_json_lines(path if path.suffix == ".jsonl" else path / METRICS_FILE).records
 
 def record_nll(rec: Dict[str, Any]) -> float:
     """The comparable NLL of a training record of any version (older records: `mix_loss`, else `loss`)."""

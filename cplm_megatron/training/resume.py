@@ -22,8 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional
 
-from cplm_megatron.errors import CheckpointError, ConfigError
-from cplm_megatron.training.checkpoint_lookup import (
+from cplm_megatron.checkpoint.lookup import (
     CHECKPOINTS_DIR,
     LATEST,
     SET_ASIDE_PREFIX,
@@ -39,6 +38,7 @@ from cplm_megatron.training.checkpoint_lookup import (
     trainer_latest,
     verify_checkpoint,
 )
+from cplm_megatron.errors import CheckpointError, ConfigError
 from cplm_megatron.training.resume_compat import compare_configs, describe
 from cplm_megatron.training.run_config import RunConfig
 

@@ -259,7 +259,7 @@ def load_run_config(path: Optional[str], overrides: Sequence[str] = ()) -> RunCo
 
 def dump_run_config(cfg: RunConfig, path: Path) -> None:
     """Write the resolved config as YAML (what the run actually used)."""
-    from cplm_megatron.training.durable_files import write_atomic
+    from cplm_megatron.durable_files import write_atomic
 
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, yaml.safe_dump(cfg.to_dict(), sort_keys=False))  # a full disk leaves the previous one

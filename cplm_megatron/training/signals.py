@@ -22,9 +22,10 @@ import threading
 import time
 from typing import Optional
 
+from cplm_megatron.checkpoint.orphan_watchdog import STOP_SIGNALS  # noqa: F401 - the run's stop signals
+
 # sysexits.h EX_TEMPFAIL: "temporary failure; the user is invited to retry". Launchers requeue on it.
 RESUME_EXIT_CODE = 75
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 IGNORED_IF_IGNORED = (signal.SIGHUP, signal.SIGQUIT)  # left ignored when the process starts with them ignored
 LAUNCHER_POLL_S = 1.0  # how often a torchrun worker checks that torchrun is still its parent
 # A signal this long after the first is a second request (stop now); earlier ones are the same request

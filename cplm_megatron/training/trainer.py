@@ -13,10 +13,10 @@ from typing import Dict, Optional
 
 import torch
 
+from cplm_megatron.checkpoint.checkpointer import Checkpointer, TrainState
+from cplm_megatron.checkpoint.lookup import layout_text
 from cplm_megatron.model.accounting import CopyHeadShape, train_flops_per_token
 from cplm_megatron.model.builder import Vocabulary
-from cplm_megatron.training.checkpoint_lookup import layout_text
-from cplm_megatron.training.checkpointing import Checkpointer, TrainState
 from cplm_megatron.training.loop import Cadence, NonFiniteGuard, NonFiniteLossError, StopPolicy  # noqa: F401
 from cplm_megatron.training.metrics_log import MetricsLogger, format_line, objective_terms, rank0_print
 from cplm_megatron.training.preflight import checkpoint_size

@@ -140,7 +140,7 @@ def save_and_score(rank: int, variants: dict[str, dict], output_root: str) -> di
     """Per variant {name: {"overrides", "batches", "output"[, "with_optimizer"]}}: build at its layout,
     randomize, save a trainer checkpoint under output_root/name, score the batches.
     Returns {name: scores or None}."""
-    from cplm_megatron.training.checkpointing import Checkpointer, TrainState
+    from cplm_megatron.checkpoint.checkpointer import Checkpointer, TrainState
     from cplm_megatron.training.optimizer import (
         build_optimizer,
         build_scheduler,
@@ -171,8 +171,8 @@ def load_and_score(rank: int, overrides: list[str], checkpoint_root: str, batche
     from `checkpoint.load` with `load_optimizer=false`, and score the batches for each of `outputs`."""
     from pathlib import Path
 
-    from cplm_megatron.training.checkpoint_lookup import read_latest
-    from cplm_megatron.training.checkpointing import Checkpointer
+    from cplm_megatron.checkpoint.checkpointer import Checkpointer
+    from cplm_megatron.checkpoint.lookup import read_latest
 
     cfg = load_run_config(None, overrides)
     chunks = build(cfg)
@@ -194,8 +194,8 @@ def convert_and_score(rank: int, jobs: list[dict], batches: list[torch.Tensor]) 
     trainer continues from it and return Megatron's logits of the batches (one process: one megatron import)."""
     from pathlib import Path
 
+    from cplm_megatron.checkpoint.lookup import read_saved_config
     from cplm_megatron.hf.convert import continue_overrides, convert_from_hf
-    from cplm_megatron.training.checkpoint_lookup import read_saved_config
 
     logits = {}
     for job in jobs:

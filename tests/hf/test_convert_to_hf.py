@@ -15,13 +15,13 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from cplm_megatron.checkpoint.lookup import resolve_checkpoint
 from cplm_megatron.data.tokenizer import describe_tokenizer
 from cplm_megatron.errors import CheckpointError
 from cplm_megatron.hf.config_mapping import ConversionError, check_exportable
 from cplm_megatron.hf.convert import convert_to_hf
 from cplm_megatron.model.config import load_preset
 from cplm_megatron.model.copy_head import CopyHeadConfig
-from cplm_megatron.training.checkpoint_lookup import resolve_checkpoint
 from tests.data_fixtures import write_synthetic_dataset
 from tests.dist_utils import run_distributed
 
@@ -189,7 +189,7 @@ def test_missing_tokenizer_is_a_clear_error(saved: dict, tmp_path: Path) -> None
 
 def test_not_a_checkpoint_is_a_clear_error(tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
-    # the one checkpoint lookup of training, evaluation and conversion (training/checkpoint_lookup.py)
+    # the one checkpoint lookup of training, evaluation and conversion (checkpoint/lookup.py)
     with pytest.raises(CheckpointError, match="no complete checkpoint under .*did the training run save one"):
         convert_to_hf(tmp_path / "empty", tmp_path / "out")
     with pytest.raises(CheckpointError, match="does not exist"):
@@ -219,7 +219,7 @@ def test_a_checkpoint_pruned_while_converting_is_replaced_by_the_newest(tmp_path
     (keep=2): the conversion retries with the newest complete checkpoint; an iter_* dir named explicitly is not
     replaced, and the error names the newest (never a fresh start while complete checkpoints exist)."""
     import cplm_megatron.hf.convert as convert
-    from tests.training.checkpoint_files import tiny_config, write_checkpoints
+    from tests.checkpoint.checkpoint_files import tiny_config, write_checkpoints
 
     root = write_checkpoints(tiny_config(tmp_path / "run", "model.vocab_size=4096"), [2, 4, 6])
     real_read = convert.read_tensors

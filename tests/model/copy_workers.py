@@ -64,8 +64,8 @@ def distribution(rank: int, tp: int) -> Dict:
     """Vocab-sharded mixture log-probs: sum of exp over all shards, and value at y_t vs the loss."""
     from megatron.core import parallel_state as ps
 
+    from cplm_megatron.checkpoint.weights import load_weights
     from cplm_megatron.model.cplm_gpt import labels_from_inputs
-    from cplm_megatron.training.weights import load_weights
 
     parallel = ParallelConfig(tp=tp)
     _, [model] = _model(parallel, CopyHeadConfig(**COPY))

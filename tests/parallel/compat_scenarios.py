@@ -29,9 +29,9 @@ def train_step_single(rank: int) -> None:
 
 def _distopt_resume(rank: int, root: str) -> dict:
     """Distributed optimizer: 2 steps straight vs 1 step, save, fresh load, 1 step."""
-    from cplm_megatron.training.checkpointing import Checkpointer, TrainState
+    from cplm_megatron.checkpoint.checkpointer import Checkpointer, TrainState
+    from cplm_megatron.checkpoint.weights import save_weights
     from cplm_megatron.training.step import train_step
-    from cplm_megatron.training.weights import save_weights
 
     _, m, chunks, opt, sched = build(ParallelConfig(), distributed_optimizer=True)
     batches = fixed_batches(2, 1, 32, m.vocab_size)
@@ -45,8 +45,8 @@ def _distopt_resume(rank: int, root: str) -> dict:
 
 
 def _distopt_load(rank: int, root: str) -> dict:
-    from cplm_megatron.training.checkpoint_lookup import read_latest
-    from cplm_megatron.training.checkpointing import Checkpointer
+    from cplm_megatron.checkpoint.checkpointer import Checkpointer
+    from cplm_megatron.checkpoint.lookup import read_latest
     from cplm_megatron.training.step import train_step
 
     _, m, chunks, opt, sched = build(ParallelConfig(), distributed_optimizer=True)

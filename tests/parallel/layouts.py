@@ -57,8 +57,8 @@ def one_step(rank: int, parallel_kw: dict, init_dir: str, out_dir: Optional[str]
              n_micro: int = 4, save_init: bool = False, distributed_optimizer: bool = False,
              preset: str = "tiny", document_masking: bool = True, seq_len: int = 32) -> Dict:
     """Load (or save) initial weights, run one train step on this DP rank's share of the fixed batch."""
+    from cplm_megatron.checkpoint.weights import load_weights, save_weights
     from cplm_megatron.training.step import train_step
-    from cplm_megatron.training.weights import load_weights, save_weights
 
     parallel = ParallelConfig(**parallel_kw)
     copy = CopyHeadConfig(**copy_kw) if copy_kw is not None else None

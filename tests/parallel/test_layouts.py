@@ -61,7 +61,7 @@ def test_distributed_optimizer_dp2_step_equals_dp1(runs):
     root = runs["root"]
     assert r0["layout"] == (1, 1, 2)
     assert rel(r0["grad_norm"], runs["ref"]["backbone"]["grad_norm"]) <= REL
-    from cplm_megatron.training.weights import load_plain_tensors
+    from cplm_megatron.checkpoint.weights import load_plain_tensors
 
     after_dp1, after_dp2 = load_plain_tensors(root / "backbone" / "after"), load_plain_tensors(root / "dp2")
     keys = [k for k, v in after_dp1.items() if torch.is_tensor(v)]

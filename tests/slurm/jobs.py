@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from cplm_megatron.checkpoint.lookup import read_latest
 from cplm_megatron.data.stdlib_corpus import StdlibCorpus
-from cplm_megatron.training.checkpoint_lookup import read_latest
 
 REPO = Path(__file__).resolve().parents[2]
 SLURM_DIR = REPO / "slurm"

@@ -270,8 +270,8 @@ def test_ctrl_c_cancels_the_queue_stops_the_running_job_with_a_checkpoint_and_a_
     import signal
     import threading
 
+    from cplm_megatron.checkpoint.lookup import read_latest
     from cplm_megatron.experiments.launch.launcher import RunsInterrupted
-    from cplm_megatron.training.checkpoint_lookup import read_latest
 
     runs = _small_runs(["first", "second", "third"])
     launcher = Launcher(tmp_path, backend="warm")

@@ -71,8 +71,8 @@ def install(fault: str, iteration: int) -> None:
         return _slow_first_step(iteration)
     import torch.distributed as dist
 
-    from cplm_megatron.training.checkpoint_lookup import iteration_of
-    from cplm_megatron.training.checkpointing import Checkpointer
+    from cplm_megatron.checkpoint.checkpointer import Checkpointer
+    from cplm_megatron.checkpoint.lookup import iteration_of
 
     write_shards, schedule = Checkpointer._write_shards, Checkpointer._schedule
 

@@ -72,8 +72,8 @@ def kernels_agree(rank: int, root: str, dtype: str, distributed: bool) -> Dict:
     """From the same weights: torch's default kernel for STEPS steps (its fp32 parameters after each), the fused
     kernel for one step, and one default step + a checkpoint + one fused step; which Adam kernels ran, and the
     resumed optimizer's flags and step counters."""
-    from cplm_megatron.training.checkpoint_lookup import read_latest
-    from cplm_megatron.training.checkpointing import Checkpointer, TrainState
+    from cplm_megatron.checkpoint.checkpointer import Checkpointer, TrainState
+    from cplm_megatron.checkpoint.lookup import read_latest
     from cplm_megatron.training.optimizer import torch_adams
     from tests.harness import _reset_megatron
 

@@ -10,7 +10,7 @@ import signal
 import pytest
 import yaml
 
-from cplm_megatron.training.checkpoint_lookup import list_checkpoints, read_latest
+from cplm_megatron.checkpoint.lookup import list_checkpoints, read_latest
 from cplm_megatron.training.signals import RESUME_EXIT_CODE
 from tests import harness
 from tests.trained_runs import REFERENCE_ITERS, copy_run
@@ -166,7 +166,7 @@ def test_baseline_and_cplm_differ_only_in_the_head(stdlib_corpus, tmp_path, refe
     assert base_line.startswith(f"iter 1/3 | loss {base['loss']:.4f} | lr") and "host mem" in base_line
     assert cplm_line.startswith(f"iter 1/{ITERS} | loss {cplm['loss']:.4f} | lm-head {cplm['lm_loss']:.4f} | "
                                 f"objective {cplm['objective']:.4f} (loss + {weight:g}×lm-head) | gate"), cplm_line
-    from cplm_megatron.training.weights import load_plain_tensors
+    from cplm_megatron.checkpoint.weights import load_plain_tensors
 
     b = {k for k, v in load_plain_tensors(read_latest(run_dir / "checkpoints")).items()
          if hasattr(v, "shape") and not k.startswith("optimizer")}
@@ -531,7 +531,7 @@ def test_ctrl_c_saves_a_checkpoint_and_exits_75(stdlib_corpus, tmp_path, launch)
 def test_a_dead_async_writer_is_one_line_exit_1_and_no_orphans(stdlib_corpus, tmp_path):
     import psutil
 
-    from cplm_megatron.training.checkpoint_lookup import verify_checkpoint
+    from cplm_megatron.checkpoint.lookup import verify_checkpoint
 
     run_dir = tmp_path / "run"
     proc = pu.start(1, pu.tiny_overrides(stdlib_corpus, run_dir, ITERS, **{"checkpoint.async_save": "true",

@@ -43,7 +43,7 @@ def test_a_disk_filled_during_an_async_save_resumes_once_space_is_freed(tmp_path
     third written beside them in the background: the run stops with one line saying the disk is full, no record is
     left half written, and once the filesystem is grown the same command resumes from the last complete checkpoint
     and finishes."""
-    from cplm_megatron.training.checkpoint_lookup import iteration_of
+    from cplm_megatron.checkpoint.lookup import iteration_of
     from cplm_megatron.training.preflight import checkpoint_size
     from cplm_megatron.training.run_config import load_run_config
     from tests import harness

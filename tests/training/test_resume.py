@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
+from cplm_megatron.checkpoint.lookup import list_checkpoints
 from cplm_megatron.errors import CheckpointError, ConfigError
-from cplm_megatron.training.checkpoint_lookup import list_checkpoints
 from cplm_megatron.training.resume import apply_plan, plan_start
 from cplm_megatron.training.resume_compat import RESUME_CHANGEABLE, compare_configs
-from tests.training.checkpoint_files import (
+from tests.checkpoint.checkpoint_files import (
     COMMON_STATE_GONE,
     copy_run,
     remove_common_state,
@@ -104,13 +104,20 @@ def test_resume_plan_reports_changed_settings(saved_run: Path, run: Path) -> Non
 
 
 def test_changed_model_is_refused_naming_the_keys(run: Path) -> None:
+    """A change of the model's tensors cannot resume and no checkpoint.load can take it: the fix is a new run dir
+    from scratch; a change that keeps the tensors (the loss's weights) may start from these weights instead."""
     before = snapshot(run)
     with pytest.raises(ConfigError, match=r"cannot resume from \S+iter_0000004: settings that define the model, its "
                                           r"loss or its data differ from the checkpoint's saved config \(model.num_layers: "
-                                          r"2 -> 4, copy_head.enabled: True -> False\); restore them, or start a new run "
+                                          r"2 -> 4, copy_head.enabled: True -> False\); restore them, or train this model "
+                                          r"from scratch in a new run dir \(--set run.dir=NEW_DIR\): its tensors differ "
+                                          r"from the checkpoint's \(model.num_layers: 2 -> 4, copy_head.enabled: True -> "
+                                          r"False\), so no checkpoint.load can take them$"):
+        plan_start(tiny_config(run, "copy_head.enabled=false", "model.num_layers=4"))
+    with pytest.raises(ConfigError, match=r"\(copy_head.lm_loss_weight: 1.0 -> 0.5\); restore them, or start a new run "
                                           r"from these weights with --set run.dir=NEW_DIR checkpoint.load=\S+iter_0000004 "
                                           r"checkpoint.load_optimizer=false$"):
-        plan_start(tiny_config(run, "copy_head.enabled=false", "model.num_layers=4"))
+        plan_start(tiny_config(run, "copy_head.lm_loss_weight=0.5"))
     assert snapshot(run) == before
 
 

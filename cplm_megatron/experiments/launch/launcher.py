@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cplm_megatron.durable_files import write_atomic
 from cplm_megatron.experiments.plan.run import Run
 from cplm_megatron.experiments.records import (
     JOB_RECORD,
@@ -32,7 +33,6 @@ from cplm_megatron.experiments.records import (
     read_timing,
     write_job_record,
 )
-from cplm_megatron.training.durable_files import write_atomic
 from cplm_megatron.training.signals import RESUME_EXIT_CODE
 
 PRETRAIN = "cplm_megatron.pretrain"

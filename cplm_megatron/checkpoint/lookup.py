@@ -1,6 +1,6 @@
 """Find and check training checkpoints on disk: the one lookup used by resume, evaluation and conversion.
 
-Layout (written by `cplm_megatron.training.checkpointing`) under a checkpoint root, `<run.dir>/checkpoints/`:
+Layout (written by `cplm_megatron.checkpoint.checkpointer`) under a checkpoint root, `<run.dir>/checkpoints/`:
 
     iter_0000100/   metadata.json, .metadata and *.distcp (torch_dist), common.pt (megatron-core 0.16;
                     0.19 keeps the common state in the torch_dist files), and last

@@ -6,7 +6,7 @@ Layout under `<run.dir>/checkpoints/`:
                        common state (iteration, consumed tokens, scheduler, data loader, config)
     iter_0000100/cplm_state.json   the same scalars + saving layout + the size and xxh3-128 checksum of every
                                    other file, readable without torch (a versioned
-                                   `checkpoint_lookup.CheckpointRecord`, written last: it commits the save)
+                                   `lookup.CheckpointRecord`, written last: it commits the save)
     latest             "iter_0000100", written (atomically, by rank 0) only after every rank
                        finished writing; auto-resume reads it
     latest.trainer     the same name, written right after `latest`: tells a rollback (a person moved
@@ -21,7 +21,7 @@ checkpoint it resumed from (checked when loaded), and never the one just committ
 checkpoint is kept while anything newer is unchecked. Model and
 optimizer states reshard to any TP/PP/DP layout (optimizer: Megatron's `fully_reshardable` format); RNG
 states are restored only under the saving layout. Finding and checking checkpoints on disk:
-`checkpoint_lookup`.
+`lookup`.
 """
 from __future__ import annotations
 
@@ -38,8 +38,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from cplm_megatron.errors import CheckpointError
-from cplm_megatron.training.checkpoint_lookup import (
+from cplm_megatron.checkpoint.lookup import (
     LATEST,
     STATE_JSON,
     TRAINER_LATEST,
@@ -53,10 +52,11 @@ from cplm_megatron.training.checkpoint_lookup import (
     list_checkpoints,
     read_record,
 )
-from cplm_megatron.training.durable_files import write_atomic
-from cplm_megatron.training.orphan_watchdog import ensure_orphan_watchdog
-from cplm_megatron.training.orphan_watchdog import notice as notice_helpers
-from cplm_megatron.training.weights import load_model_state, model_sharded_state_dict
+from cplm_megatron.checkpoint.orphan_watchdog import ensure_orphan_watchdog
+from cplm_megatron.checkpoint.orphan_watchdog import notice as notice_helpers
+from cplm_megatron.checkpoint.weights import load_model_state, model_sharded_state_dict
+from cplm_megatron.durable_files import write_atomic
+from cplm_megatron.errors import CheckpointError
 
 OPTIM_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
 def _become_subreaper() -> None:
@@ -239,7 +239,7 @@ class Checkpointer:
             record = CheckpointRecord(**vars(train_state), layout=_layout(), has_optimizer=has_optimizer, files=files)
             write_atomic(target / STATE_JSON, record.to_json())
             write_atomic(self.root / LATEST, target.name + "\n")
-            write_atomic(self.root / TRAINER_LATEST, target.name + "\n")  # after: see checkpoint_lookup
+            write_atomic(self.root / TRAINER_LATEST, target.name + "\n")  # after: see lookup.py
             self._own.add(target.name)
             self._prune(keep_name=target.name)
             self.log(f"[checkpoint] saved {target} (iteration {train_state.iteration}); checksums of {len(files)} "
@@ -260,7 +260,7 @@ class Checkpointer:
                 shutil.rmtree(partial, ignore_errors=True)
 
     def _raise_if_storage_failed(self, error: BaseException) -> None:
-        from cplm_megatron.training.preflight import save_failure_message
+        from cplm_megatron.checkpoint.storage import save_failure_message
 
         if isinstance(error, (KeyboardInterrupt, SystemExit, CheckpointError)):
             return

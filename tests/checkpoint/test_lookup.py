@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from cplm_megatron.errors import CheckpointError
-from cplm_megatron.training.checkpoint_lookup import (
+from cplm_megatron.checkpoint.lookup import (
     CheckpointRecord,
     all_checkpoints,
     checkpoint_files,
@@ -21,7 +20,8 @@ from cplm_megatron.training.checkpoint_lookup import (
     read_record,
     resolve_checkpoint,
 )
-from tests.training.checkpoint_files import (
+from cplm_megatron.errors import CheckpointError
+from tests.checkpoint.checkpoint_files import (
     COMMON_STATE_GONE,
     copy_run,
     remove_common_state,
@@ -36,9 +36,6 @@ pytestmark = pytest.mark.mcore  # the outcome depends on megatron-core (both CI 
 @pytest.fixture(scope="module")
 def saved_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A run dir with committed checkpoints at iterations 1, 2, 3 (`latest` -> iter_0000003)."""
-    from cplm_megatron.parallel.cpu_compat import apply_compat
-
-    apply_compat()  # a module fixture runs before the suite's per-test one (tests/conftest.py) when run alone
     run = tmp_path_factory.mktemp("lookup") / "run"
     write_checkpoints(tiny_config(run), [1, 2, 3])
     return run

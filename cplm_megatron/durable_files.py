@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List
 
-METRICS_FILE = "metrics.jsonl"  # a run's training and validation records, one JSON object per line
 
 def write_atomic(path: Path, text: str) -> None:
     """Replace `path` by `text` in one step (written and synced to `path`.tmp, then renamed over it); on a failed
@@ -92,9 +91,3 @@ def read_json_lines(path: Path) -> JsonLines:
             out.bad_lines.append(number)
             out.last_cut = number == len(lines) and ends_cut
     return out
-
-
-def read_metrics(run_dir: Path) -> List[Dict[str, Any]]:
-    """The records of RUN_DIR/metrics.jsonl (none if it is missing); a line cut short by an interrupted write is
-    left out (a reader of a run that is still training, or was killed mid-write, sees whole records only)."""
-    return read_json_lines(Path(run_dir) / METRICS_FILE).records

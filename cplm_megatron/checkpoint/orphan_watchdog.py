@@ -55,6 +55,9 @@ for pid, start in known.items():
         pass
 '''
 WATCHDOG_MARK = "cplm-orphan-watchdog"  # in the watchdog's command line (argv[2]): what the test suite spares
+# The signals launchers and terminals send a run's whole process group: the trainer stops on them
+# (training/signals.py), the watchdog blocks them (it must outlive its parent's stop, not die with it).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 
 _WATCHDOG: dict = {}  # pid of the watched process -> its watchdog
 
@@ -63,8 +66,6 @@ def start_orphan_watchdog() -> subprocess.Popen:
     """Start a watchdog of this process's helpers (it exits by itself when this process does). The stop signals are
     blocked in it (the mask survives exec): a Ctrl-C or a SIGTERM to the run's process group is the trainer's to
     handle, and must neither kill the watchdog nor print its KeyboardInterrupt."""
-    from cplm_megatron.training.signals import STOP_SIGNALS
-
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, set(STOP_SIGNALS))
     try:
         return subprocess.Popen([sys.executable, "-I", "-S", "-c", _WATCH, str(os.getpid()), WATCHDOG_MARK],

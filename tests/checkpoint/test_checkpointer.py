@@ -7,17 +7,17 @@ from pathlib import Path
 
 import pytest
 
+from cplm_megatron.checkpoint.lookup import list_checkpoints, read_latest, verify_checkpoint
 from cplm_megatron.errors import CheckpointError
-from cplm_megatron.training.checkpoint_lookup import list_checkpoints, read_latest, verify_checkpoint
-from tests.training.checkpoint_files import tiny_config, write_checkpoints
+from tests.checkpoint.checkpoint_files import tiny_config, write_checkpoints
 
 pytestmark = pytest.mark.mcore  # the outcome depends on megatron-core (both CI legs)
 
 
 def _save(cfg, root: Path, iterations, keep: int, resumed_from=None) -> None:
+    from cplm_megatron.checkpoint.checkpointer import Checkpointer, TrainState
     from cplm_megatron.model.builder import build_run, model_run
     from cplm_megatron.model.layout import single_process_megatron
-    from cplm_megatron.training.checkpointing import Checkpointer, TrainState
     from cplm_megatron.training.preflight import checkpoint_size
 
     with single_process_megatron(cfg.model, cfg.run.seed):

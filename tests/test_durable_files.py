@@ -12,7 +12,7 @@ from typing import Iterator
 
 import pytest
 
-from cplm_megatron.training.durable_files import append_line, read_json_lines, write_atomic
+from cplm_megatron.durable_files import append_line, read_json_lines, write_atomic
 
 
 def _lines(*records) -> str:

@@ -10,7 +10,7 @@ import time
 import psutil
 import pytest
 
-from cplm_megatron.training.checkpoint_lookup import read_latest
+from cplm_megatron.checkpoint.lookup import read_latest
 from cplm_megatron.training.signals import RESUME_EXIT_CODE
 from tests.training import pretrain_utils as pu
 
