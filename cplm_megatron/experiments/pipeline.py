@@ -26,7 +26,6 @@ from cplm_megatron.experiments.report.ablation import pair_up, spamlang_claims, 
 from cplm_megatron.experiments.report.study import write_study_report
 from cplm_megatron.experiments.report.study_summary import summarize
 
-
 PROGRESS_FIELDS = ("iter ", "loss ", "ETA ")  # of a trainer's console line, what a progress line keeps
 
 
@@ -134,17 +133,19 @@ def run_ablation(output: Path, settings: AblationSettings, data_dir: Path | None
 
 @dataclass
 class SpamLangSettings:
-    """The recipe study's SpamLang part: baseline vs the chosen default at a large vocabulary."""
+    """The recipe study's SpamLang part: baseline vs the chosen default at a large vocabulary, per seed (the
+    baseline trains 600 steps: 10x the 60 in which the CPLM is at its ceiling from the start)."""
 
     vocab: int = 131072  # >= 100k: Godey & Artzi's regime
     hiddens: tuple[int, ...] = (64, 128)
-    iters: int = 60
-    interval: int = 10
+    iters: int = 600
+    interval: int = 100
     eval_sequences: int = 32
+    seeds: tuple[int, ...] = (1, 2)
 
     @classmethod
     def smoke(cls) -> SpamLangSettings:
-        return cls(vocab=4096, hiddens=(64,), iters=4, interval=2, eval_sequences=4)
+        return cls(vocab=4096, hiddens=(64,), iters=4, interval=2, eval_sequences=4, seeds=(1,))
 
 
 @dataclass
@@ -194,10 +195,19 @@ def summarize_study(output: Path, settings: StudySettings, data_root: Path, comm
                                time.perf_counter())
 
 
+def spamlang_dir(output: Path, hidden: int, seed: int) -> Path:
+    """Where the SpamLang pair of one hidden size and seed lives."""
+    return output / f"spamlang_h{hidden}_s{seed}"
+
+
 def recorded_spamlang_claims(output: Path) -> list[dict[str, Any]]:
-    """The SpamLang claims an earlier invocation wrote (OUTPUT/spamlang_h<hidden>/results.json, by hidden size), so a
-    summary that runs no SpamLang keeps them."""
-    paths = sorted(output.glob("spamlang_h*/results.json"), key=lambda p: int(p.parent.name.removeprefix("spamlang_h")))
+    """The SpamLang claims an earlier invocation wrote (OUTPUT/spamlang_h<hidden>_s<seed>/results.json, by hidden
+    size and seed), so a summary that runs no SpamLang keeps them."""
+    def key(path: Path) -> tuple[int, int]:
+        hidden, seed = path.parent.name.removeprefix("spamlang_h").split("_s")
+        return int(hidden), int(seed)
+
+    paths = sorted(output.glob("spamlang_h*_s*/results.json"), key=key)
     return [claim for path in paths for claim in json.loads(path.read_text())["spamlang"]]
 
 
@@ -213,14 +223,13 @@ def write_study_summary(output: Path, settings: StudySettings, data_root: Path, 
     claims = [] if spamlang is not None else recorded_spamlang_claims(output)
     if spamlang is not None:
         arm = ARMS[spamlang_arm(summary)]
-        for hidden in spamlang.hiddens:
+        for hidden, seed in ((h, s) for h in spamlang.hiddens for s in spamlang.seeds):
             spam = AblationSettings(hidden_size=hidden, experiments=("spamlang",), spamlang_vocabs=(spamlang.vocab,),
                             spamlang_ties=(False,), spamlang_iters=spamlang.iters, spamlang_interval=spamlang.interval,
-                            eval_sequences=spamlang.eval_sequences, seed=settings.seeds[0],
-                            extra_settings=arm.settings)
-            log(f"[study] SpamLang V={spamlang.vocab}, hidden {hidden}: baseline vs {arm.name}")
-            claims += run_ablation(output / f"spamlang_h{hidden}", spam, None, jobs=jobs, threads=threads,
-                                   on_done=on_done).spamlang
+                            eval_sequences=spamlang.eval_sequences, seed=seed, extra_settings=arm.settings)
+            log(f"[study] SpamLang V={spamlang.vocab}, hidden {hidden}, seed {seed}: baseline vs {arm.name}")
+            claims += run_ablation(spamlang_dir(output, hidden, seed), spam, None, jobs=jobs, threads=threads,
+                                   command=command, on_done=on_done).spamlang
     recorded = [run_seconds(output / "runs" / spec.name) for spec in finished]
     summary.update(command=command, seconds_this_invocation=time.perf_counter() - start,
                    run_seconds_total=sum(t for t in recorded if t is not None),
