@@ -13,12 +13,14 @@ from cplm_megatron.experiments.report.toolkit import table
 PNG = b"\x89PNG\r\n\x1a\n"
 
 
-def spamlang_run(cplm: bool, accuracies: dict[int, float]) -> RunResults:
+def spamlang_run(cplm: bool, accuracies: dict[int, float], controls: bool = False) -> RunResults:
     labels = (("copy_head", cplm), ("hidden", 64), ("iters", 20), ("tied", False), ("vocab", 8192))
-    spec = Run(f"spam-{cplm}", "spam", (("copy_head.enabled", cplm),), Evaluation(("spamlang",)), labels,
-               experiment="spamlang")
+    spec = Run(f"spam-{cplm}", "spam", (("copy_head.enabled", cplm), ("run.seed", 2)), Evaluation(("spamlang",)),
+               labels, experiment="spamlang")
+    extra = lambda it: {"spamlang_accuracy_previous_token": 1.0, "spamlang_accuracy_cache": 0.99 - it / 1000,  # noqa: E731
+                        "spamlang_cache_lambda": 0.9} if controls else {}
     evals = [{"iteration": it, "tasks": {"spamlang": {"metrics": {
-        "spamlang_accuracy": acc, "spamlang_loss": 1.0 - acc, "spamlang_target_prob": acc / 2}},
+        "spamlang_accuracy": acc, "spamlang_loss": 1.0 - acc, "spamlang_target_prob": acc / 2, **extra(it)}},
         "gradient": {"metrics": {"logit_grad_inside_span": 0.1, "copy_grad_share": 0.5 if cplm else 0.0}}}}
         for it, acc in accuracies.items()]
     metrics = [{"iteration": it, "loss": 5.0 - it / 10} for it in range(1, 21)]
@@ -38,14 +40,24 @@ def test_claims_and_report(tmp_path: Path):
     (claim,) = spamlang_claims(pair_up(runs))
     assert claim["cplm_steps_to_99"] == 5 and claim["baseline_steps_to_99"] == 10
     assert claim["baseline_accuracy_at_cplm_step"] == 0.4
-    slow = [spamlang_run(False, {0: 0.0, 5: 0.1, 10: 0.2, 15: 0.3, 20: 0.4}), runs[1]]
+    assert claim["previous_token_accuracy"] is None and claim["baseline_cache_accuracy"] == {}  # not evaluated
+    slow = [spamlang_run(False, {0: 0.0, 5: 0.1, 10: 0.2, 15: 0.3, 20: 0.4}, controls=True), runs[1]]
     (claim,) = spamlang_claims(pair_up(slow))
-    assert claim["baseline_steps_to_99"] is None
+    assert claim["baseline_steps_to_99"] is None and claim["seed"] == 2
+    assert claim["previous_token_accuracy"] == 1.0 and claim["baseline_cache_accuracy"][0] == 0.99
 
     report = write_report(tmp_path, slow, {"command": "tools/ablate.py --quick", "settings": {"hidden_size": 64},
                                            "seconds": 12.0, "runtimes": {"spam-True": (3.0, 4.0)}})
     text = report.read_text()
-    assert "| 8192 | 128 | untied | 5 / not within 20 | 5 / below at step 20 | 0.1000 |" in text
+    # the trivial copiers beside the CPLM, the baseline's loss beside ln V (ln 8192 = 9.011)
+    assert ("| 8192 | 128 | 2 | untied | 5 / not within 20 | 1.0000 / 0.4000 | 1.0000 | 0.9900 / 0.9700 | "
+            "0.600 / 9.011 | 0.5 / 0.2 |") in text
+    assert "| 8192 | 2 | 0.500 / 0.000 / 0.990 | 0.992 / 0.100 / 0.985 |" in text
+    assert "the runs' recorded time 7 s" in text  # no timing.json here: the invocation's own figures
+    (tmp_path / "runs" / "spam-True").mkdir(parents=True)
+    (tmp_path / "runs" / "spam-True" / "timing.json").write_text('{"train_seconds": 130.5, "eval_seconds": 250.0}')
+    text = write_report(tmp_path, slow, {"seconds": 0.01, "runtimes": {"spam-True": (0.0, 0.0)}}).read_text()
+    assert "the runs' recorded time 380 s" in text and "| spam-True | 130 | 250 |" in text  # a reused run's own time
     assert "![Loss curves](loss_curves.png)" in text and "Passkey operating points" in text
     assert "(no data for this plot)" in text  # no passkey results in SpamLang runs
     for name in ("loss_curves.png", "copy_accuracy.png", "gradient_retention.png"):

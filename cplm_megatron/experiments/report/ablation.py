@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from cplm_megatron.experiments.records import RunResults
+from cplm_megatron.experiments.records import RunResults, read_timing
 from cplm_megatron.experiments.report.toolkit import fmt, grid, prob, save, table
 
 SPAMLANG_TARGET = 0.99
@@ -70,8 +70,16 @@ def _at(run: RunResults, iteration: int) -> dict | None:
 # -------------------------------------------------------------------------------------- SpamLang
 
 
+def _curve(run: RunResults, metric: str) -> dict[int, float]:
+    """{iteration: value} of one SpamLang metric over the evaluated checkpoints (absent where not evaluated: runs
+    scored before the metric existed)."""
+    return {e["iteration"]: e["tasks"]["spamlang"]["metrics"][metric] for e in run.checkpoints
+            if metric in e["tasks"].get("spamlang", {}).get("metrics", {})}
+
+
 def spamlang_claims(pairs: Sequence[PairSummary]) -> list[dict[str, Any]]:
-    """Per SpamLang pair: steps to >= 99% accuracy for both models and the baseline's accuracy at the CPLM's step."""
+    """Per SpamLang pair: steps to >= 99% accuracy for both models, the baseline's accuracy at the CPLM's step, the
+    trivial copiers on the same samples (previous token; the baseline + continuous cache) and the losses vs ln V."""
     claims = []
     for pair in pairs:
         if pair.cplm.spec.experiment != "spamlang":
@@ -84,9 +92,11 @@ def spamlang_claims(pairs: Sequence[PairSummary]) -> list[dict[str, Any]]:
         base_step = first_reaching(its_b, acc_b, SPAMLANG_TARGET)
         at = _at(pair.baseline, cplm_step) if cplm_step is not None else None
         label = pair.cplm.spec.label
+        previous = _curve(pair.baseline, "spamlang_accuracy_previous_token")
         claims.append({
             "group": pair.group, "vocab": label["vocab"], "hidden": label["hidden"], "tied": label["tied"],
-            "iters": label["iters"], "checkpoint_steps": its_c,
+            "iters": label["iters"], "seed": dict(pair.cplm.spec.settings).get("run.seed"),
+            "checkpoint_steps": its_c,
             "cplm_steps_to_99": cplm_step, "baseline_steps_to_99": base_step,
             "cplm_stays_99_from": staying_from(its_c, acc_c, SPAMLANG_TARGET),
             "baseline_stays_99_from": staying_from(its_b, acc_b, SPAMLANG_TARGET),
@@ -97,6 +107,10 @@ def spamlang_claims(pairs: Sequence[PairSummary]) -> list[dict[str, Any]]:
             "baseline_final_loss": _metric(pair.baseline, "spamlang", "spamlang_loss"),
             "cplm_final_target_prob": _metric(pair.cplm, "spamlang", "spamlang_target_prob"),
             "baseline_final_target_prob": _metric(pair.baseline, "spamlang", "spamlang_target_prob"),
+            "ln_vocab": math.log(label["vocab"]), "baseline_loss": _curve(pair.baseline, "spamlang_loss"),
+            "previous_token_accuracy": previous[max(previous)] if previous else None,
+            "baseline_cache_accuracy": _curve(pair.baseline, "spamlang_accuracy_cache"),
+            "baseline_cache_lambda": _curve(pair.baseline, "spamlang_cache_lambda"),
         })
     return claims
 
@@ -109,13 +123,18 @@ def _stays(step: int | None, iters: int) -> str:
     return f"{step}" if step is not None else f"below at step {iters}"
 
 
-def _per_step_table(claims: list[dict], title: str, key: str, fmt: Callable[[float | None], str]) -> list[str]:
-    """A table of `cplm_<key>` / `baseline_<key>` at every evaluated step, one row per SpamLang run."""
+def _per_step_table(claims: list[dict], title: str, cells: Callable[[dict, int], str]) -> list[str]:
+    """One row per SpamLang run, one column per evaluated step."""
     steps = claims[0]["checkpoint_steps"]
-    rows = [[str(c["vocab"]), "tied" if c["tied"] else "untied",
-             *(f"{fmt(c[f'cplm_{key}'].get(s))} / {fmt(c[f'baseline_{key}'].get(s))}" for s in c["checkpoint_steps"])]
-            for c in claims]
-    return ["", title, "", *table(["vocab", "LM head", *(f"step {s}" for s in steps)], rows, "rl" + "r" * len(steps))]
+    rows = [[str(c["vocab"]), str(c.get("seed", "–")), *(cells(c, s) for s in c["checkpoint_steps"])] for c in claims]
+    return ["", title, "", *table(["vocab", "seed", *(f"step {s}" for s in steps)], rows, "rr" + "r" * len(steps))]
+
+
+def _ln_v(c: dict) -> str:
+    """The baseline's final loss against ln V."""
+    if c["baseline_final_loss"] is None:
+        return "–"
+    return f"{c['baseline_final_loss']:.3f} / {math.log(c['vocab']):.3f}"
 
 
 def spamlang_section(pairs: Sequence[PairSummary]) -> list[str]:
@@ -125,31 +144,42 @@ def spamlang_section(pairs: Sequence[PairSummary]) -> list[str]:
     lines = ["## SpamLang at a vocabulary >= 64x the hidden size", "",
              ("Each sequence repeats one random symbol (Godey & Artzi). Accuracy = argmax next-token accuracy over "
              "every position (position 0 included: nothing to copy there), evaluated on the untrained model (step 0) "
-             "and every checkpoint. `p(target)`: mean probability of the right symbol at the last checkpoint."), ""]
-    header = ["vocab", "V/d", "LM head", "steps to 99%: CPLM / baseline", "stays >= 99% from step: CPLM / baseline",
-              "baseline acc. at CPLM's step", "final acc. CPLM / baseline", "final loss CPLM / baseline",
+             "and every checkpoint. `p(target)`: mean probability of the right symbol at the last checkpoint. Beside "
+             "them, on the same samples, the trivial copiers: the previous-token copier (predicts the token it was "
+             "just given) and the baseline + continuous cache (Grave et al. 2017; lambda/theta tuned for NLL on "
+             "other SpamLang samples; no training of a copy mechanism)."), ""]
+    header = ["vocab", "V/d", "seed", "LM head", "steps to 99%: CPLM / baseline", "final acc. CPLM / baseline",
+              "previous-token copier", "baseline + cache at step 0 / final", "baseline final loss / ln V",
               "p(target) CPLM / baseline"]
     rows = []
     for c in claims:
         last = max(c["cplm_accuracy"])
-        rows.append([str(c["vocab"]), str(c["vocab"] // c["hidden"]), "tied" if c["tied"] else "untied",
+        cache = c.get("baseline_cache_accuracy") or {}
+        rows.append([str(c["vocab"]), str(c["vocab"] // c["hidden"]), str(c.get("seed", "–")),
+                     "tied" if c["tied"] else "untied",
                      f"{_steps(c['cplm_steps_to_99'], c['iters'])} / {_steps(c['baseline_steps_to_99'], c['iters'])}",
-                     f"{_stays(c['cplm_stays_99_from'], c['iters'])} / {_stays(c['baseline_stays_99_from'], c['iters'])}",
-                     fmt(c["baseline_accuracy_at_cplm_step"]),
                      f"{fmt(c['cplm_accuracy'][last])} / {fmt(c['baseline_accuracy'].get(last))}",
-                     f"{fmt(c['cplm_final_loss'], 3)} / {fmt(c['baseline_final_loss'], 3)}",
-                     f"{prob(c['cplm_final_target_prob'])} / {prob(c['baseline_final_target_prob'])}"])
-    lines += table(header, rows, "rrl" + "r" * 6)
-    lines += _per_step_table(claims, "Accuracy at every evaluated step (CPLM / baseline):", "accuracy",
-                             lambda value: fmt(value, 3))
+                     fmt(c.get("previous_token_accuracy")),
+                     f"{fmt(cache.get(min(cache)) if cache else None)} / {fmt(cache.get(max(cache)) if cache else None)}",
+                     _ln_v(c), f"{prob(c['cplm_final_target_prob'])} / {prob(c['baseline_final_target_prob'])}"])
+    lines += table(header, rows, "rrrl" + "r" * 6)
+    lines += _per_step_table(claims, "Accuracy at every evaluated step (CPLM / baseline / baseline + cache):",
+                             lambda c, s: " / ".join(fmt(v, 3) for v in (c["cplm_accuracy"].get(s),
+                                                                        c["baseline_accuracy"].get(s),
+                                                                        (c.get("baseline_cache_accuracy") or {}).get(s))))
     lines += _per_step_table(claims, "Mean probability of the right symbol at every evaluated step (CPLM / baseline):",
-                             "target_prob", prob)
+                             lambda c, s: f"{prob(c['cplm_target_prob'].get(s))} / {prob(c['baseline_target_prob'].get(s))}")
+    lines += _per_step_table(claims, "The baseline's loss at every evaluated step (ln V beside it in the table above):",
+                             lambda c, s: fmt((c.get("baseline_loss") or {}).get(s), 3))
     lines += ["", ("Reading: at every position t >= 1 all copy candidates propose the repeated symbol, so the copy "
               "distribution is a point mass on it and the CPLM's argmax is right from initialization as soon as "
-              "g_t > (1 - g_t) max_v p_LM(v) (the gate starts at sigmoid(-2) = 0.12); training then raises the gate, "
-              "i.e. p(target). A tied LM head gets the symbol's logit from the input embedding itself "
-              "(e_v . e_v is the largest dot product), which is why tied baselines can be accurate while their "
-              "p(target) stays near 1/V."), ""]
+              "g_t > (1 - g_t) max_v p_LM(v) (the gate starts at sigmoid(-2) = 0.12): its (L-1)/L is a ceiling "
+              "reached by construction, the one a cache on the untrained baseline reaches too, and the previous-token "
+              "copier is right everywhere. Training then raises the gate, i.e. p(target). What SpamLang shows is a "
+              "copy mechanism against an LM head that cannot copy: an untied LM head sees each of the V symbols a "
+              "few times at most, so its loss stays near ln V unless it learns a per-symbol mapping. A tied LM head "
+              "gets the symbol's logit from the input embedding itself (e_v . e_v is the largest dot product), which "
+              "is why tied baselines can be accurate while their p(target) stays near 1/V."), ""]
     return lines
 
 
@@ -347,6 +377,16 @@ def plot_gradients(pairs: Sequence[PairSummary], path: Path) -> Path | None:
 # -------------------------------------------------------------------------------------- report
 
 
+def recorded_runtimes(output: Path, runs: Sequence[RunResults]) -> dict[str, tuple[float, float]]:
+    """{run: (train s, eval s)} from each run's timing.json (every attempt; a reused run keeps its own time)."""
+    out = {}
+    for run in runs:
+        timing = read_timing(Path(output) / "runs" / run.spec.name / "timing.json")
+        if timing is not None:
+            out[run.spec.name] = (timing["train_seconds"], timing["eval_seconds"])
+    return out
+
+
 def write_report(output: Path, runs: Sequence[RunResults], meta: dict[str, Any]) -> Path:
     """Write `output/report.md` and its plots; returns the report path.
 
@@ -360,8 +400,11 @@ def write_report(output: Path, runs: Sequence[RunResults], meta: dict[str, Any])
         "Passkey operating points (last checkpoint)": plot_passkey(pairs, output / "passkey.png"),
         "Gradient retention": plot_gradients(pairs, output / "gradient_retention.png"),
     }
+    runtimes = recorded_runtimes(output, runs) or meta.get("runtimes", {})
+    recorded = sum(t + e for t, e in runtimes.values())
     lines = ["# CPLM vs baseline ablation (tiny scale, CPU)", "",
-             f"Command: `{meta.get('command', '')}`; wall time {meta.get('seconds', 0):.0f} s.", "",
+             f"Command: `{meta.get('command', '')}`; the runs' recorded time {recorded:.0f} s (training + evaluation, "
+             f"every attempt; reused runs keep their own); this invocation {meta.get('seconds', 0):.0f} s.", "",
              "Each pair trains a baseline and a CPLM with identical settings (recipe, seed, data order, steps); "
              "only `copy_head.enabled` differs. Settings: "
              + ", ".join(f"{k}={v}" for k, v in meta.get("settings", {}).items()) + ".", ""]
@@ -370,7 +413,6 @@ def write_report(output: Path, runs: Sequence[RunResults], meta: dict[str, Any])
     lines += ["## Plots", ""]
     for title, path in plots.items():
         lines += [f"### {title}", "", f"![{title}]({path.name})" if path else "(no data for this plot)", ""]
-    runtimes = meta.get("runtimes", {})
     if runtimes:
         lines += ["## Runs", "", *table(["run", "train s", "eval s"],
                                         [[name, f"{t:.0f}", f"{e:.0f}"] for name, (t, e) in runtimes.items()], "lrr")]

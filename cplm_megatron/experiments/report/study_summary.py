@@ -100,7 +100,7 @@ def train_flops_per_token(run: RunResults) -> float | None:
         return float(run.spec.label["train_flops_per_token"])
     from cplm_megatron.model.accounting import CopyHeadShape
     from cplm_megatron.model.accounting import train_flops_per_token as flops
-    from cplm_megatron.training.run_config import load_run_config
+    from cplm_megatron.run_config import load_run_config
 
     cfg = load_run_config(run.spec.recipe, run.spec.overrides())
     shape = CopyHeadShape.of(cfg.copy_head)
@@ -212,6 +212,22 @@ def cache_arm(baseline: dict[int, dict[str, Any]]) -> dict[str, Any] | None:
                                                 "better_in": sum(d < 0 for d in diffs), "seeds": len(diffs)}}}
 
 
+def copy_controls(run: RunResults) -> dict[str, Any] | None:
+    """What copying without a trained model gets on the copy task the runs were scored on: chance and the
+    one-token-match copier (recomputed from the task's samples where the evaluation predates that metric)."""
+    copy = run.final["tasks"].get("copy")
+    if copy is None:
+        return None
+    metrics, details = copy["metrics"], copy["details"]
+    if "copy_accuracy_one_token_match" in metrics:
+        return {k: metrics[k] for k in ("copy_accuracy_chance", "copy_accuracy_one_token_match")}
+    from cplm_megatron.evaluation.copiers import copy_task_controls
+    from cplm_megatron.evaluation.options import EVAL_SEED
+
+    vocab = round(1 / metrics["copy_accuracy_chance"]) + 1
+    return copy_task_controls(details.get("layout", "half"), details["sequences"], details["length"], vocab, EVAL_SEED)
+
+
 def flattening(curves: Sequence[list[dict[str, Any]]]) -> dict[str, Any]:
     """How flat the baseline's val loss is at the end: mean over seeds at 50/75/100% of training and the
     relative improvement over the last quarter."""
@@ -272,6 +288,7 @@ def summarize(runs: Sequence[RunResults], planned: Sequence[tuple[str, str, int]
             "between_arms": {f"{b} - {a}": paired_between(figures, b, a)
                              for i, a in enumerate(cplm) for b in cplm[i + 1:]},
             "baseline_copy_accuracy": mean_std([figures["baseline"][s]["copy_accuracy"] for s in seeds]),
+            "copy_controls": copy_controls(by_key[(scale, "baseline", seeds[0])]),
             "model": {k: sample[k] for k in ("hidden", "layers", "vocab", "iters")},
             "tokens": sample["iters"] * int(sample.get("tokens_per_step", GLOBAL_BATCH * SEQ_LEN)),
             "seeds": seeds,
