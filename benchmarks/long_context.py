@@ -174,8 +174,7 @@ def _last_iteration(run_dir: Path) -> int:
 
 
 def _losses(run_dir: Path) -> Dict[int, float]:
-    from cplm_megatron.training.metrics_log import read_metrics
-    from cplm_megatron.training.metrics_log import record_nll
+    from cplm_megatron.training.metrics_log import read_metrics, record_nll
 
     # the NLL, whichever version logged it; a line cut by an interrupted write is left out
     return {r["iteration"]: record_nll(r) for r in read_metrics(run_dir) if "loss" in r}

@@ -39,7 +39,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 def checked_config(args: argparse.Namespace, world_size: Optional[int]):
     """The run config of the command line, with every check that needs no process group: the keys and values, and
     (`world_size` given) the layout against the model and the number of processes. Raises UserError."""
-    from cplm_megatron.training.run_config import load_run_config, overrides_from_args
+    from cplm_megatron.run_config import load_run_config, overrides_from_args
 
     cfg = load_run_config(args.config[-1] if args.config else None, overrides_from_args(args.set))
     if world_size is not None:

@@ -61,8 +61,8 @@ def test_an_append_cut_by_the_disk_leaves_the_file_as_it_was(tmp_path: Path) -> 
 
 def test_the_metrics_log_drops_a_cut_line_on_resume_and_skips_records_it_cannot_write(
         tmp_path: Path, capsys) -> None:
+    from cplm_megatron.run_config import LoggingConfig
     from cplm_megatron.training.metrics_log import MetricsLogger
-    from cplm_megatron.training.run_config import LoggingConfig
 
     path = tmp_path / "metrics.jsonl"
     path.write_text(_lines({"iteration": 1, "loss": 3.0}, {"iteration": 2, "loss": 2.5}) + '{"iteration": 3, "lo')

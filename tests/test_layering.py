@@ -1,8 +1,9 @@
 """The package's layers import one way (an ast scan of every import in cplm_megatron/, TYPE_CHECKING and
 function-level imports included): config, errors and durable_files at the bottom; data, kernels and parallel
 never import the layers above them; model never imports checkpoint, training, evaluation, hf or experiments;
-checkpoint never imports training, evaluation, hf or experiments; training never imports evaluation, hf or
-experiments; evaluation never imports experiments. Inside model/, no import circle."""
+the run config and checkpoint never import training, evaluation, hf or experiments; training never imports
+evaluation, hf or experiments; evaluation and hf never import training (they read runs through the run config
+and checkpoint); evaluation never imports experiments. Inside model/, no import circle."""
 from __future__ import annotations
 
 import ast
@@ -17,9 +18,11 @@ FORBIDDEN = {
     "data": UPPER,
     "parallel": UPPER,
     "model": UPPER - {"model"},
+    "run_config": {"checkpoint", "training", "evaluation", "hf", "experiments"},
     "checkpoint": {"training", "evaluation", "hf", "experiments"},
     "training": {"evaluation", "hf", "experiments"},
-    "evaluation": {"experiments"},
+    "evaluation": {"training", "experiments"},
+    "hf": {"training", "evaluation", "experiments"},
 }
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from cplm_megatron.training.run_config import load_run_config, overrides_from_args
+from cplm_megatron.run_config import load_run_config, overrides_from_args
 
 REPO = Path(__file__).resolve().parents[1]
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]

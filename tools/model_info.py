@@ -86,7 +86,7 @@ def request_from_recipe(args: Dict[str, Any]) -> Dict[str, Any]:
     """InfoRequest fields from `--config RECIPE [--set ...]`; options given on the command line win."""
     from cplm_megatron.model.layout import validate_layout
     from cplm_megatron.model.lm_head_choice import choose_lm_head_loss
-    from cplm_megatron.training.run_config import load_run_config, overrides_from_args
+    from cplm_megatron.run_config import load_run_config, overrides_from_args
 
     cfg = load_run_config(args.pop("config"), overrides_from_args(args.pop("set")))
     m, c, p, t = cfg.model, cfg.copy_head, cfg.parallel, cfg.train

@@ -82,7 +82,7 @@ def _require_single_process_state() -> None:
 
 def saved_run_config(checkpoint: Path):
     """The resolved RunConfig stored in a checkpoint's common state."""
-    from cplm_megatron.training.run_config import run_config_from_saved
+    from cplm_megatron.run_config import run_config_from_saved
 
     return run_config_from_saved(read_saved_config(checkpoint))
 
@@ -166,7 +166,7 @@ class MegatronScorer:
 
     def model_inputs(self, batch: Batch) -> dict[str, Any]:
         """The model call arguments the trainer would build for this batch."""
-        from cplm_megatron.training.step import model_inputs
+        from cplm_megatron.model.inputs import model_inputs
 
         return model_inputs(batch, next(self.model.parameters()).device, self.document_masking)
 

@@ -64,7 +64,7 @@ def headline_lines(rows: list[dict[str, Any]], copy_head: dict[str, Any]) -> lis
 def write_summary(out: Path, ablation: Path, hf_dir: Path, prompt: str, sample: str, minutes: float) -> list[str]:
     """OUT/summary.json of the demo; returns the lines it prints: the headline table, the report's and the export's
     paths, the SpamLang lines."""
-    from cplm_megatron.training.run_config import load_run_config
+    from cplm_megatron.run_config import load_run_config
 
     results = json.loads((Path(ablation) / "results.json").read_text())
     rows = headline(ablation)

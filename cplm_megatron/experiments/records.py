@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from cplm_megatron.durable_files import write_atomic
-from cplm_megatron.training.metrics_log import read_metrics
 from cplm_megatron.errors import check_version
 from cplm_megatron.evaluation.results import read_eval_results
 from cplm_megatron.experiments.plan.run import Evaluation, Run
+from cplm_megatron.training.metrics_log import read_metrics
 
 JOB_RECORD = "job.json"
 TIMING = "timing.json"  # a job's training and evaluation seconds, every attempt counted

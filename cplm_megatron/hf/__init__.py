@@ -1,8 +1,7 @@
-"""Hugging Face side of CPLM: the self-contained model code, checkpoint writing, local lm-eval tasks."""
+"""Hugging Face side of CPLM: the self-contained model code and checkpoint writing (both conversions: convert.py)."""
 
 from cplm_megatron.hf.configuration_cplm import CPLMConfig
 from cplm_megatron.hf.export import write_hf_checkpoint
-from cplm_megatron.hf.local_tasks import write_local_task
 from cplm_megatron.hf.modeling_cplm import CPLMForCausalLM
 
-__all__ = ["CPLMConfig", "CPLMForCausalLM", "write_hf_checkpoint", "write_local_task"]
+__all__ = ["CPLMConfig", "CPLMForCausalLM", "write_hf_checkpoint"]

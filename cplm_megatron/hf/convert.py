@@ -48,7 +48,7 @@ from cplm_megatron.hf.weight_mapping import (
 )
 from cplm_megatron.model.config import ModelConfig
 from cplm_megatron.model.copy_head import CopyHeadConfig
-from cplm_megatron.training.run_config import RunConfig, build_run_config
+from cplm_megatron.run_config import RunConfig, build_run_config
 
 log = logging.getLogger(__name__)
 

@@ -173,7 +173,7 @@ class SequenceShape:
 
 
 class RunSpec(Protocol):
-    """What build_run reads of a run: a `RunConfig` (training/run_config.py), or `model_run` of a model alone."""
+    """What build_run reads of a run: a `RunConfig` (run_config.py), or `model_run` of a model alone."""
 
     model: ModelConfig
     copy_head: CopyHeadConfig

@@ -16,7 +16,7 @@ import yaml
 
 from cplm_megatron.data.config import StreamConfig
 from cplm_megatron.errors import ConfigError
-from cplm_megatron.training.run_config import RunConfig
+from cplm_megatron.run_config import RunConfig
 
 PAGE = "docs/config-reference.md"
 STREAM_LISTS = ("data.streams", "data.val_streams")  # lists of StreamConfig: documented as `key[].field`

@@ -17,7 +17,7 @@ from cplm_megatron.durable_files import append_line, read_json_lines, write_atom
 METRICS_FILE = "metrics.jsonl"  # a run's training and validation records, one JSON object per line
 
 if TYPE_CHECKING:
-    from cplm_megatron.training.run_config import LoggingConfig
+    from cplm_megatron.run_config import LoggingConfig
 
 
 TENSORBOARD_DIR = "tensorboard"

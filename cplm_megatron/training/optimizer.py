@@ -1,70 +1,12 @@
 """Megatron optimizer + LR/WD schedule from the `optimizer.*` and `schedule.*` config sections."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import List, Literal, Optional
+from typing import List
 
 import torch
 
 from cplm_megatron.errors import ConfigError
-
-
-@dataclass
-class OptimizerConfig:
-    """The `optimizer.*` section (AdamW via Megatron's optimizer wrappers; the LR is train.lr)."""
-
-    weight_decay: float = 0.01
-    beta1: float = 0.9
-    beta2: float = 0.95
-    eps: float = 1e-8
-    clip_grad: float = 1.0
-    distributed: bool = False  # Megatron's distributed optimizer (ZeRO-1 over data parallel)
-    overlap_grad_reduce: bool = False
-    overlap_param_gather: bool = False
-    bucket_size: Optional[int] = None
-    # Fraction of this rank's optimizer shard (fp32 master weights + Adam moments) kept and stepped on
-    # the CPU: megatron-core's HybridDeviceOptimizer (`optimizer_cpu_offload`). GPU + Transformer Engine.
-    offload_fraction: float = 0.0
-    # torch's fused AdamW kernel (one pass over parameters, gradients and moments) where megatron-core falls back
-    # to torch's AdamW (no Apex, no Transformer Engine; their FusedAdam is fused already). auto: fused on CUDA;
-    # false: torch's default (foreach on CUDA, a per-parameter loop on CPU). The same update to rounding.
-    fused: Literal["auto", True, False] = "auto"  # torch's fused AdamW kernel; auto: on CUDA (no Apex/TE only)
-
-    def validate(self) -> None:
-        for key in ("weight_decay", "clip_grad"):
-            if getattr(self, key) < 0:
-                raise ConfigError(f"optimizer.{key} must be >= 0, got {getattr(self, key)}")
-        if self.eps <= 0:
-            raise ConfigError(f"optimizer.eps must be > 0, got {self.eps}")
-        for key in ("beta1", "beta2"):
-            if not 0 <= getattr(self, key) < 1:
-                raise ConfigError(f"optimizer.{key} must be in [0, 1), got {getattr(self, key)}")
-        if self.overlap_param_gather and not self.distributed:
-            raise ConfigError("optimizer.overlap_param_gather=true needs optimizer.distributed=true")
-        if not 0.0 <= self.offload_fraction <= 1.0:
-            raise ConfigError(f"optimizer.offload_fraction must be in [0, 1], got {self.offload_fraction}")
-        if self.offload_fraction and not self.distributed:
-            raise ConfigError("optimizer.offload_fraction > 0 offloads the distributed optimizer's shard: "
-                              "set optimizer.distributed=true")
-
-
-@dataclass
-class ScheduleConfig:
-    """The `schedule.*` section: warmup then cosine, or warmup-stable-decay (WSD)."""
-
-    style: Literal["wsd", "cosine", "linear", "constant"] = "wsd"
-    warmup_iters: int = 0
-    decay_iters: Optional[int] = None  # cosine/linear: iterations to decay over (default: train.iters)
-    wsd_decay_fraction: float = 0.2  # WSD: final fraction of training spent decaying
-    wsd_decay_style: Literal["linear", "cosine", "exponential", "minus_sqrt"] = "linear"
-
-    def validate(self) -> None:
-        if self.warmup_iters < 0:
-            raise ConfigError(f"schedule.warmup_iters must be >= 0, got {self.warmup_iters}")
-        if self.decay_iters is not None and self.decay_iters < 1:
-            raise ConfigError(f"schedule.decay_iters must be >= 1 or null, got {self.decay_iters}")
-        if not 0.0 < self.wsd_decay_fraction <= 1.0:
-            raise ConfigError(f"schedule.wsd_decay_fraction must be in (0, 1], got {self.wsd_decay_fraction}")
+from cplm_megatron.run_config import OptimizerConfig, ScheduleConfig
 
 
 def ddp_config(opt: OptimizerConfig, bf16: bool):

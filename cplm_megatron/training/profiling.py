@@ -14,21 +14,12 @@ import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from cplm_megatron.errors import ConfigError
-
 TOP = 20
 # CUDA runtime/driver calls that launch kernels, and those that block the host until the device catches up
 LAUNCH_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx",
                 "cudaLaunchCooperativeKernel", "cudaGraphLaunch")
 SYNC_CALLS = ("cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize")
 MATMUL_NAMES = ("gemm", "nvjet", "cutlass", "xmma", "cublas")
-
-
-def check_profile_steps(steps: Sequence[int]) -> None:
-    """`train.profile_steps` is [first, last] with 1 <= first <= last."""
-    if len(steps) != 2 or not 1 <= steps[0] <= steps[1]:
-        raise ConfigError(f"train.profile_steps must be [first, last] iterations with 1 <= first <= last, got "
-                          f"{list(steps)} (e.g. --set train.profile_steps=[5,8])")
 
 
 class StepProfiler:

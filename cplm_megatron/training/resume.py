@@ -39,8 +39,8 @@ from cplm_megatron.checkpoint.lookup import (
     verify_checkpoint,
 )
 from cplm_megatron.errors import CheckpointError, ConfigError
+from cplm_megatron.run_config import RunConfig
 from cplm_megatron.training.resume_compat import compare_configs, describe
-from cplm_megatron.training.run_config import RunConfig
 
 
 @dataclass

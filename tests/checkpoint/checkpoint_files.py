@@ -5,7 +5,7 @@ import shutil
 from pathlib import Path
 from typing import Iterable, List
 
-from cplm_megatron.training.run_config import RunConfig, load_run_config
+from cplm_megatron.run_config import RunConfig, load_run_config
 
 REPO = Path(__file__).resolve().parents[2]
 # A tiny model: small enough to save three checkpoints in a few seconds.

@@ -69,7 +69,7 @@ def _write(path, text):
 ])
 def test_numeric_keys_out_of_range_are_config_errors(override, message):
     """Checked when the config is built, with the other config errors: before anything is written."""
-    from cplm_megatron.training.run_config import load_run_config
+    from cplm_megatron.run_config import load_run_config
 
     with pytest.raises(ConfigError, match=re.escape(message)):
         load_run_config("configs/tiny.yaml", [override])

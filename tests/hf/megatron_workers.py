@@ -11,7 +11,7 @@ from functools import partial
 
 import torch
 
-from cplm_megatron.training.run_config import RunConfig, load_run_config
+from cplm_megatron.run_config import RunConfig, load_run_config
 
 SEQ_LEN = 32
 EOD_ID = 0  # <|endoftext|> of the test tokenizer (hf_testing.BOS_EOS_ID): exports reset copy candidates at it

@@ -11,8 +11,8 @@ from hf_testing import PAD_ID, cplm_config, tiny_cplm
 from transformers import AutoTokenizer
 
 from cplm_megatron.evaluation.tasks.lmeval import offline_env
+from cplm_megatron.evaluation.tasks.lmeval_local import template_path, write_local_task
 from cplm_megatron.hf.export import write_hf_checkpoint
-from cplm_megatron.hf.local_tasks import template_path, write_local_task
 
 MC_DOCS = [
     {"context": "copy paste copy paste copy", "choices": ["paste", "fox", "lazy dog"], "label": 0},

@@ -169,7 +169,7 @@ def training_batch_path(rank: int, overrides: list) -> Dict:
     what the model and its copy head received and what the head returned."""
     from pathlib import Path
 
-    from cplm_megatron.training.run_config import load_run_config
+    from cplm_megatron.run_config import load_run_config
     from cplm_megatron.training.trainer import Trainer
 
     repo = Path(__file__).resolve().parents[2]

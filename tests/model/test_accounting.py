@@ -180,7 +180,7 @@ def test_activation_model_matches_what_autograd_keeps_in_a_layer(fused_swiglu):
     from cplm_megatron.model.accounting import activation_bytes_per_layer_token
     from cplm_megatron.model.builder import build_run, model_run
     from cplm_megatron.model.layout import single_process_megatron
-    from cplm_megatron.training.run_config import PrecisionConfig
+    from cplm_megatron.run_config import PrecisionConfig
 
     seq, micro = 128, 2
     base = dataclasses.replace(load_preset("smollm2-135m"), vocab_size=256, attention_impl="sdpa",

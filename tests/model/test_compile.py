@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from cplm_megatron.errors import ConfigError
-from cplm_megatron.training.run_config import load_run_config
+from cplm_megatron.run_config import load_run_config
 from tests.harness import REPO
 from tests.training import pretrain_utils as pu
 

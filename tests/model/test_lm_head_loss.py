@@ -14,7 +14,7 @@ import pytest
 import cplm_kernels
 from cplm_megatron.errors import ConfigError
 from cplm_megatron.model.lm_head_loss import check_lm_head_loss, runnable_here
-from cplm_megatron.training.run_config import load_run_config
+from cplm_megatron.run_config import load_run_config
 from tests.harness import Call, run_cases
 from tests.model import lm_head_workers as w
 

@@ -121,7 +121,7 @@ def test_megatron_models_built_on_meta_match_and_allocate_nothing():
 
 def test_tiny_qwen3_recipe_is_the_tiny_recipe_with_the_qwen3_backbone():
     from cplm_megatron.config.loader import recipe_path
-    from cplm_megatron.training.run_config import load_run_config
+    from cplm_megatron.run_config import load_run_config
 
     tiny, qwen3 = (load_run_config(recipe_path(name), []).to_dict() for name in ("tiny", "tiny_qwen3"))
     assert qwen3["model"]["family"] == "qwen3" and qwen3["model"]["preset"] == "tiny-qwen3"

@@ -9,7 +9,7 @@ from cplm_megatron.model.accounting import GIB, CopyHeadShape, memory_estimate
 from cplm_megatron.model.config import load_preset
 from cplm_megatron.model.planner import plan_layouts
 from cplm_megatron.model.step_time import communication_bytes, micro_batch_seconds, seconds_per_sequence
-from cplm_megatron.training.run_config import load_run_config
+from cplm_megatron.run_config import load_run_config
 from tests.training.pretrain_utils import REPO
 
 RECIPE_32K = REPO / "configs/smollm2_1p7b_32k.yaml"

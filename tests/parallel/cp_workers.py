@@ -122,8 +122,8 @@ def checkpoint_val_nll(rank: int, checkpoint: str, data: str, batch_size: int, l
     from cplm_megatron.evaluation.scorers import saved_run_config
     from cplm_megatron.evaluation.tasks.val import open_val_loader, val_batches
     from cplm_megatron.model.builder import build_run
+    from cplm_megatron.model.inputs import model_inputs
     from cplm_megatron.model.layout import init_distributed
-    from cplm_megatron.training.step import model_inputs
 
     cfg = saved_run_config(Path(checkpoint))
     cfg = replace(cfg, parallel=replace(cfg.parallel, cp=2, backend="gloo"))

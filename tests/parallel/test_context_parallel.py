@@ -293,7 +293,7 @@ def test_tiny_recipe_tp2_cp2_with_document_masking_and_sp_train_like_cp1(stdlib_
 def test_context_parallel_layout_errors_name_the_fix(overrides, world, message):
     """Checked when the recipe is loaded or against the world size: before any process group."""
     from cplm_megatron.errors import ConfigError
-    from cplm_megatron.training.run_config import load_run_config
+    from cplm_megatron.run_config import load_run_config
     from tests.training.pretrain_utils import REPO
 
     with pytest.raises(ConfigError, match=message):
@@ -303,7 +303,7 @@ def test_context_parallel_layout_errors_name_the_fix(overrides, world, message):
 
 def test_fused_copy_kernel_and_fp8_are_allowed_under_context_parallelism():
     """The fused kernel takes global query positions (tests/kernels/test_fused_copy_cp.py): no refusal."""
-    from cplm_megatron.training.run_config import load_run_config
+    from cplm_megatron.run_config import load_run_config
     from tests.training.pretrain_utils import REPO
 
     cfg = load_run_config(str(REPO / "configs/tiny.yaml"), ["parallel.cp=2", "copy_head.impl=fused",
@@ -313,7 +313,7 @@ def test_fused_copy_kernel_and_fp8_are_allowed_under_context_parallelism():
 
 
 def test_context_parallel_layout_gives_the_data_parallel_size():
-    from cplm_megatron.training.run_config import load_run_config
+    from cplm_megatron.run_config import load_run_config
     from tests.training.pretrain_utils import REPO
 
     cfg = load_run_config(str(REPO / "configs/tiny.yaml"), ["parallel.cp=2", "parallel.tp=2", "train.micro_batch=2"])

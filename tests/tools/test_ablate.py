@@ -148,7 +148,8 @@ def test_spamlang_claim_cplm_reaches_99_percent(tmp_path: Path):
     assert claim["baseline_accuracy_at_cplm_step"] is not None
     assert "baseline_steps_to_99" in claim  # a step, or null = not within 20 steps
     report = (out / "report.md").read_text()
-    assert "## SpamLang at a vocabulary >= 64x the hidden size" in report and "| 4096 | 64 | untied |" in report
+    row = f"| 4096 | 64 | {claim.get('seed', '–')} | untied |"  # vocab, V/d, seed, LM head
+    assert "## SpamLang at a vocabulary >= 64x the hidden size" in report and row in report, report
     assert claim["cplm_stays_99_from"] is not None
     for name in ("loss_curves.png", "copy_accuracy.png", "gradient_retention.png"):
         assert (out / name).read_bytes()[:8] == PNG

@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from cplm_megatron.errors import ConfigError
+from cplm_megatron.run_config import LoggingConfig, RunConfig, load_run_config
 from cplm_megatron.training.config_reference import PAGE, describe, reference_keys, render, stale_lines
-from cplm_megatron.training.run_config import LoggingConfig, RunConfig, load_run_config
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from cplm_megatron.run_config import LoggingConfig
 from cplm_megatron.training.metrics_log import (
     TENSORBOARD_DIR,
     MetricsLogger,
@@ -13,7 +14,6 @@ from cplm_megatron.training.metrics_log import (
     record_nll,
     record_objective,
 )
-from cplm_megatron.training.run_config import LoggingConfig
 
 CPLM = {"iteration": 20, "loss": 6.2103, "objective": 12.5712, "lm_loss": 6.3609, "gate_mean": 0.123, "lr": 3e-4,
         "grad_norm": 1.5, "mem_device": "cuda", "mem_gib": 12.3, "peak_mem_gib": 18.24}

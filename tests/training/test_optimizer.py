@@ -12,12 +12,12 @@ import pytest
 import torch
 
 from cplm_megatron.errors import ConfigError
+from cplm_megatron.run_config import load_run_config
 from cplm_megatron.training.optimizer import (
     OptimizerConfig,
     check_offload_supported,
     megatron_optimizer_kwargs,
 )
-from cplm_megatron.training.run_config import load_run_config
 from tests.training import pretrain_utils as pu
 
 pytestmark = pytest.mark.mcore  # the outcome depends on megatron-core (both CI legs)

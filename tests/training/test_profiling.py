@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from cplm_megatron.errors import ConfigError
-from cplm_megatron.training.profiling import StepProfiler, check_profile_steps
+from cplm_megatron.run_config import check_profile_steps
+from cplm_megatron.training.profiling import StepProfiler
 
 
 @pytest.mark.parametrize("steps", [[3], [0, 2], [5, 4], [1, 2, 3]])

@@ -44,8 +44,8 @@ def test_a_disk_filled_during_an_async_save_resumes_once_space_is_freed(tmp_path
     left half written, and once the filesystem is grown the same command resumes from the last complete checkpoint
     and finishes."""
     from cplm_megatron.checkpoint.lookup import iteration_of
+    from cplm_megatron.run_config import load_run_config
     from cplm_megatron.training.preflight import checkpoint_size
-    from cplm_megatron.training.run_config import load_run_config
     from tests import harness
 
     disk = tmp_path / "disk"

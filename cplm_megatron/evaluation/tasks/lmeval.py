@@ -57,7 +57,7 @@ def passkey_lines_docs(n: int, seed: int, filler_lines: int = 6) -> list[dict]:
 
 def write_builtin_tasks(task_dir: Path, n: int, seed: int) -> list[str]:
     """Write the built-in local tasks into `task_dir`; their names."""
-    from cplm_megatron.hf.local_tasks import write_local_task
+    from cplm_megatron.evaluation.tasks.lmeval_local import write_local_task
 
     write_local_task(task_dir, "cplm_copy_words", "multiple_choice", copy_words_docs(n, seed))
     write_local_task(task_dir, "cplm_passkey_lines", "generate_until", passkey_lines_docs(n, seed))

@@ -113,7 +113,7 @@ def plan(settings: ClusterStudySettings, output: Path) -> list[tuple[Run, Cluste
     checked) here."""
     from cplm_megatron.experiments.launch.launcher import eval_command, train_command
     from cplm_megatron.model.accounting import CopyHeadShape, train_flops_per_token
-    from cplm_megatron.training.run_config import load_run_config
+    from cplm_megatron.run_config import load_run_config
 
     settings.validate()
     data = Path(settings.data).resolve()

@@ -218,9 +218,11 @@ def copy_controls(run: RunResults) -> dict[str, Any] | None:
     copy = run.final["tasks"].get("copy")
     if copy is None:
         return None
-    metrics, details = copy["metrics"], copy["details"]
+    metrics, details = copy["metrics"], copy.get("details")
     if "copy_accuracy_one_token_match" in metrics:
         return {k: metrics[k] for k in ("copy_accuracy_chance", "copy_accuracy_one_token_match")}
+    if not details or "sequences" not in details:
+        return None
     from cplm_megatron.evaluation.copiers import copy_task_controls
     from cplm_megatron.evaluation.options import EVAL_SEED
 

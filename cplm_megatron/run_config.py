@@ -1,4 +1,7 @@
-"""The run config: one dataclass per concern, composed; loaded from YAML + `--set section.key=value`.
+"""The run config: one dataclass per concern, composed; loaded from YAML + `--set section.key=value`. The
+sections of the model, data and parallel layout live with their packages; the training sections (run, train,
+optimizer, schedule, checkpoint, logging) here, below every package that reads a run's config (the trainer, the
+checkpoints, the evaluators and the converters).
 
     cfg = load_run_config("configs/tiny.yaml", ["parallel.tp=2", "train.iters=50", "run.dir=runs/x"])
 
@@ -33,11 +36,74 @@ from cplm_megatron.model.config import ModelConfig, resolve_model_section
 from cplm_megatron.model.copy_head import CopyHeadConfig
 from cplm_megatron.model.layout import check_context_parallel, validate_layout
 from cplm_megatron.parallel.config import ParallelConfig
-from cplm_megatron.training.optimizer import OptimizerConfig, ScheduleConfig
-from cplm_megatron.training.profiling import check_profile_steps
 
 # The batch shape's one home is train.*; the loaders receive it as a BatchShape (TrainConfig.shape).
 _BATCH_KEYS = ("seq_len", "micro_batch", "global_batch")
+
+
+@dataclass
+class OptimizerConfig:
+    """The `optimizer.*` section (AdamW via Megatron's optimizer wrappers; the LR is train.lr)."""
+
+    weight_decay: float = 0.01
+    beta1: float = 0.9
+    beta2: float = 0.95
+    eps: float = 1e-8
+    clip_grad: float = 1.0
+    distributed: bool = False  # Megatron's distributed optimizer (ZeRO-1 over data parallel)
+    overlap_grad_reduce: bool = False
+    overlap_param_gather: bool = False
+    bucket_size: Optional[int] = None
+    # Fraction of this rank's optimizer shard (fp32 master weights + Adam moments) kept and stepped on
+    # the CPU: megatron-core's HybridDeviceOptimizer (`optimizer_cpu_offload`). GPU + Transformer Engine.
+    offload_fraction: float = 0.0
+    # torch's fused AdamW kernel (one pass over parameters, gradients and moments) where megatron-core falls back
+    # to torch's AdamW (no Apex, no Transformer Engine; their FusedAdam is fused already). auto: fused on CUDA;
+    # false: torch's default (foreach on CUDA, a per-parameter loop on CPU). The same update to rounding.
+    fused: Literal["auto", True, False] = "auto"  # torch's fused AdamW kernel; auto: on CUDA (no Apex/TE only)
+
+    def validate(self) -> None:
+        for key in ("weight_decay", "clip_grad"):
+            if getattr(self, key) < 0:
+                raise ConfigError(f"optimizer.{key} must be >= 0, got {getattr(self, key)}")
+        if self.eps <= 0:
+            raise ConfigError(f"optimizer.eps must be > 0, got {self.eps}")
+        for key in ("beta1", "beta2"):
+            if not 0 <= getattr(self, key) < 1:
+                raise ConfigError(f"optimizer.{key} must be in [0, 1), got {getattr(self, key)}")
+        if self.overlap_param_gather and not self.distributed:
+            raise ConfigError("optimizer.overlap_param_gather=true needs optimizer.distributed=true")
+        if not 0.0 <= self.offload_fraction <= 1.0:
+            raise ConfigError(f"optimizer.offload_fraction must be in [0, 1], got {self.offload_fraction}")
+        if self.offload_fraction and not self.distributed:
+            raise ConfigError("optimizer.offload_fraction > 0 offloads the distributed optimizer's shard: "
+                              "set optimizer.distributed=true")
+
+
+@dataclass
+class ScheduleConfig:
+    """The `schedule.*` section: warmup then cosine, or warmup-stable-decay (WSD)."""
+
+    style: Literal["wsd", "cosine", "linear", "constant"] = "wsd"
+    warmup_iters: int = 0
+    decay_iters: Optional[int] = None  # cosine/linear: iterations to decay over (default: train.iters)
+    wsd_decay_fraction: float = 0.2  # WSD: final fraction of training spent decaying
+    wsd_decay_style: Literal["linear", "cosine", "exponential", "minus_sqrt"] = "linear"
+
+    def validate(self) -> None:
+        if self.warmup_iters < 0:
+            raise ConfigError(f"schedule.warmup_iters must be >= 0, got {self.warmup_iters}")
+        if self.decay_iters is not None and self.decay_iters < 1:
+            raise ConfigError(f"schedule.decay_iters must be >= 1 or null, got {self.decay_iters}")
+        if not 0.0 < self.wsd_decay_fraction <= 1.0:
+            raise ConfigError(f"schedule.wsd_decay_fraction must be in (0, 1], got {self.wsd_decay_fraction}")
+
+
+def check_profile_steps(steps: Sequence[int]) -> None:
+    """`train.profile_steps` is [first, last] with 1 <= first <= last."""
+    if len(steps) != 2 or not 1 <= steps[0] <= steps[1]:
+        raise ConfigError(f"train.profile_steps must be [first, last] iterations with 1 <= first <= last, got "
+                          f"{list(steps)} (e.g. --set train.profile_steps=[5,8])")
 
 
 @dataclass

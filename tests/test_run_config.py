@@ -5,11 +5,11 @@ import pytest
 from cplm_megatron.config.loader import apply_overrides
 from cplm_megatron.data.config import BatchShape
 from cplm_megatron.errors import ConfigError
-from cplm_megatron.training.run_config import build_run_config, load_run_config, run_config_from_saved
+from cplm_megatron.run_config import build_run_config, load_run_config, run_config_from_saved
 
 pytestmark = pytest.mark.mcore  # the outcome depends on megatron-core (both CI legs)
 
-REPO = __import__("pathlib").Path(__file__).resolve().parents[2]
+REPO = __import__("pathlib").Path(__file__).resolve().parents[1]
 
 
 def test_overrides_parse_types_and_nesting():
