@@ -303,7 +303,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     except ValueError as err:
         print(f"error: --chunks/--sizes: {err}", file=sys.stderr)
         return 2
-    from cplm_megatron.cli import quiet_known_warnings
+    from cplm_megatron.entry_points import quiet_known_warnings
 
     quiet_known_warnings()
     init_megatron()

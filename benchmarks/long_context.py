@@ -410,7 +410,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
     import torch
 
-    from cplm_megatron.cli import quiet_known_warnings
+    from cplm_megatron.entry_points import quiet_known_warnings
 
     quiet_known_warnings()
     try:

@@ -20,8 +20,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from cplm_megatron.cli import exit_2_on, quiet_known_warnings
 from cplm_megatron.data.synthetic import COPY_LAYOUTS
+from cplm_megatron.entry_points import exit_2_on, quiet_known_warnings
 from cplm_megatron.evaluation.options import DEFAULT_LIMITS, EvalOptions
 from cplm_megatron.evaluation.runner import (
     evaluate,

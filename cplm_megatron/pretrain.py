@@ -50,7 +50,7 @@ def checked_config(args: argparse.Namespace, world_size: Optional[int]):
 def run(args: argparse.Namespace) -> int:
     """Resolve the config, then print it or train; bad input is one line on stderr and exit code 2. A config
     refused before any process group is the same on every rank: rank 0 prints it, every rank exits 2."""
-    from cplm_megatron.cli import quiet_known_warnings
+    from cplm_megatron.entry_points import quiet_known_warnings
     from cplm_megatron.errors import UserError
     from cplm_megatron.parallel.distributed import detect_env
 

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 from typing import List, Optional
 
-from cplm_megatron.cli import exit_2_on
+from cplm_megatron.entry_points import exit_2_on
 from cplm_megatron.errors import ConfigError
 from cplm_megatron.training.config_reference import PAGE, render
 

@@ -16,7 +16,7 @@ import logging
 import os
 import sys
 
-from cplm_megatron.cli import exit_2_on, quiet_known_warnings
+from cplm_megatron.entry_points import exit_2_on, quiet_known_warnings
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -17,7 +17,7 @@ import logging
 import sys
 from pathlib import Path
 
-from cplm_megatron.cli import exit_2_on, quiet_known_warnings
+from cplm_megatron.entry_points import exit_2_on, quiet_known_warnings
 from cplm_megatron.hf.convert import DTYPES, convert_to_hf
 
 

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import List, Optional
 
-from cplm_megatron.cli import quiet_known_warnings
+from cplm_megatron.entry_points import quiet_known_warnings
 from cplm_megatron.experiments.demo import generate_sample, write_summary
 
 REPO = Path(__file__).resolve().parents[1]

@@ -28,7 +28,7 @@ import sys
 from dataclasses import replace
 from typing import Any, Dict, List, Optional
 
-from cplm_megatron.cli import exit_2_on, positive_int, quiet_known_warnings
+from cplm_megatron.entry_points import exit_2_on, positive_int, quiet_known_warnings
 from cplm_megatron.errors import ConfigError
 from cplm_megatron.model.config import available_presets
 from cplm_megatron.model.info import InfoRequest, format_table, parse_memory, report

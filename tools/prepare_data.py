@@ -19,12 +19,12 @@ import json
 import os
 import sys
 
-from cplm_megatron.cli import exit_2_on
 from cplm_megatron.data.documents import InputError, add_reading_arguments
 from cplm_megatron.data.inputs import parse_part
 from cplm_megatron.data.parts import merge_parts
 from cplm_megatron.data.prepare import DEFAULT_PROGRESS_INTERVAL, prepare_dataset
 from cplm_megatron.data.shards import DEFAULT_SHARD_SIZE_LIMIT
+from cplm_megatron.entry_points import exit_2_on
 from cplm_megatron.errors import UserError
 
 

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from cplm_megatron.cli import exit_2_on
+from cplm_megatron.entry_points import exit_2_on
 from cplm_megatron.experiments.report.scaling import (  # noqa: F401 - the tool's interface
     ReportError,
     cplm_overheads,

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from cplm_megatron.cli import exit_2_on
+from cplm_megatron.entry_points import exit_2_on
 from cplm_megatron.experiments.plan import scaling as sweep
 from cplm_megatron.experiments.plan.cluster import ClusterStudyError
 from cplm_megatron.experiments.plan.scaling import (  # noqa: F401 - the tool's interface

@@ -18,7 +18,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from cplm_megatron.cli import exit_2_on, quiet_known_warnings
+from cplm_megatron.entry_points import exit_2_on, quiet_known_warnings
 from cplm_megatron.errors import UserError
 from cplm_megatron.experiments.plan.cluster import ClusterStudyError, ClusterStudySettings, collect, submit
 

@@ -18,10 +18,10 @@ import argparse
 import json
 import sys
 
-from cplm_megatron.cli import exit_2_on
 from cplm_megatron.data.documents import add_reading_arguments
 from cplm_megatron.data.tokenizer import DEFAULT_EOD_TOKEN
 from cplm_megatron.data.tokenizer_training import train_tokenizer_from_files
+from cplm_megatron.entry_points import exit_2_on
 from cplm_megatron.errors import UserError
 
 

@@ -37,7 +37,7 @@ STEP_MODULES = ("megatron.core", "cplm_kernels", "cplm_kernels.configs", "cplm_k
                 "cplm_megatron.recipes", "cplm_megatron.model.config", "cplm_megatron.model.accounting",
                 "cplm_megatron.model.attention", "cplm_megatron.model.document_mask", "cplm_megatron.model.layout",
                 "cplm_megatron.model.lm_head_loss", "cplm_megatron.parallel.cpu_compat",
-                "cplm_megatron.parallel.distributed", "cplm_megatron.cli", "cplm_megatron.pretrain")
+                "cplm_megatron.parallel.distributed", "cplm_megatron.entry_points", "cplm_megatron.pretrain")
 FLOPS_CONVENTION = (
     "matmul FLOPs only (2mnk), training = 3 x forward (+ recomputed forward); mfu_full_attention counts attention "
     "scores and values (and the copy head's scores) at full T x T, the Megatron/PaLM convention the trainer logs; "

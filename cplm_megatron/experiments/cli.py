@@ -34,7 +34,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from cplm_megatron.cli import exit_2_on
+from cplm_megatron.entry_points import exit_2_on
 from cplm_megatron.experiments.launch.launcher import JobResult, RunsInterrupted
 from cplm_megatron.experiments.pipeline import SpamLangSettings, run_ablation, run_recipe_study, summarize_study
 from cplm_megatron.experiments.plan.ablation import AblationSettings

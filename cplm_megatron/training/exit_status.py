@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Dict, Mapping, Optional
 
-from cplm_megatron.cli import BAD_INPUT_EXIT_CODE  # noqa: F401 - re-exported: the trainer's exit codes live here
+from cplm_megatron.entry_points import BAD_INPUT_EXIT_CODE  # noqa: F401 - re-exported: the trainer's exit codes live here
 from cplm_megatron.training.signals import RESUME_EXIT_CODE
 
 EXIT_STATUS_DIR_ENV = "CPLM_EXIT_STATUS_DIR"

@@ -18,13 +18,13 @@ from cplm_megatron.checkpoint.lookup import layout_text
 from cplm_megatron.model.accounting import CopyHeadShape, train_flops_per_token
 from cplm_megatron.model.builder import Vocabulary
 from cplm_megatron.run_config import RunConfig, dump_run_config
-from cplm_megatron.training.loop import Cadence, NonFiniteGuard, NonFiniteLossError, StopPolicy  # noqa: F401
 from cplm_megatron.training.metrics_log import MetricsLogger, format_line, objective_terms, rank0_print
 from cplm_megatron.training.preflight import checkpoint_size
 from cplm_megatron.training.profiling import StepProfiler
 from cplm_megatron.training.resume import StartPlan, apply_plan, plan_start
 from cplm_megatron.training.signals import RESUME_EXIT_CODE, StopSignal
 from cplm_megatron.training.step import eval_step, setup_model_config, take, train_step
+from cplm_megatron.training.step_policies import Cadence, NonFiniteGuard, NonFiniteLossError, StopPolicy  # noqa: F401
 from cplm_megatron.training.throughput import SpeedMonitor, default_peak_tflops
 
 

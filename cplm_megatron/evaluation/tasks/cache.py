@@ -5,7 +5,7 @@ tools/build_stdlib_corpus.py writes; as many samples as `val` scores), then the 
 scored with and without the cache over the same positions as `val`. Reports the cache's val loss with
 its document-bootstrap interval, the model's own val loss, their paired difference with its interval,
 and the tuned lambda / theta.
-The math (and its float64 reference test): cplm_megatron.evaluation.cache.
+The math (and its float64 reference test): cplm_megatron.evaluation.continuous_cache.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from cplm_megatron.data.manifest import read_manifest
-from cplm_megatron.evaluation import cache
+from cplm_megatron.evaluation import continuous_cache as cache
 from cplm_megatron.evaluation.metrics import (
     DocumentTally,
     bootstrap_paired_ci,

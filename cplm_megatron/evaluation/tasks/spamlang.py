@@ -6,7 +6,7 @@ Copy-Paste head cannot help there; `spamlang_accuracy_after_first` leaves it out
 Beside them, the trivial copiers on the same samples and positions (the controls a copy mechanism is read against):
 `spamlang_accuracy_previous_token`, a copier that predicts the token it was just given (right at every position
 of SpamLang, position 0 included), and `spamlang_accuracy_cache` / `spamlang_loss_cache`, this model plus a
-continuous cache (Grave et al. 2017; cplm_megatron.evaluation.cache) whose lambda/theta are tuned for NLL on as
+continuous cache (Grave et al. 2017; cplm_megatron.evaluation.continuous_cache) whose lambda/theta are tuned for NLL on as
 many other SpamLang samples (the next sample indices), scored by the argmax of the mixture: on a baseline it is
 the copy mechanism available at test time without training one.
 """
@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from cplm_megatron.data.synthetic import spamlang_sample
-from cplm_megatron.evaluation import cache
+from cplm_megatron.evaluation import continuous_cache as cache
 from cplm_megatron.evaluation.metrics import TokenTally, target_log_probs
 from cplm_megatron.evaluation.options import EvalOptions
 from cplm_megatron.evaluation.scorers import HFScorer, MegatronScorer, Scorer, hidden_and_log_probs

@@ -1,5 +1,5 @@
 """Imported first by the warm forkserver (warm.py PRELOAD): hides megatron-core's expected "Apex/TE not
 installed" warnings, which the server would otherwise print once for every module it preloads."""
-from cplm_megatron.cli import quiet_known_warnings
+from cplm_megatron.entry_points import quiet_known_warnings
 
 quiet_known_warnings()

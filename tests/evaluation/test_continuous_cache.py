@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cplm_megatron.evaluation import cache
+from cplm_megatron.evaluation import continuous_cache as cache
 from cplm_megatron.evaluation.metrics import bootstrap_paired_ci, bootstrap_ratio_ci
 from cplm_megatron.evaluation.options import EvalOptions
 from cplm_megatron.evaluation.tasks import cache as cache_task

@@ -1,10 +1,10 @@
-"""The training loop's decisions (cplm_megatron/training/loop.py), in-process: log/eval cadence, the non-finite
+"""The training loop's decisions (cplm_megatron/training/step_policies.py), in-process: log/eval cadence, the non-finite
 guard, when to checkpoint and when a launch stops early (the end-to-end behaviour: tests/training/test_pretrain.py)."""
 import math
 
 import pytest
 
-from cplm_megatron.training.loop import Cadence, NonFiniteGuard, NonFiniteLossError, StopPolicy
+from cplm_megatron.training.step_policies import Cadence, NonFiniteGuard, NonFiniteLossError, StopPolicy
 
 
 def test_cadence_every_interval_and_at_the_end():

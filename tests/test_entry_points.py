@@ -1,8 +1,8 @@
-"""cplm_megatron/cli.py: the entry points' bad-input contract (one `error:` line, exit 2; other errors keep
+"""cplm_megatron/entry_points.py: the entry points' bad-input contract (one `error:` line, exit 2; other errors keep
 their traceback)."""
 import pytest
 
-from cplm_megatron.cli import BAD_INPUT_EXIT_CODE, exit_2_on
+from cplm_megatron.entry_points import BAD_INPUT_EXIT_CODE, exit_2_on
 from cplm_megatron.errors import ConfigError
 
 
@@ -28,7 +28,7 @@ def test_the_named_errors_are_one_line_and_exit_2_others_propagate(capsys):
 
 def _build_twice(rank: int) -> None:
     """Two tiny models in one process, as an entry point builds them (quiet_known_warnings first)."""
-    from cplm_megatron.cli import quiet_known_warnings
+    from cplm_megatron.entry_points import quiet_known_warnings
     from cplm_megatron.model.builder import build_run, model_run
     from cplm_megatron.model.config import load_preset
     from cplm_megatron.model.layout import single_process_megatron
