@@ -167,15 +167,25 @@ def kernel_figures(report: Optional[dict]) -> dict[str, Any]:
     return out
 
 
-def memory_estimate_gib(config: dict) -> float:
-    """tools/model_info.py's per-GPU estimate (the same accounting.memory_estimate call) for a run's config."""
-    from cplm_megatron.model.accounting import CopyHeadShape, memory_estimate
+def _shapes(config: dict):
+    """The ModelConfig and copy-head shape of a run's resolved config (a dict, as the run wrote it)."""
+    from cplm_megatron.model.accounting import CopyHeadShape
     from cplm_megatron.model.config import ModelConfig
 
-    model = ModelConfig(**config["model"])
     head = config["copy_head"]
     copy = (CopyHeadShape(head["heads"], head["head_dim"], head["qk_norm"], head.get("mixing", "gate"))
             if head["enabled"] else None)
+    return ModelConfig(**config["model"]), copy
+
+
+def memory_estimate_gib(config: dict, record: dict) -> float:
+    """tools/model_info.py's per-GPU estimate for a run: its record's, or for a run stopped before writing one
+    the same accounting.memory_estimate call on its config (one GPU: tp = pp = dp = 1)."""
+    if record.get("memory_estimate_gib") is not None:
+        return float(record["memory_estimate_gib"])
+    from cplm_megatron.model.accounting import memory_estimate
+
+    model, copy = _shapes(config)
     train = config["train"]
     attention = "sdpa" if model.attention_impl == "auto" else model.attention_impl  # no TE in the image
     est = memory_estimate(model, copy, tp=1, pp=1, dp=1, seq_len=train["seq_len"], micro_batch=train["micro_batch"],
@@ -213,23 +223,16 @@ def measured_step_time(records: list[dict], warmup: int, profiled: Optional[list
     return (last["time"] - first["time"]) / steps, steps
 
 
-def train_flops(config: dict) -> dict[str, float]:
-    """Training FLOPs per token of a run's config, with attention at full T x T (the trainer's convention) and
-    causal ((T+1)/2 keys per query: the attention terms times (T+1)/(2T)). Torch-free."""
-    from cplm_megatron.model.accounting import CopyHeadShape, forward_flops_per_token, train_flops_per_token
-    from cplm_megatron.model.config import ModelConfig
+def train_flops(config: dict, record: dict) -> dict[str, float]:
+    """Training FLOPs per token of a run, with attention at full T x T (the trainer's convention) and causal
+    ((T+1)/2 keys per query): its record's, or for a run stopped before writing one, from its config."""
+    if record.get("causal_flops_per_token") is not None:
+        return {"full": record["flops_per_token"], "causal": record["causal_flops_per_token"]}
+    from cplm_megatron.model.accounting import train_flops_figures
 
-    model = ModelConfig(**config["model"])
-    head = config["copy_head"]
-    copy = (CopyHeadShape(head["heads"], head["head_dim"], head["qk_norm"], head.get("mixing", "gate"))
-            if head["enabled"] else None)
-    seq, recompute = config["train"]["seq_len"], config["recompute"]["granularity"]
-    full = train_flops_per_token(model, seq, copy, recompute)
-    forward = forward_flops_per_token(model, seq, copy)
-    copy_scores = 2 * seq * copy.heads * copy.head_dim if copy else 0.0  # the copy head's T x T term
-    passes = 3 + (1 if recompute in ("full", "selective") else 0)  # fwd + bwd (2x) + a recomputed forward
-    attention = passes * forward["layers_attention"] + 3 * copy_scores
-    return {"full": full, "causal": full - attention * (1 - (seq + 1) / (2 * seq))}
+    model, copy = _shapes(config)
+    flops = train_flops_figures(model, config["train"]["seq_len"], copy, config["recompute"]["granularity"])
+    return {"full": flops["flops_per_token"], "causal": flops["causal_flops_per_token"]}
 
 
 def run_figures(work: Path, name: str, warmup: int, device: Optional[str]) -> Optional[dict[str, Any]]:
@@ -249,10 +252,10 @@ def run_figures(work: Path, name: str, warmup: int, device: Optional[str]) -> Op
     step_time, steps = measured_step_time(records, warmup, train.get("profile_steps"))
     tokens_per_sec = train["global_batch"] * train["seq_len"] / step_time if step_time else None
     peaks = [r["tflops_per_device"] / r["mfu"] for r in records if r.get("mfu") and r.get("tflops_per_device")]
-    flops = train_flops(config)
+    flops = train_flops(config, record)
     mfu = {kind: (flops[kind] * tokens_per_sec / 1e12 / peaks[-1] if tokens_per_sec and peaks else None)
            for kind in ("full", "causal")}
-    estimate = memory_estimate_gib(config)
+    estimate = memory_estimate_gib(config, record)
     return {
         "preset": config["model"].get("preset"), "device": record.get("device") or device,
         "dtype": config["precision"]["dtype"], "seq_len": train["seq_len"], "micro_batch": train["micro_batch"],

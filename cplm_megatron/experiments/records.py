@@ -21,6 +21,7 @@ from cplm_megatron.errors import check_version
 from cplm_megatron.evaluation.results import read_eval_results
 from cplm_megatron.experiments.plan.run import Evaluation, Run
 from cplm_megatron.training.metrics_log import read_metrics
+from cplm_megatron.training.run_record import RunRecord, has_run_record, read_run_record
 
 JOB_RECORD = "job.json"
 TIMING = "timing.json"  # a job's training and evaluation seconds, every attempt counted
@@ -226,6 +227,7 @@ class RunResults:
     spec: Run
     metrics: list[dict[str, Any]]  # metrics.jsonl records (training and eval)
     checkpoints: list[dict[str, Any]]  # evaluate() results, by iteration (0 = untrained)
+    record: RunRecord | None = None  # the trainer's run record (throughput, layout, FLOPs per token)
 
     def train_curve(self, key: str = "loss") -> tuple[list[int], list[float]]:
         """(iterations, values) of a metrics.jsonl key."""
@@ -260,4 +262,5 @@ def load_run(spec: Run, output: Path) -> RunResults:
     for path in (metrics_path, eval_path):
         if not path.is_file():
             raise FileNotFoundError(f"{path} is missing: run {spec.name} did not finish (see {run_dir}/*.log)")
-    return RunResults(spec, read_metrics(run_dir), read_eval_results(eval_path).checkpoints)
+    record = read_run_record(run_dir) if has_run_record(run_dir) else None
+    return RunResults(spec, read_metrics(run_dir), read_eval_results(eval_path).checkpoints, record)

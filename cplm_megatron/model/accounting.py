@@ -114,6 +114,21 @@ def train_flops_per_token(
     return float(total)
 
 
+def train_flops_figures(
+    model: ModelConfig, seq_len: int, copy: Optional[CopyHeadShape] = None, recompute: str = "none"
+) -> Dict[str, float]:
+    """A run's FLOPs per token as its record keeps them: `flops_per_token` (what the hardware computes, the
+    recomputed forward included), `model_flops_per_token` (the model's: no recompute) and
+    `causal_flops_per_token` (the hardware's with attention over (T+1)/2 keys per query instead of T)."""
+    hardware = train_flops_per_token(model, seq_len, copy, recompute)
+    forward = forward_flops_per_token(model, seq_len, copy)
+    copy_scores = 2 * seq_len * copy.heads * copy.head_dim if copy else 0.0  # the copy head's T x T term
+    passes = 3 + (1 if recompute in ("full", "selective") else 0)  # fwd + bwd (2x) + a recomputed forward
+    attention = passes * forward["layers_attention"] + 3 * copy_scores
+    return {"flops_per_token": hardware, "model_flops_per_token": train_flops_per_token(model, seq_len, copy),
+            "causal_flops_per_token": hardware - attention * (1 - (seq_len + 1) / (2 * seq_len))}
+
+
 def _stage_params(model: ModelConfig, copy: Optional[CopyHeadShape], tp: int, pp: int) -> Dict[str, float]:
     """Parameters held by one GPU on the first and the last pipeline stage."""
     layers = model.num_layers / pp * layer_params(model) / tp

@@ -32,7 +32,9 @@ def memory_needed(cfg: RunConfig, dp: int) -> float:
                           micro_batch=cfg.train.micro_batch, sp=p.sp,
                           param_bytes=2 if cfg.precision.dtype == "bf16" else 4,
                           recompute=cfg.recompute.granularity, lm_head_loss=cfg.model.lm_head_loss,
-                          offload_fraction=cfg.optimizer.offload_fraction)
+                          offload_fraction=cfg.optimizer.offload_fraction, cp=p.cp,
+                          attention="sdpa" if cfg.model.attention_impl == "auto" else cfg.model.attention_impl,
+                          document_masking=cfg.data.document_masking)
     key = "total_distributed_optimizer_gib" if cfg.optimizer.distributed else "total_gib"
     return float(est[key]) * GIB
 

@@ -63,6 +63,11 @@ class RunRecord:
     measured_steps: int | None = None
     includes_warmup: bool = False
     lm_head_loss: str | None = None  # the LM-head loss path the run resolved (model.lm_head_loss)
+    # flops_per_token above counts what the hardware computes (a recomputed forward included); these are the
+    # model's own (no recompute) and the hardware's with causal attention (model/accounting.train_flops_figures)
+    model_flops_per_token: float | None = None
+    causal_flops_per_token: float | None = None
+    memory_estimate_gib: float | None = None  # the planner's estimate per process (tools/model_info.py's)
     version: int = RUN_RECORD_VERSION
 
     def to_json(self) -> dict[str, Any]:

@@ -15,11 +15,11 @@ import torch
 
 from cplm_megatron.checkpoint.checkpointer import Checkpointer, TrainState
 from cplm_megatron.checkpoint.lookup import layout_text
-from cplm_megatron.model.accounting import CopyHeadShape, train_flops_per_token
+from cplm_megatron.model.accounting import CopyHeadShape, train_flops_figures
 from cplm_megatron.model.builder import Vocabulary
 from cplm_megatron.run_config import RunConfig, dump_run_config
 from cplm_megatron.training.metrics_log import MetricsLogger, format_line, objective_terms, rank0_print
-from cplm_megatron.training.preflight import checkpoint_size
+from cplm_megatron.training.preflight import GIB, checkpoint_size, memory_needed
 from cplm_megatron.training.profiling import StepProfiler
 from cplm_megatron.training.resume import StartPlan, apply_plan, plan_start
 from cplm_megatron.training.signals import RESUME_EXIT_CODE, StopSignal
@@ -153,9 +153,9 @@ class Trainer:
         self._prepare_run_dir(plan)
         self.logger = MetricsLogger(self.run_dir, cfg.logging, cfg.to_dict(), self.is_logger,
                                     resume_iteration=self.state.iteration, run_name=cfg.run.name)
-        flops = train_flops_per_token(cfg.model, cfg.train.seq_len, copy_shape(cfg), cfg.recompute.granularity)
+        self.flops = train_flops_figures(cfg.model, cfg.train.seq_len, copy_shape(cfg), cfg.recompute.granularity)
         self.speed = SpeedMonitor(
-            flops_per_token=flops,
+            flops_per_token=self.flops["flops_per_token"],
             tokens_per_step=cfg.train.global_batch * cfg.train.seq_len,
             world_size=self.layout.world_size,
             peak_tflops=cfg.logging.peak_tflops or default_peak_tflops(),
@@ -309,6 +309,9 @@ class Trainer:
             measured_steps=speed.get("measured_steps"),
             includes_warmup=bool(speed.get("includes_warmup")),
             lm_head_loss=self.cfg.model.lm_head_loss,
+            model_flops_per_token=self.flops["model_flops_per_token"],
+            causal_flops_per_token=self.flops["causal_flops_per_token"],
+            memory_estimate_gib=memory_needed(self.cfg, self.layout.dp) / GIB,
         ))
 
     def _log(self, result) -> None:

@@ -8,6 +8,9 @@ from cplm_megatron.experiments.plan.study import GLOBAL_BATCH, SEQ_LEN
 from cplm_megatron.experiments.records import RunResults
 from cplm_megatron.experiments.report.study import headline_table, readme_block
 from cplm_megatron.experiments.report.study_summary import summarize, tokens_to_reach
+from cplm_megatron.model.accounting import CopyHeadShape, train_flops_figures
+from cplm_megatron.run_config import load_run_config
+from cplm_megatron.training.run_record import Layout, RunRecord
 
 pytestmark = pytest.mark.mcore  # the outcome depends on megatron-core (both CI legs)
 
@@ -34,7 +37,17 @@ def _run(scale: str, arm: str, seed: int, losses: list[float], lm_losses: list[f
     if arm == "baseline":  # the cache control runs on the baseline's checkpoint
         final["tasks"]["cache"] = {"metrics": {"cache_val_loss": losses[-1] - 0.1, "cache_val_loss_ci_low": 0.0,
                                                "cache_val_loss_ci_high": 9.0, "cache_lambda": 0.1, "cache_theta": 0.5}}
-    return RunResults(spec, metrics, [final])
+    return RunResults(spec, metrics, [final], _record(spec, iters))
+
+
+def _record(spec: Run, iters: int) -> RunRecord:
+    """The run record the trainer writes for this run's config (its FLOPs per token; the rest is not read)."""
+    cfg = load_run_config(spec.recipe, spec.overrides())
+    flops = train_flops_figures(cfg.model, cfg.train.seq_len, CopyHeadShape.of(cfg.copy_head))
+    return RunRecord(preset=cfg.model.preset, copy_head=cfg.copy_head.enabled, layout=Layout(1, 1, 1, None, False, 1),
+                     nodes=1, device="cpu", seq_len=cfg.train.seq_len, global_batch=cfg.train.global_batch,
+                     iterations=iters, tokens_per_sec=None, tflops_per_device=None, mfu=None, step_time=None,
+                     peak_memory_gib=0.0, config_hash="", **flops)
 
 
 def test_tokens_to_reach_interpolates_between_evaluations():

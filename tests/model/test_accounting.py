@@ -9,7 +9,14 @@ softmax, SwiGLU, residual adds) that the MFU convention leaves out.
 import pytest
 
 from cplm_kernels.linear_ce import CPU_CHUNKS
-from cplm_megatron.model.accounting import GIB, lm_head_loss_bytes, memory_estimate
+from cplm_megatron.model.accounting import (
+    GIB,
+    CopyHeadShape,
+    lm_head_loss_bytes,
+    memory_estimate,
+    train_flops_figures,
+    train_flops_per_token,
+)
 from cplm_megatron.model.config import load_preset
 from tests.dist_utils import run_distributed
 
@@ -69,6 +76,21 @@ def _lm_head_memory(rank: int, impl: str, tokens: int, hidden: int, vocab: int):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+def test_run_record_flops_figures(recompute):
+    """The three FLOPs figures a run record keeps: the model's counts no recomputed forward; causal attention is
+    the same count at (T+1)/2 keys per query (the sequence length enters only the T x T terms, the copy head's
+    included), checked through the per-token formula at that length."""
+    m, copy, seq = load_preset("smollm2-135m"), CopyHeadShape(8, 64), 2048
+    figures = train_flops_figures(m, seq, copy, recompute)
+    assert figures["model_flops_per_token"] == train_flops_per_token(m, seq, copy)
+    assert figures["flops_per_token"] == train_flops_per_token(m, seq, copy, recompute)
+    assert (figures["flops_per_token"] > figures["model_flops_per_token"]) == (recompute != "none")
+    # sums of ~1e9 in float64: relative 1e-12 is far above rounding, far below any missed term (> 1e-4)
+    assert figures["causal_flops_per_token"] == pytest.approx(
+        train_flops_per_token(m, (seq + 1) / 2, copy, recompute), rel=1e-12)
+
+
 def test_lm_head_loss_memory_model_matches_measurement():
     tokens, hidden, vocab = 256, 32, 4096
     m = load_preset("tiny", hidden_size=hidden, vocab_size=vocab)

@@ -116,4 +116,8 @@ def test_auto_lm_head_loss_is_resolved_reported_and_recorded(slow_first_run):
     line = next(line for line in stdout.splitlines() if "model.lm_head_loss=auto ->" in line)
     assert line.startswith("[train] model.lm_head_loss=auto -> megatron: Megatron's logits take ") and "GiB" in line
     assert yaml.safe_load((run_dir / "config.yaml").read_text())["model"]["lm_head_loss"] == "megatron"
-    assert json.loads((run_dir / "run_record.json").read_text())["lm_head_loss"] == "megatron"
+    record = json.loads((run_dir / "run_record.json").read_text())
+    assert record["lm_head_loss"] == "megatron"
+    # the record's FLOPs and memory figures (model/accounting's, for this config: nothing recomputed here)
+    assert record["model_flops_per_token"] == record["flops_per_token"] > record["causal_flops_per_token"] > 0
+    assert 0 < record["memory_estimate_gib"] < 4

@@ -94,17 +94,14 @@ def _task_metric(run: RunResults, task: str, metric: str) -> float | None:
 
 
 def train_flops_per_token(run: RunResults) -> float | None:
-    """Training FLOPs per token of a run's model (backbone, LM head and, for CPLM, the Copy-Paste head): its
-    label where the run records it (cluster runs), else from the run's recipe and settings."""
-    if run.spec.label.get("train_flops_per_token") is not None:
-        return float(run.spec.label["train_flops_per_token"])
-    from cplm_megatron.model.accounting import CopyHeadShape
-    from cplm_megatron.model.accounting import train_flops_per_token as flops
-    from cplm_megatron.run_config import load_run_config
-
-    cfg = load_run_config(run.spec.recipe, run.spec.overrides())
-    shape = CopyHeadShape.of(cfg.copy_head)
-    return flops(cfg.model, SEQ_LEN, shape)
+    """Training FLOPs per token of a run's model (backbone, LM head and, for CPLM, the Copy-Paste head; no
+    recompute), as its trainer recorded it; None for a run without a record. Records written before
+    model_flops_per_token hold only the hardware's figure, the model's when the run recomputed nothing (the
+    study's runs)."""
+    if run.record is None:
+        return None
+    model = run.record.model_flops_per_token
+    return float(model if model is not None else run.record.flops_per_token)
 
 
 def passkey_by_length(run: RunResults) -> dict[int, dict[str, float]]:
