@@ -36,9 +36,9 @@ import torch
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
+from common import HAS_CUDA, memory_probe, rel_err  # noqa: E402
+from common import sync as _sync  # noqa: E402
 from partial_results import write_partial  # noqa: E402
-
-HAS_CUDA = torch.cuda.is_available()
 
 
 def variants() -> List[str]:
@@ -79,11 +79,6 @@ def make_core(heads: int, groups: int, head_dim: int, dtype: torch.dtype):
     return SDPAttention(config, layer_number=1, attn_mask_type=AttnMaskType.causal, attention_type="self")
 
 
-def _sync() -> None:
-    if HAS_CUDA:
-        torch.cuda.synchronize()
-
-
 def runner(core, inputs: List[torch.Tensor], grad: torch.Tensor, mask: Optional[torch.Tensor]) -> Callable:
     from cplm_megatron.model.document_mask import document_ids_mask
 
@@ -105,29 +100,10 @@ def runner(core, inputs: List[torch.Tensor], grad: torch.Tensor, mask: Optional[
 
 def peak_bytes(run: Callable, inputs: List[torch.Tensor]) -> Tuple[int, Tuple[torch.Tensor, ...]]:
     """Peak memory of one call beyond its inputs, outputs and gradients."""
-    if HAS_CUDA:
-        _sync()
-        torch.cuda.reset_peak_memory_stats()
-        before = torch.cuda.memory_allocated()
+    with memory_probe(inputs) as probe:
         out = run()
-        _sync()
-        peak = torch.cuda.max_memory_allocated() - before
-    else:
-        from torch.distributed._tools.mem_tracker import MemTracker
-
-        cpu = torch.device("cpu")
-        tracker = MemTracker()
-        tracker.track_external(*inputs)
-        before = tracker.get_tracker_snapshot("current").get(cpu, {}).get("Total", 0)
-        with tracker:
-            out = run()
-        peak = tracker.get_tracker_snapshot("peak")[cpu]["Total"] - before
     returned = sum(t.numel() * t.element_size() for t in out)
-    return peak - returned, out
-
-
-def rel_err(a: torch.Tensor, ref: torch.Tensor) -> float:
-    return ((a.double() - ref.double()).abs().max() / ref.double().abs().max().clamp_min(1e-30)).item()
+    return probe.peak - returned, out
 
 
 def bench_size(heads: int, groups: int, head_dim: int, seq: int, batch: int, mean_len: int, dtype: torch.dtype,

@@ -21,6 +21,7 @@ from typing import Dict, List, Optional
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))  # common (imported where torch is: the measuring child process)
 
 MODELS = {
     "tiny": {"preset": "tiny"},
@@ -63,15 +64,9 @@ def _step(model, batch) -> None:
     loss.sum().backward()
 
 
-def _sync() -> None:
-    import torch
-
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
 def time_pair(model_name: str, seq: int, reps: int, dtype: str) -> Dict[str, float]:
     """Median step seconds of baseline and CPLM, interleaved."""
+    from common import sync
     base, batch = _build(model_name, False, seq, dtype)
     cplm, _ = _build(model_name, True, seq, dtype)
     for _ in range(2):
@@ -80,10 +75,10 @@ def time_pair(model_name: str, seq: int, reps: int, dtype: str) -> Dict[str, flo
     times: Dict[str, List[float]] = {"baseline": [], "cplm": []}
     for _ in range(reps):
         for name, model in (("baseline", base), ("cplm", cplm)):
-            _sync()
+            sync()
             t0 = time.perf_counter()
             _step(model, batch)
-            _sync()
+            sync()
             times[name].append(time.perf_counter() - t0)
     out = {f"{k}_step_s": statistics.median(v) for k, v in times.items()}
     for name, model in (("baseline", base), ("cplm", cplm)):
@@ -94,23 +89,13 @@ def time_pair(model_name: str, seq: int, reps: int, dtype: str) -> Dict[str, flo
 def step_peak_mib(model, batch) -> float:
     """Peak memory of one step above what is allocated before it (weights, batch), in MiB: CUDA's allocator
     statistics on GPU; on CPU torch's MemTracker, which follows every tensor storage (RSS would hide reuse)."""
-    import torch
+    from common import HAS_CUDA, memory_probe
 
-    if torch.cuda.is_available():
-        torch.cuda.reset_peak_memory_stats()
-        before = torch.cuda.memory_allocated()
+    if not HAS_CUDA:
+        model.zero_grad(set_to_none=True)  # the tracker counts storages it saw allocated: free the old grads first
+    with memory_probe([model, *batch.values()]) as probe:
         _step(model, batch)
-        return (torch.cuda.max_memory_allocated() - before) / 2**20
-    from torch.distributed._tools.mem_tracker import MemTracker
-
-    model.zero_grad(set_to_none=True)
-    tracker = MemTracker()
-    tracker.track_external(model, *batch.values())
-    cpu = torch.device("cpu")
-    before = tracker.get_tracker_snapshot("current")[cpu]["Total"]
-    with tracker:
-        _step(model, batch)
-    return (tracker.get_tracker_snapshot("peak")[cpu]["Total"] - before) / 2**20
+    return probe.peak / 2**20
 
 
 def _subprocess(args: List[str]) -> Dict:

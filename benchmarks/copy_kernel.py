@@ -34,7 +34,9 @@ if not HAS_CUDA:
     # Triton picks interpreter vs GPU when the kernels are defined: set before cplm_kernels.fused loads.
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from partial_results import write_partial  # noqa: E402  (benchmarks/ is the script's directory)
+from common import memory_probe  # noqa: E402  (benchmarks/ is the script's directory)
+from common import sync as _sync  # noqa: E402
+from partial_results import write_partial  # noqa: E402
 
 import cplm_kernels as ck  # noqa: E402
 from cplm_kernels.configs import KernelConfigs, TileConfig  # noqa: E402
@@ -142,11 +144,6 @@ def sdpa_flash(inp: Inputs, backward: bool) -> Callable[[], None]:
 
 # ---- measurement ----
 
-def _sync() -> None:
-    if HAS_CUDA:
-        torch.cuda.synchronize()
-
-
 def time_ms(run: Callable[[], None], budget_s: float, max_reps: int) -> float:
     """Mean time of ``run`` after one warm-up (which also compiles), CUDA events on GPU."""
     run()
@@ -174,22 +171,9 @@ def time_ms(run: Callable[[], None], budget_s: float, max_reps: int) -> float:
 def extra_memory_bytes(run: Callable[[], None], inputs: list[torch.Tensor]) -> int | None:
     """Peak bytes allocated during ``run`` beyond its inputs: CUDA's allocator statistics on GPU; on CPU,
     torch's MemTracker (a dispatch mode that follows every tensor's storage) with the inputs pre-registered."""
-    if not HAS_CUDA:
-        from torch.distributed._tools.mem_tracker import MemTracker
-
-        tracker = MemTracker()
-        tracker.track_external(*inputs)
-        cpu = torch.device("cpu")
-        before = tracker.get_tracker_snapshot("current").get(cpu, {}).get("Total", 0)
-        with tracker:
-            run()
-        return tracker.get_tracker_snapshot("peak")[cpu]["Total"] - before
-    _sync()
-    torch.cuda.reset_peak_memory_stats()
-    before = torch.cuda.memory_allocated()
-    run()
-    _sync()
-    return torch.cuda.max_memory_allocated() - before
+    with memory_probe(inputs) as probe:
+        run()
+    return probe.peak
 
 
 def _free() -> None:

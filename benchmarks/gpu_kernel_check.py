@@ -22,44 +22,46 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 
 if "--tiny" in sys.argv[1:]:
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before cplm_kernels defines the kernels
 
-from partial_results import write_partial  # noqa: E402  (benchmarks/ is the script's directory)
+from common import rel_err  # noqa: E402  (benchmarks/ is the script's directory)
+from partial_results import write_partial  # noqa: E402
 
 import cplm_kernels as ck  # noqa: E402
 from cplm_kernels.configs import select_configs  # noqa: E402
 
 HEADS, N_LABELS = 4, 64
-T, BATCH, DEVICE = 4096, 2, "cuda"  # --tiny: 64, 1, "cpu"
+
+
+class Sizes(NamedTuple):
+    """The check's sequence length, largest batch and device."""
+
+    T: int
+    batch: int
+    device: str
+
+
+REAL, TINY = Sizes(4096, 2, "cuda"), Sizes(64, 1, "cpu")  # --tiny: the CPU dry run
 TOLERANCE = {"fp32": 1e-5, "bf16": 2e-2, "fp8": 2e-2, "fp8-rows": 2e-2}
 FP8_BLOCK_ROWS = 128  # "fp8-rows": one scale per 128 rows of each head
 
 
-def rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    """max |a - e| / max |e| over finite entries; inf if the -inf pattern differs or a NaN appears."""
-    finite = torch.isfinite(expected)
-    if not torch.equal(torch.isfinite(actual), finite) or torch.isnan(actual).any():
-        return float("inf")
-    if not finite.any():
-        return 0.0
-    a, e = actual[finite].double(), expected[finite].double()
-    return ((a - e).abs().max() / e.abs().max().clamp_min(1e-30)).item()
-
-
-def make_inputs(d: int, dtype: torch.dtype, with_docs: bool, seed: int, batch: int):
-    gen = torch.Generator(device=DEVICE).manual_seed(seed)
-    q = torch.randn(batch, HEADS, T, d, device=DEVICE, generator=gen).to(dtype)
-    k = torch.randn(batch, HEADS, T, d, device=DEVICE, generator=gen).to(dtype)
-    labels = torch.randint(0, N_LABELS, (batch, T), device=DEVICE, generator=gen)
-    labels[torch.rand(batch, T, device=DEVICE, generator=gen) < 0.05] = -100
+def make_inputs(size: Sizes, d: int, dtype: torch.dtype, with_docs: bool, seed: int, batch: int):
+    T, device = size.T, size.device
+    gen = torch.Generator(device=device).manual_seed(seed)
+    q = torch.randn(batch, HEADS, T, d, device=device, generator=gen).to(dtype)
+    k = torch.randn(batch, HEADS, T, d, device=device, generator=gen).to(dtype)
+    labels = torch.randint(0, N_LABELS, (batch, T), device=device, generator=gen)
+    labels[torch.rand(batch, T, device=device, generator=gen) < 0.05] = -100
     doc_ids = None
     if with_docs:
-        doc_ids = torch.cumsum(torch.rand(batch, T, device=DEVICE, generator=gen) < min(1 / 700, 4 / T), dim=1)
-    grads = torch.randn(2, batch, HEADS, T, device=DEVICE, generator=gen)
+        doc_ids = torch.cumsum(torch.rand(batch, T, device=device, generator=gen) < min(1 / 700, 4 / T), dim=1)
+    grads = torch.randn(2, batch, HEADS, T, device=device, generator=gen)
     return q, k, labels, doc_ids, grads[0], grads[1]
 
 
@@ -90,10 +92,12 @@ def fused_for(kind: str) -> Callable:
     return ck.copy_lse_fused_fp8 if kind == "fp8" else ck.copy_lse_fused
 
 
-def check_case(d: int, kind: str, with_docs: bool, strided: bool = False, batch: int = 2) -> dict[str, object]:
+def check_case(size: Sizes, d: int, kind: str, with_docs: bool, strided: bool = False, batch: int = 2
+               ) -> dict[str, object]:
     dtype = torch.float32 if kind == "fp32" else torch.bfloat16
-    batch = min(batch, BATCH)  # --tiny: b=1
-    q, k, labels, doc_ids, g_all, g_match = make_inputs(d, dtype, with_docs, seed=d, batch=batch)
+    T, device = size.T, size.device
+    batch = min(batch, size.batch)  # --tiny: b=1
+    q, k, labels, doc_ids, g_all, g_match = make_inputs(size, d, dtype, with_docs, seed=d, batch=batch)
     if strided:  # [b, H, T, d] views of one [T, b, 2 * H * d] projection, as the head produces them
         proj = torch.cat([q, k], dim=1).permute(2, 0, 1, 3).reshape(T, batch, 2 * HEADS * d).contiguous()
         q = proj[..., : HEADS * d].reshape(T, batch, HEADS, d).permute(1, 2, 0, 3)
@@ -101,7 +105,7 @@ def check_case(d: int, kind: str, with_docs: bool, strided: bool = False, batch:
     fused_fn = fused_for(kind)
     start = time.perf_counter()
     fused = outputs_and_grads(fused_fn, q, k, labels, doc_ids, g_all, g_match)
-    if DEVICE == "cuda":
+    if device == "cuda":
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start
     again = outputs_and_grads(fused_fn, q, k, labels, doc_ids, g_all, g_match)
@@ -112,7 +116,7 @@ def check_case(d: int, kind: str, with_docs: bool, strided: bool = False, batch:
     errors = {name: rel_err(a, e) for name, a, e in zip(("lse_all", "lse_match", "dq", "dk"), fused, ref)}
     empty_rows_ok = bool(torch.isneginf(fused[0][:, :, 0]).all()) and not any(torch.isnan(t).any() for t in fused)
     ok = max(errors.values()) <= TOLERANCE[kind] and deterministic and empty_rows_ok
-    tile = select_configs(d, dtype, interpret=DEVICE == "cpu", rows=batch * HEADS * T).forward
+    tile = select_configs(d, dtype, interpret=device == "cpu", rows=batch * HEADS * T).forward
     return {"d": d, "kind": kind, "docs": with_docs, "strided": strided, "batch": batch, "errors": errors,
             "deterministic": deterministic, "empty_rows_ok": empty_rows_ok, "first_call_s": seconds,
             "forward_tile": f"{tile.block_m}x{tile.block_n}", "ok": ok}
@@ -128,32 +132,30 @@ CASES: list[tuple[int, str, bool, bool, int]] = [
 
 
 def main(argv: list[str] | None = None) -> int:
-    global T, BATCH, DEVICE
     parser = argparse.ArgumentParser(description="fused copy kernels vs the naive reference at real sizes (GPU)")
     parser.add_argument("--json", help="write every case's errors and verdict to this file")
     parser.add_argument("--tiny", action="store_true",
                         help="CPU dry run of this script: T=64, b=1, kernels in the Triton interpreter")
     args = parser.parse_args(argv)
-    if args.tiny:
-        T, BATCH, DEVICE = 64, 1, "cpu"
-    elif not torch.cuda.is_available():
+    size = TINY if args.tiny else REAL
+    if not args.tiny and not torch.cuda.is_available():
         print("gpu_kernel_check needs a CUDA device (or --tiny for a CPU dry run)", file=sys.stderr)
         return 2
     torch.backends.cuda.matmul.allow_tf32 = False  # the fp32 reference must be fp32, not tf32
-    device_name = torch.cuda.get_device_name() if DEVICE == "cuda" else "cpu (Triton interpreter)"
-    print(f"# fused copy kernels vs naive reference on {device_name}, T={T}, b={BATCH}, "
+    device_name = torch.cuda.get_device_name() if size.device == "cuda" else "cpu (Triton interpreter)"
+    print(f"# fused copy kernels vs naive reference on {device_name}, T={size.T}, b={size.batch}, "
           f"H_c={HEADS}; tolerances {TOLERANCE}", flush=True)
     started = time.perf_counter()
     results: list[dict[str, object]] = []
 
     def payload() -> dict[str, object]:
         failures = sum(not r["ok"] for r in results)
-        return {"device": device_name, "T": T, "batch": BATCH, "heads": HEADS, "tolerance": TOLERANCE,
+        return {"device": device_name, "T": size.T, "batch": size.batch, "heads": HEADS, "tolerance": TOLERANCE,
                 "cases": results, "passed": failures == 0 and len(results) == len(CASES)}
 
     for d, kind, docs, strided, batch in CASES:
         try:
-            result = check_case(d, kind, docs, strided, batch)
+            result = check_case(size, d, kind, docs, strided, batch)
         except Exception as err:  # noqa: BLE001 -- report and continue: the other cases still tell something
             result = {"d": d, "kind": kind, "docs": docs, "strided": strided, "batch": batch, "ok": False,
                       "error": f"{type(err).__name__}: {err}"}

@@ -50,6 +50,8 @@ sys.path.insert(0, str(REPO))
 from cplm_kernels.linear_ce import CEChunks  # noqa: E402
 
 sys.path.insert(0, str(REPO / "benchmarks"))
+from common import memory_probe, rel_err  # noqa: E402
+from common import sync as _sync  # noqa: E402
 from partial_results import write_partial  # noqa: E402
 
 VOCAB = 49152
@@ -138,11 +140,6 @@ def runner(case: Case, impl: str, chunks: Optional[CEChunks]) -> Callable[[], Tu
     return run
 
 
-def _sync() -> None:
-    if HAS_CUDA:
-        torch.cuda.synchronize()
-
-
 def _nbytes(*tensors: torch.Tensor) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
@@ -150,37 +147,13 @@ def _nbytes(*tensors: torch.Tensor) -> int:
 def measure_memory(run: Callable, case: Case) -> Tuple[int, int, int, Tuple[torch.Tensor, ...]]:
     """(peak, working, saved) bytes beyond the inputs, and the call's outputs."""
     marks: Dict[str, int] = {}
-    if HAS_CUDA:
-        _sync()
-        torch.cuda.reset_peak_memory_stats()
-        before = torch.cuda.memory_allocated()
-
+    with memory_probe([case.layer, *case.inputs]) as probe:
         def after_forward(loss):
-            _sync()
-            marks["saved"] = torch.cuda.memory_allocated() - before - _nbytes(loss)
+            marks["saved"] = probe.current() - _nbytes(loss)
 
         out = run(after_forward)
-        _sync()
-        peak = torch.cuda.max_memory_allocated() - before
-    else:
-        from torch.distributed._tools.mem_tracker import MemTracker
-
-        cpu = torch.device("cpu")
-        tracker = MemTracker()
-        tracker.track_external(case.layer, *case.inputs)
-        before = tracker.get_tracker_snapshot("current").get(cpu, {}).get("Total", 0)
-
-        def after_forward(loss):
-            marks["saved"] = tracker.get_tracker_snapshot("current")[cpu]["Total"] - before - _nbytes(loss)
-
-        with tracker:
-            out = run(after_forward)
-        peak = tracker.get_tracker_snapshot("peak")[cpu]["Total"] - before
+    peak = probe.peak
     return peak, peak - _nbytes(out[1], out[2]), marks["saved"], out
-
-
-def rel_err(a: torch.Tensor, ref: torch.Tensor) -> float:
-    return ((a.double() - ref.double()).abs().max() / ref.double().abs().max().clamp_min(1e-30)).item()
 
 
 Variant = Tuple[str, str, Optional[CEChunks]]  # (label, model.lm_head_loss, tile or None for the default)

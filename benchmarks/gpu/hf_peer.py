@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common (imported with torch)
 from runs import SHAPES, Shape  # noqa: E402 - beside this script
 
 # group: (slot, compiled) variants, the most wanted first
@@ -46,16 +47,10 @@ def llama_config(preset: str, seq_len: int):
                        tie_word_embeddings=m.get("tie_embeddings", True), attn_implementation="sdpa")
 
 
-def _sync(device: str) -> None:
-    import torch
-
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
 def train_variant(shape: Shape, compiled: bool, device: str, dry_run: bool) -> dict:
     """One variant's figures."""
     import torch
+    from common import sync
     from transformers import LlamaForCausalLM
 
     torch.manual_seed(0)
@@ -71,7 +66,7 @@ def train_variant(shape: Shape, compiled: bool, device: str, dry_run: bool) -> d
     gen = torch.Generator(device=device).manual_seed(1)
     vocab, times = model.config.vocab_size, []
     for _ in range(shape.iters):
-        _sync(device)
+        sync()
         t0 = time.perf_counter()
         for _ in range(shape.micro_batches_per_step):
             ids = torch.randint(0, vocab, (shape.micro_batch, shape.seq_len), device=device, generator=gen)
@@ -81,7 +76,7 @@ def train_variant(shape: Shape, compiled: bool, device: str, dry_run: bool) -> d
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        _sync(device)
+        sync()
         times.append(time.perf_counter() - t0)
     warmup = 1 if dry_run else WARMUP_STEPS
     step_time = sum(times[warmup:]) / len(times[warmup:])
