@@ -3,7 +3,9 @@ function-level imports included): config, errors and durable_files at the bottom
 never import the layers above them; model never imports checkpoint, training, evaluation, hf or experiments;
 the run config and checkpoint never import training, evaluation, hf or experiments; training never imports
 evaluation, hf or experiments; evaluation and hf never import training (they read runs through the run config
-and checkpoint); evaluation never imports experiments. Inside model/, no import circle."""
+and checkpoint); evaluation never imports experiments. Inside model/, no import circle; inside experiments/, the shared toolkit
+(run, records, launch, toolkit) sits below the experiments (ablation, study, scaling), which never import each other,
+and the pipeline and entry points sit on top."""
 from __future__ import annotations
 
 import ast
@@ -145,3 +147,46 @@ def test_the_cycle_finder_finds_a_type_only_circle(tmp_path: Path):
     (pkg / "a.py").write_text("from pkg.sub import b\n")
     (pkg / "sub" / "b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from pkg import a\n")
     assert cycles(module_imports(pkg, tmp_path)) == [["pkg.a", "pkg.sub.b", "pkg.a"]]
+
+
+# cplm_megatron/experiments/ inside: the shared toolkit below the experiments, each experiment its own package
+# (none imports another), the pipeline and the entry points above them
+EXPERIMENT_RANKS = {"run": 0, "records": 1, "launch": 2, "toolkit": 3, "paired": 3,
+                    "ablation": 4, "study": 4, "scaling": 4, "pipeline": 5, "cli": 6, "demo": 6}
+
+
+def experiment_violations(package: Path) -> list[str]:
+    """Imports inside an experiments package that run up or sideways (unit: the module or subpackage under it)."""
+    graph = module_imports(package, package.parents[1])
+    prefix = f"{package.parent.name}.{package.name}."
+    unit = {name: name.removeprefix(prefix).split(".")[0] for name in graph if name.startswith(prefix)}
+    out = []
+    for name, targets in sorted(graph.items()):
+        for target in sorted(targets):
+            a, b = unit.get(name), unit.get(target)
+            if a is None or b is None or a == b:
+                continue
+            if a not in EXPERIMENT_RANKS or b not in EXPERIMENT_RANKS:
+                out.append(f"{name} -> {target}: {a if a not in EXPERIMENT_RANKS else b} has no rank")
+            elif EXPERIMENT_RANKS[b] >= EXPERIMENT_RANKS[a]:
+                out.append(f"{name} -> {target}")
+    return out
+
+
+def test_experiments_import_one_way_inside():
+    assert experiment_violations(PACKAGE / "experiments") == []
+
+
+def test_an_experiment_importing_another_is_caught(tmp_path: Path):
+    pkg = tmp_path / "cplm_megatron" / "experiments"
+    for sub in ("study", "ablation"):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "run.py").write_text("from cplm_megatron.experiments.records import x\n")
+    (pkg / "records.py").write_text("")
+    (pkg / "study" / "plan.py").write_text("from cplm_megatron.experiments.ablation import report\n")
+    (pkg / "ablation" / "report.py").write_text("from cplm_megatron.experiments import run\n")
+    assert experiment_violations(pkg) == ["cplm_megatron.experiments.run -> cplm_megatron.experiments.records",
+                                          "cplm_megatron.experiments.study.plan -> "
+                                          "cplm_megatron.experiments.ablation.report"]

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Aggregate scaling-study records into a markdown report and PNG plots (cplm_megatron/experiments/report/scaling.py).
+"""Aggregate scaling-study records into a markdown report and PNG plots (cplm_megatron/experiments/scaling/report.py).
 
   .venv/bin/python tools/scaling_report.py runs/scaling/h100/runs --output runs/scaling/h100/report
 
@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from cplm_megatron.entry_points import exit_2_on
-from cplm_megatron.experiments.report.scaling import (  # noqa: F401 - the tool's interface
+from cplm_megatron.experiments.scaling.report import (  # noqa: F401 - the tool's interface
     ReportError,
     cplm_overheads,
     load_records,

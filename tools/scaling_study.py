@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Submit a scaling study (cplm_megatron/experiments/plan/scaling.py): one sbatch job per model size x node count
+"""Submit a scaling study (cplm_megatron/experiments/scaling/sweep.py): one sbatch job per model size x node count
 x parallel layout x copy head, through this checkout's slurm/pretrain_<size>.sh.
 
   .venv/bin/python tools/scaling_study.py --output runs/scaling/h100 --sizes 1p7b 7b --nodes 1 2 4 8 \\
@@ -15,22 +15,17 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from cplm_megatron.entry_points import exit_2_on
-from cplm_megatron.experiments.plan import scaling as sweep
-from cplm_megatron.experiments.plan.cluster import ClusterStudyError
-from cplm_megatron.experiments.plan.scaling import (  # noqa: F401 - the tool's interface
-    Combination,
-    StudyError,
-    SweepLayout,
-    parse_args,
-    plan,
-)
+from cplm_megatron.experiments.scaling import plan as grid
+from cplm_megatron.experiments.scaling import sweep
+from cplm_megatron.experiments.scaling.plan import Combination, StudyError, SweepLayout, plan  # noqa: F401
+from cplm_megatron.experiments.scaling.sweep import parse_args  # noqa: F401 - the tool's interface
 
 SLURM = Path(__file__).resolve().parents[1] / "slurm"
 
 
 def recipe_layout(size: str) -> SweepLayout:
     """The parallel layout of the recipe slurm/pretrain_<size>.sh runs."""
-    return sweep.recipe_layout(size, SLURM)
+    return grid.recipe_layout(size, SLURM)
 
 
 def sbatch_command(combo: Combination, output: Path, args, dependency: str | None) -> list[str]:
@@ -38,7 +33,7 @@ def sbatch_command(combo: Combination, output: Path, args, dependency: str | Non
     return sweep.sbatch_command(combo, output, args, dependency, SLURM)
 
 
-@exit_2_on(StudyError, ClusterStudyError)
+@exit_2_on(StudyError)
 def main(argv: Sequence[str] | None = None) -> int:
     return sweep.run_sweep(argv, SLURM)
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""The recipe study on a SLURM cluster (cplm_megatron/experiments/plan/cluster.py): submit it, then collect it.
+"""The recipe study on a SLURM cluster (cplm_megatron/experiments/study/cluster.py): submit it, then collect it.
 
   .venv/bin/python tools/study_cluster.py submit --output runs/study --scales 135m,360m --data /data/corpus \\
       [--seeds 1,2,3] [--arms baseline,aux1,...] [--iters 5000] [--sbatch-arg=--partition=h100] [--dry-run]
@@ -20,7 +20,7 @@ from pathlib import Path
 
 from cplm_megatron.entry_points import exit_2_on, quiet_known_warnings
 from cplm_megatron.errors import UserError
-from cplm_megatron.experiments.plan.cluster import ClusterStudyError, ClusterStudySettings, collect, submit
+from cplm_megatron.experiments.study.cluster import ClusterStudyError, ClusterStudySettings, collect, submit
 
 
 def _names(text: str) -> tuple[str, ...]:

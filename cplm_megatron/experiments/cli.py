@@ -35,12 +35,12 @@ import sys
 from pathlib import Path
 
 from cplm_megatron.entry_points import exit_2_on
+from cplm_megatron.experiments.ablation.plan import AblationSettings
 from cplm_megatron.experiments.launch.launcher import JobResult, RunsInterrupted
 from cplm_megatron.experiments.pipeline import SpamLangSettings, run_ablation, run_recipe_study, summarize_study
-from cplm_megatron.experiments.plan.ablation import AblationSettings
-from cplm_megatron.experiments.plan.study import ACTIVE_ARMS, ARMS, SCALES, SECOND_SCALE_ARMS, StudySettings
 from cplm_megatron.experiments.records import read_study_summary
-from cplm_megatron.experiments.report.study import headline_table, readme_block
+from cplm_megatron.experiments.study.plan import ACTIVE_ARMS, ARMS, SCALES, SECOND_SCALE_ARMS, StudySettings
+from cplm_megatron.experiments.study.report import headline_table, readme_block
 
 
 def _ints(text: str):

@@ -17,14 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cplm_megatron.experiments.ablation.plan import AblationSettings, ablation_runs
+from cplm_megatron.experiments.ablation.report import pair_up, spamlang_claims, write_report
 from cplm_megatron.experiments.launch.launcher import JobResult, Launcher
-from cplm_megatron.experiments.plan.ablation import AblationSettings, ablation_runs
-from cplm_megatron.experiments.plan.run import Run
-from cplm_megatron.experiments.plan.study import ARMS, StudySettings, ensure_corpora, study_runs
 from cplm_megatron.experiments.records import RunResults, load_run, run_seconds, write_study_summary_json
-from cplm_megatron.experiments.report.ablation import pair_up, spamlang_claims, write_report
-from cplm_megatron.experiments.report.study import write_study_report
-from cplm_megatron.experiments.report.study_summary import summarize
+from cplm_megatron.experiments.run import Run
+from cplm_megatron.experiments.study.plan import ARMS, StudySettings, ensure_corpora, study_runs
+from cplm_megatron.experiments.study.report import write_study_report
+from cplm_megatron.experiments.study.summary import summarize
 
 PROGRESS_FIELDS = ("iter ", "loss ", "ETA ")  # of a trainer's console line, what a progress line keeps
 

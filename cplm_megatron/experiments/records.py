@@ -19,7 +19,7 @@ from typing import Any
 from cplm_megatron.durable_files import write_atomic
 from cplm_megatron.errors import check_version
 from cplm_megatron.evaluation.results import read_eval_results
-from cplm_megatron.experiments.plan.run import Evaluation, Run
+from cplm_megatron.experiments.run import Evaluation, Run
 from cplm_megatron.training.metrics_log import read_metrics
 from cplm_megatron.training.run_record import RunRecord, has_run_record, read_run_record
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from cplm_megatron.experiments.ablation.plan import AblationSettings, ablation_runs
 from cplm_megatron.experiments.launch.launcher import eval_command, sbatch, slurm_commands, train_command
-from cplm_megatron.experiments.plan.ablation import AblationSettings, ablation_runs
 
 
 def _run():

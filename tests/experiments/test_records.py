@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from cplm_megatron.experiments.ablation.plan import AblationSettings, ablation_runs
 from cplm_megatron.experiments.launch.launcher import Launcher
-from cplm_megatron.experiments.plan.ablation import AblationSettings, ablation_runs
-from cplm_megatron.experiments.plan.study import StudySettings, corpus_dirs, study_runs
 from cplm_megatron.experiments.records import RecordError, read_job_record, read_study_summary
+from cplm_megatron.experiments.study.plan import StudySettings, corpus_dirs, study_runs
 from tests.data_fixtures import synthetic_tokenizer, write_synthetic_dataset
 from tests.harness import REPO
 
@@ -55,7 +55,7 @@ def test_the_committed_study_runs_are_migrated_and_reused(data_root, study_copy)
 
 def test_the_committed_study_summary_and_report_come_out_byte_for_byte(data_root, study_copy):
     from cplm_megatron.experiments.pipeline import write_study_summary
-    from cplm_megatron.experiments.report.study import write_study_report
+    from cplm_megatron.experiments.study.report import write_study_report
 
     committed = (STUDY / "summary.json").read_text()
     old = json.loads(committed)

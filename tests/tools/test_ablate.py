@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from cplm_megatron.experiments.ablation.plan import AblationSettings as Settings
+from cplm_megatron.experiments.ablation.plan import ablation_runs as plan
 from cplm_megatron.experiments.launch.launcher import Launcher
-from cplm_megatron.experiments.plan.ablation import AblationSettings as Settings
-from cplm_megatron.experiments.plan.ablation import ablation_runs as plan
 from tests.data_fixtures import load_tool
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -252,7 +252,7 @@ def test_a_job_after_a_code_change_starts_in_a_fresh_interpreter(tmp_path: Path,
 
 def _small_runs(names) -> list:
     """Runs of a few seconds: 40 steps of the tiny recipe on synthetic copy data, scored on 2 copy sequences."""
-    from cplm_megatron.experiments.plan.run import Evaluation, Run
+    from cplm_megatron.experiments.run import Evaluation, Run
 
     settings = (("copy_head.enabled", True), ("data.synthetic", "copy"), ("model.vocab_size", 256),
                 ("train.seq_len", 64), ("train.micro_batch", 2), ("train.global_batch", 2), ("train.iters", 40),

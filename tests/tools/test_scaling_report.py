@@ -1,4 +1,4 @@
-"""tools/scaling_report.py (cplm_megatron/experiments/report/scaling.py) on synthetic run records with
+"""tools/scaling_report.py (cplm_megatron/experiments/scaling/report.py) on synthetic run records with
 hand-computed expectations."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""tools/scaling_study.py (cplm_megatron/experiments/plan/scaling.py): layouts, the study grid and the sbatch
+"""tools/scaling_study.py (cplm_megatron/experiments/scaling/plan.py, sweep.py): layouts, the study grid and the sbatch
 commands (no submission)."""
 from __future__ import annotations
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -23,7 +24,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cplm_megatron.durable_files import write_atomic
-from cplm_megatron.experiments.plan.run import Run
 from cplm_megatron.experiments.records import (
     JOB_RECORD,
     TIMING,
@@ -33,6 +33,7 @@ from cplm_megatron.experiments.records import (
     read_timing,
     write_job_record,
 )
+from cplm_megatron.experiments.run import Run
 from cplm_megatron.training.signals import RESUME_EXIT_CODE
 
 PRETRAIN = "cplm_megatron.pretrain"
@@ -98,6 +99,15 @@ def sbatch(cmd: Sequence[str], cwd: Path, error: type[Exception] = ValueError) -
     if result.returncode != 0:
         raise error(f"sbatch failed ({result.returncode}): {result.stderr.strip()}\n  command: {shlex.join(cmd)}")
     return result.stdout.strip().split(";")[0]
+
+
+def recipe_of(script: Path, error: type[Exception] = ValueError) -> str:
+    """The shipped recipe a pretrain_<size>.sh script trains (its `recipe=configs/NAME.yaml` line): NAME; `error`
+    when the script has no such line."""
+    found = re.search(r"^recipe=(\S+)", Path(script).read_text(), re.MULTILINE)
+    if not found:
+        raise error(f"{script} has no 'recipe=' line")
+    return Path(found.group(1).strip("\"'")).stem
 
 
 def subprocess_env(threads: int) -> dict[str, str]:

@@ -3,11 +3,11 @@ import statistics
 
 import pytest
 
-from cplm_megatron.experiments.plan.run import Evaluation, Run
-from cplm_megatron.experiments.plan.study import GLOBAL_BATCH, SEQ_LEN
 from cplm_megatron.experiments.records import RunResults
-from cplm_megatron.experiments.report.study import headline_table, readme_block
-from cplm_megatron.experiments.report.study_summary import summarize, tokens_to_reach
+from cplm_megatron.experiments.run import Evaluation, Run
+from cplm_megatron.experiments.study.plan import GLOBAL_BATCH, SEQ_LEN
+from cplm_megatron.experiments.study.report import headline_table, readme_block
+from cplm_megatron.experiments.study.summary import summarize, tokens_to_reach
 from cplm_megatron.model.accounting import CopyHeadShape, train_flops_figures
 from cplm_megatron.run_config import load_run_config
 from cplm_megatron.training.run_record import Layout, RunRecord

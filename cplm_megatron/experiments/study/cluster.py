@@ -3,7 +3,7 @@
     .venv/bin/python tools/study_cluster.py submit --output runs/study --scales 135m,360m --data /data/corpus
     .venv/bin/python tools/study_cluster.py collect --output runs/study
 
-Every (scale, arm, seed) of the study (plan/study.py's arms) is two jobs: training through
+Every (scale, arm, seed) of the study (study/plan.py's arms) is two jobs: training through
 `slurm/pretrain_<scale>.sh` (its recipe and #SBATCH directives; slurm/launch.sh requeues it on exit 75, so a
 preempted or timed-out run resumes from its checkpoint under the same job id), then its evaluation
 (`python -m cplm_megatron.evaluate`, the CPU study's tasks) as a job that starts after the training job succeeded
@@ -16,16 +16,15 @@ plots), provisional until every planned run is in.
 from __future__ import annotations
 
 import json
-import re
 import shlex
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from cplm_megatron.experiments.launch.launcher import sbatch, slurm_commands
-from cplm_megatron.experiments.plan.run import Evaluation, Run
-from cplm_megatron.experiments.plan.study import ACTIVE_ARMS, ARMS
+from cplm_megatron.experiments.launch.launcher import recipe_of, sbatch, slurm_commands
 from cplm_megatron.experiments.records import load_run
+from cplm_megatron.experiments.run import Evaluation, Run
+from cplm_megatron.experiments.study.plan import ACTIVE_ARMS, ARMS
 
 SCALES = ("135m", "360m", "1p7b")  # <slurm_dir>/pretrain_<scale>.sh
 # GPU-hours are estimated from the training FLOPs (model/accounting.py) at this fraction of an H100's dense
@@ -100,14 +99,6 @@ class ClusterRun:
                    Evaluation(("val",), every_checkpoint=False), tuple(sorted(self.labels.items())), experiment="study")
 
 
-def recipe_of(script: Path) -> str:
-    """The shipped recipe a pretrain_<size>.sh script trains (its `recipe=configs/NAME.yaml` line): NAME."""
-    found = re.search(r"^recipe=(\S+)", Path(script).read_text(), re.MULTILINE)
-    if not found:
-        raise ClusterStudyError(f"{script} has no 'recipe=' line")
-    return Path(found.group(1).strip("\"'")).stem
-
-
 def plan(settings: ClusterStudySettings, output: Path) -> list[tuple[Run, ClusterRun]]:
     """Every run, scale by scale and seed by seed, with its submission record; each run's config is resolved (and
     checked) here."""
@@ -122,7 +113,7 @@ def plan(settings: ClusterStudySettings, output: Path) -> list[tuple[Run, Cluste
         script = Path(settings.slurm_dir).resolve() / f"pretrain_{scale}.sh"
         if not script.is_file():
             raise ClusterStudyError(f"{script} is missing: pass the checkout's slurm/ directory (slurm_dir)")
-        recipe = recipe_of(script)
+        recipe = recipe_of(script, ClusterStudyError)
         for seed in settings.seeds:
             for arm_name in settings.arms:
                 arm = ARMS[arm_name]
@@ -210,8 +201,8 @@ def _read_study(output: Path) -> dict[str, Any]:
 def collect(output: Path, command: str = "", log: Callable[[str], None] = print) -> dict[str, Any]:
     """Aggregate the evaluated runs of a submitted study: OUTPUT/summary.json, report.md and the plots."""
     from cplm_megatron.experiments.records import write_study_summary_json
-    from cplm_megatron.experiments.report.study import write_study_report
-    from cplm_megatron.experiments.report.study_summary import summarize
+    from cplm_megatron.experiments.study.report import write_study_report
+    from cplm_megatron.experiments.study.summary import summarize
 
     output = Path(output).resolve()
     study = _read_study(output)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from cplm_megatron.experiments.plan.run import Evaluation, Run, Value, set_arguments
+from cplm_megatron.experiments.run import Evaluation, Run, Value, set_arguments
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """The recipe study's report: report.md, PNG plots with error bands, and the README's headline table.
 
-Input: the body of summary.json (`cplm_megatron.experiments.report.study_summary.summarize`) plus the command
+Input: the body of summary.json (`cplm_megatron.experiments.study.summary.summarize`) plus the command
 and wall time. Plots: val_loss_curves.png (full distribution and LM head, mean ± std over seeds vs tokens),
 train_nll_curves.png (the training NLL of the output distribution for every arm, the objective's auxiliary
 term apart), final_metrics.png (bars with ± std), passkey_by_length.png (first key token).
@@ -11,8 +11,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from cplm_megatron.experiments.plan.study import SCALES
-from cplm_megatron.experiments.report.toolkit import band, interval, plt, pm, save, table
+from cplm_megatron.experiments.study.plan import SCALES
+from cplm_megatron.experiments.toolkit import band, interval, plt, pm, save, table
 
 README_BEGIN = "<!-- study-table:begin (generated from benchmarks/results/study_cpu_v3/summary.json) -->"
 README_END = "<!-- study-table:end -->"
@@ -233,7 +233,7 @@ def write_study_report(output: Path, summary: dict[str, Any], spamlang: list[dic
     for arm, data in first["arms"].items():
         overrides = ", ".join(f"`{o}`" for o in data["overrides"]) or "`copy_head.enabled=false`"
         lines.append(f"- **{arm}**: {data['description']} ({overrides})")
-    from cplm_megatron.experiments.plan.study import ARMS
+    from cplm_megatron.experiments.study.plan import ARMS
 
     retired = [a for a in ARMS.values() if a.retired and a.name not in first["arms"]]
     if retired:

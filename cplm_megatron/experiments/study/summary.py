@@ -17,10 +17,10 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from cplm_megatron.experiments.plan.study import ARMS, GLOBAL_BATCH, SEQ_LEN
+from cplm_megatron.experiments.paired import mean_std, paired_between, paired_interval
 from cplm_megatron.experiments.records import RunResults
-from cplm_megatron.experiments.report.decision import DECISION_RULE, PREVIOUS_DEFAULT, decide
-from cplm_megatron.experiments.report.paired import mean_std, paired_between, paired_interval
+from cplm_megatron.experiments.study.decision import DECISION_RULE, PREVIOUS_DEFAULT, decide
+from cplm_megatron.experiments.study.plan import ARMS, GLOBAL_BATCH, SEQ_LEN
 from cplm_megatron.training.metrics_log import record_nll, record_objective
 
 # Figures aggregated per arm; `lower` says which direction is better (for paired wins).
@@ -260,7 +260,7 @@ def summarize(runs: Sequence[RunResults], planned: Sequence[tuple[str, str, int]
     """The study's summary.json body (without command/wall time): per scale, per arm, comparisons, the decision.
     Works on a partial grid (a run without its seed's baseline is listed, not compared); provisional while a
     `planned` (scale, arm, seed) is missing (default: the CPU study's grid)."""
-    from cplm_megatron.experiments.plan.study import StudySettings
+    from cplm_megatron.experiments.study.plan import StudySettings
 
     planned = list(planned) if planned is not None else StudySettings().planned()
     by_key = {(r.spec.label["scale"], r.spec.label["arm"], r.spec.label["seed"]): r for r in runs}

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from cplm_megatron.experiments.records import RunResults, read_timing
-from cplm_megatron.experiments.report.toolkit import fmt, grid, prob, save, table
+from cplm_megatron.experiments.toolkit import fmt, grid, prob, save, table
 
 SPAMLANG_TARGET = 0.99
 

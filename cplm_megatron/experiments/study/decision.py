@@ -6,8 +6,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from cplm_megatron.experiments.plan.study import ARMS
-from cplm_megatron.experiments.report.paired import paired_between
+from cplm_megatron.experiments.paired import paired_between
+from cplm_megatron.experiments.study.plan import ARMS
 
 DECISION_RULE = (
     "Fixed before the v3 grid ran. An arm is credited only if its validation loss (the full distribution, every "

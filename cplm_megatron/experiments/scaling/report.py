@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from statistics import mean
 
-from cplm_megatron.experiments.report.toolkit import plt, save, table
+from cplm_megatron.experiments.toolkit import plt, save, table
 from cplm_megatron.training.run_record import (
     LEGACY_NAMES,
     RUN_RECORD,

@@ -5,10 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from cplm_megatron.experiments.plan.run import Evaluation, Run
+from cplm_megatron.experiments.ablation.report import first_reaching, pair_up, spamlang_claims, staying_from, write_report
 from cplm_megatron.experiments.records import RunResults
-from cplm_megatron.experiments.report.ablation import first_reaching, pair_up, spamlang_claims, staying_from, write_report
-from cplm_megatron.experiments.report.toolkit import table
+from cplm_megatron.experiments.run import Evaluation, Run
+from cplm_megatron.experiments.toolkit import table
 
 PNG = b"\x89PNG\r\n\x1a\n"
 

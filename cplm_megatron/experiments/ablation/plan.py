@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from cplm_megatron.experiments.plan.run import Evaluation, Run, Value
+from cplm_megatron.experiments.run import Evaluation, Run, Value
 
 
 @dataclass
