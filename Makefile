@@ -43,6 +43,9 @@ PIP = $(@D)/bin/python -m pip -q --disable-pip-version-check
 DATA_DIR ?= data/stdlib
 CODE_DATA_DIR ?= data/code
 PYTEST_ARGS ?=
+# the suite's workers (pytest-xdist; tests/conftest.py keeps each file, and the SLURM tests, on one worker)
+TEST_WORKERS ?= 2
+XDIST = -n $(TEST_WORKERS) --dist loadgroup
 
 .PHONY: setup setup-mcore-latest test test-mcore-latest demo data data-code lint clean-data gpu-dry-run gpu-image-env
 
@@ -69,13 +72,13 @@ data-code: setup
 	$(BIN)/python tools/build_code_corpus.py --output $(CODE_DATA_DIR) --check-size-rules
 
 test: setup data
-	@set +e; $(BIN)/python -m pytest tests $(PYTEST_ARGS); rc=$$?; \
+	@set +e; $(BIN)/python -m pytest tests $(XDIST) $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "[test] pytest collected no tests"; fi; exit $$rc
 
 test-mcore-latest: data $(LATEST_STAMP)
 	@$(LATEST_VENV)/bin/python -c "from importlib.metadata import version as v; \
 	  assert v('megatron-core') == '$(MCORE_LATEST)', v('megatron-core'); print('[test-mcore-latest] megatron-core', v('megatron-core'))"
-	$(LATEST_VENV)/bin/python -m pytest tests -m mcore_latest $(PYTEST_ARGS)
+	$(LATEST_VENV)/bin/python -m pytest tests -m mcore_latest $(XDIST) $(PYTEST_ARGS)
 
 demo: setup data
 	$(BIN)/python tools/demo.py --data $(DATA_DIR)

