@@ -17,7 +17,7 @@ Rates are tokens per CPU-second of this process (`time.process_time`: a busy mac
 not CPU time), i.e. tokens per second per core; wall-clock rates are kept beside them. `prepare_data.py
 --workers W` runs W such tokenizer processes beside one writer, so a task's rate grows with its cores until
 the writer (``write``) is the bottleneck. Core-hours for 100B tokens = 1e11 / rate / 3600. Median of --reps.
-Run it pinned to one core: ``taskset -c 0 python benchmarks/data_prep.py --json benchmarks/results/data_prep_cpu.json``.
+Run it pinned to one core: ``taskset -c 0 python benchmarks/data_prep.py --json results/data_prep_cpu.json``.
 
     python benchmarks/data_prep.py --json OUT.json [--reps N] [--max-bytes B] [--corpus DIR]
 """

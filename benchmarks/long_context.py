@@ -72,7 +72,7 @@ def _floats(text: str) -> List[float]:
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--runs", type=Path, default=REPO / "runs" / "long_context", help="run directories (one per model)")
-    p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results" / "long_context")
+    p.add_argument("--out", type=Path, default=REPO / "results" / "long_context")
     p.add_argument("--name", default="long_context_cpu", help="file name of the JSON and the plot")
     p.add_argument("--seq-len", type=int, default=8192, help="training sequence length of the long phase")
     p.add_argument("--cp", type=int, default=2, help="context-parallel size of the long phase (processes)")

@@ -39,24 +39,32 @@ def pytest_sessionfinish(session, exitstatus):
 # scenarios, end-to-end training in fp32 and bf16, resume, HF export, the GPU dry run).
 
 
-# `make test` runs the suite on pytest-xdist workers with --dist loadgroup: each test file stays on one worker (its
-# module fixtures are built once), and the files that share one machine-wide resource share a group: the local
-# SLURM cluster (one slurmctld/slurmd per machine, fixed ports).
+# `make test` runs the suite on pytest-xdist workers (--dist loadgroup): tests are handed out one by one, except
+# that the SLURM tests share one group (one local cluster per machine: fixed ports, /etc/slurm) and a file whose
+# tests use a module-scoped fixture is one group (its fixture, often a trained model or a built environment, is
+# built once, on one worker).
 SHARED_GROUPS = {"slurm": "slurm"}  # tests/<directory> -> group
 
 
-def xdist_group_of(item) -> str:
-    """The xdist group of a test: its directory's shared group, else its file."""
+def xdist_group_of(item) -> str | None:
+    """The xdist group of a test: its directory's shared group, its file when it uses a module-scoped fixture,
+    else none."""
     path = item.path.relative_to(item.config.rootpath)
-    return SHARED_GROUPS.get(path.parts[1] if len(path.parts) > 2 else "", str(path))
+    if len(path.parts) > 2 and path.parts[1] in SHARED_GROUPS:
+        return SHARED_GROUPS[path.parts[1]]
+    defs = getattr(item, "_fixtureinfo", None)
+    scopes = {d.scope for ds in (defs.name2fixturedefs.values() if defs else ()) for d in ds}
+    return str(path) if "module" in scopes else None
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("mcore") and not item.get_closest_marker("slow"):
             item.add_marker(pytest.mark.mcore_latest)
-        if not item.get_closest_marker("xdist_group"):
-            item.add_marker(pytest.mark.xdist_group(xdist_group_of(item)))
+        group = xdist_group_of(item)
+        if group and not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(autouse=True)

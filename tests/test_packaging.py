@@ -94,7 +94,7 @@ STUDY = """
 import sys
 from pathlib import Path
 
-from cplm_megatron.experiments.plan.ablation import AblationSettings
+from cplm_megatron.experiments.ablation.plan import AblationSettings
 from cplm_megatron.experiments.pipeline import run_ablation
 
 if __name__ == "__main__":

@@ -149,9 +149,9 @@ def test_the_study_table_is_generated_from_the_committed_summary_and_the_readme_
     short table quotes its baseline, control and default-arm rows."""
     import json
 
-    from cplm_megatron.experiments.report.study import readme_block
+    from cplm_megatron.experiments.study.report import readme_block
 
-    summary_json = REPO / "benchmarks/results/study_cpu_v3/summary.json"
+    summary_json = REPO / "results/study_cpu_v3/summary.json"
     block = readme_block(json.loads(summary_json.read_text()))
     assert block in (REPO / "docs/evaluation.md").read_text()
     printed = subprocess.run([sys.executable, str(REPO / "tools/ablate.py"), "--study-table", str(summary_json)],
@@ -175,7 +175,7 @@ def test_the_readme_gpu_figures_are_the_committed_ones():
     readme = (REPO / "README.md").read_text()
     section = readme.split("### Measured on one H200", 1)[1].split("\n### ", 1)[0]
     table = "\n".join(line for line in section.splitlines() if line.startswith("| "))
-    committed = (REPO / "benchmarks/results/gpu/2026-12-04/README.md").read_text()
+    committed = (REPO / "results/gpu/2026-12-04/README.md").read_text()
     figures = [f.removesuffix(" GiB") for f in re.findall(r"\d+(?:\.\d+)?(?:k|%| GiB)", table)]
     assert len(figures) >= 12
     for figure in figures:

@@ -108,7 +108,7 @@ def test_every_recipe_carries_the_studied_default(recipe):
 
     from cplm_megatron.config.loader import parse_override
 
-    decision = json.loads((REPO / "benchmarks/results/study_cpu/summary.json").read_text())["decision"]
+    decision = json.loads((REPO / "results/study_cpu/summary.json").read_text())["decision"]
     cfg = load_run_config(str(REPO / f"configs/{recipe}.yaml"))
     assert cfg.copy_head.enabled
     for override in decision["overrides"]:

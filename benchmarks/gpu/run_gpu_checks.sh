@@ -17,7 +17,7 @@
 # them once more whatever ends the script (a signal, an error, the end). Benchmarks write their JSON after
 # every variant and the training steps each run's record as it ends; a trainer's figures come from its per-step
 # metrics (warm-up steps excluded). $OUT is the folder the device tool returns (set there); unset, results go to
-# benchmarks/results/gpu.
+# results/gpu.
 #
 #   bash benchmarks/gpu/prepare_wheels.sh                 # here, first: megatron-core + the project -> .whl/
 #   bash benchmarks/gpu/run_gpu_checks.sh                 # on the GPU machine, the check pass (carry .whl;
@@ -109,7 +109,7 @@ if [ "$TOTAL" -gt "$BUDGET_LIMIT" ]; then
   exit 2
 fi
 
-OUT=${OUT:-benchmarks/results/gpu}
+OUT=${OUT:-results/gpu}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 rm -f "$OUT/steps.log" "$OUT/summary.json" "$OUT/details.tar.gz"
@@ -203,7 +203,6 @@ step() {  # step NAME CMD...: run CMD within NAME's budget (log: $WORK/logs/NAME
 # its checkout on sys.path still imports the installed project.
 mkdir -p "$WORK/site" "$WORK/tree"
 cp -r benchmarks pretrain configs "$WORK/tree/"
-rm -rf "$WORK/tree/benchmarks/results"
 export PYTHONPATH="$WORK/site" PYTHONNOUSERSITE=1
 STUDY_PYTHONPATH=$PYTHONPATH  # the study trains on real shards: it imports the carried mosaicml-streaming
 if [ "$DRY_RUN" = 1 ]; then

@@ -10,7 +10,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "data_prep.py"
-COMMITTED = REPO / "benchmarks" / "results" / "data_prep_cpu.json"
+COMMITTED = REPO / "results" / "data_prep_cpu.json"
 STAGES = ["read", "read_jsonl_zst", "tokenize", "write", "prepare"]
 
 

@@ -56,7 +56,7 @@ def test_a_failing_variant_is_reported_and_the_others_kept(tmp_path):
 
 def test_the_smollm2_recipes_choose_their_lm_head_loss_by_memory():
     """The recipes take `auto` (model/lm_head_choice.py): on an H200 the chunked loss cost 1.43x the 135M step
-    time to save 4.5 GiB of 139 (benchmarks/results/gpu/2026-12-04). With each recipe's own micro-batch and
+    time to save 4.5 GiB of 139 (results/gpu/2026-12-04). With each recipe's own micro-batch and
     sequence, auto keeps Megatron's logits on an 80 GiB GPU and takes the fused loss on a 24 GiB one at 135M."""
     import yaml
 

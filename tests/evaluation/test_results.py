@@ -11,7 +11,7 @@ from tests.harness import REPO
 
 
 def test_the_committed_study_evaluations_are_read():
-    paths = sorted((REPO / "benchmarks/results/study_cpu_v3/runs").glob("*/eval.json"))
+    paths = sorted((REPO / "results/study_cpu_v3/runs").glob("*/eval.json"))
     assert paths
     for path in paths:
         results = read_eval_results(path)

@@ -16,7 +16,7 @@ from cplm_megatron.experiments.study.plan import StudySettings, corpus_dirs, stu
 from tests.data_fixtures import synthetic_tokenizer, write_synthetic_dataset
 from tests.harness import REPO
 
-STUDY = REPO / "benchmarks" / "results" / "study_cpu_v3"
+STUDY = REPO / "results" / "study_cpu_v3"
 
 
 @pytest.fixture(scope="module")

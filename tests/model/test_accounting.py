@@ -194,7 +194,7 @@ def test_activation_model_matches_what_autograd_keeps_in_a_layer(fused_swiglu):
     activation_bytes_per_layer_token (to 0.5%: the lse and the rstd vectors), once corrected for what differs on a
     CPU: torch's CPU RMSNorm keeps fp32 copies (measured on F.rms_norm alone) instead of its bf16 input, and no
     dropout mask is kept (dropout 0). On an H200 the same model puts the planner within -0.4..+0.9% of the measured
-    peak at 135M and 1.7B (benchmarks/results/gpu/2026-12-04)."""
+    peak at 135M and 1.7B (results/gpu/2026-12-04)."""
     import dataclasses
 
     import torch

@@ -33,7 +33,7 @@ def test_written_read_back_and_stopped_early_apart(tmp_path):
 
 
 def test_the_committed_study_runs_legacy_records_are_read():
-    runs = sorted((REPO / "benchmarks/results/study_cpu_v3/runs").iterdir())
+    runs = sorted((REPO / "results/study_cpu_v3/runs").iterdir())
     assert runs
     for run_dir in runs:
         record = read_run_record(run_dir)  # summary.json: written before the rename

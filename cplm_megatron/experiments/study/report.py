@@ -14,7 +14,7 @@ from typing import Any
 from cplm_megatron.experiments.study.plan import SCALES
 from cplm_megatron.experiments.toolkit import band, interval, plt, pm, save, table
 
-README_BEGIN = "<!-- study-table:begin (generated from benchmarks/results/study_cpu_v3/summary.json) -->"
+README_BEGIN = "<!-- study-table:begin (generated from results/study_cpu_v3/summary.json) -->"
 README_END = "<!-- study-table:end -->"
 ARM_COLORS = {"baseline": "tab:blue", "mixture": "tab:gray", "aux0.5": "tab:orange", "aux1": "tab:red",
               "decoupled": "tab:green", "aux1+copy": "tab:purple", "sentinel": "tab:brown", "sentinel+aux1": "tab:pink"}
