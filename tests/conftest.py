@@ -57,7 +57,7 @@ def xdist_group_of(item) -> str | None:
     return str(path) if "module" in scopes else None
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("mcore") and not item.get_closest_marker("slow"):
@@ -65,6 +65,21 @@ def pytest_collection_modifyitems(config, items):
         group = xdist_group_of(item)
         if group and not item.get_closest_marker("xdist_group"):
             item.add_marker(pytest.mark.xdist_group(group))
+            if getattr(config.option, "loadgroup", False) and "@" not in item.nodeid:
+                name_group(item, group)
+
+
+def name_group(item, group: str) -> None:
+    """Append `@group` to a test's id, as xdist's worker does for a marked test: its scheduler groups by that suffix.
+    xdist 3.8 sets `item._nodeid`, which pytest >= 9.2 no longer reads (the id is `item._id`, structured), so its
+    groups never form there; this sets whichever the running pytest reads."""
+    new = f"{item.nodeid}@{group}"
+    if hasattr(item, "_id"):
+        from _pytest.nodeid import coerce_node_id
+
+        item._id = coerce_node_id(new)
+    else:
+        item._nodeid = new
 
 
 @pytest.fixture(autouse=True)

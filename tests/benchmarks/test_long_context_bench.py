@@ -96,7 +96,9 @@ def test_killing_the_benchmark_in_its_long_phase_stops_torchrun_and_keeps_its_ti
     run_dir = runs / "copy_random" / "baseline"
     try:
         deadline = time.monotonic() + 300
-        while time.monotonic() < deadline and not (run_dir / "metrics.jsonl").is_file():  # training
+        # training, and its first time tick written (every TICK_S seconds: killed before it, there is no time yet)
+        while time.monotonic() < deadline and not ((run_dir / "metrics.jsonl").is_file()
+                                                   and (run_dir / "bench_timing.json").is_file()):
             assert bench.poll() is None, "the benchmark exited before training"
             time.sleep(0.2)
         training = psutil.Process(bench.pid).children(recursive=True)
