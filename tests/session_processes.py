@@ -4,8 +4,8 @@ and still readable in /proc/PID/environ after its parent died and it was reparen
 ones still alive are reported with the test that was running when each started, killed, and fail the session.
 
 The session's own helpers are spared: the warm forkserver, multiprocessing's resource trackers and spawned children
-(a Manager megatron-core started for an in-process save) and the trainer's orphan watchdog, while their parent is
-the session's own process (they exit with it)."""
+(a Manager megatron-core started for an in-process save), the trainer's orphan watchdog and pytest-xdist's workers
+(each checks the processes of its own tests), while their parent is the session's own process (they exit with it)."""
 from __future__ import annotations
 
 import bisect
@@ -20,7 +20,7 @@ MARK = "CPLM_TEST_SESSION"
 # the session's own multiprocessing children (the warm forkserver, resource trackers, a Manager that megatron-core
 # spawned for an in-process checkpoint save) and the trainer's watchdog: spared while the session is their parent
 HELPERS = (b"multiprocessing.forkserver", b"multiprocessing.resource_tracker", b"multiprocessing.spawn",
-           b"cplm-orphan-watchdog")
+           b"cplm-orphan-watchdog", b"import sys;exec(eval(sys.stdin.readline()))")  # the last: a pytest-xdist worker
 KEPT_DAEMONS = ("munged", "slurmctld", "slurmd", "slurmstepd")  # CPLM_SLURM_KEEP=1 leaves the local cluster up
 
 
