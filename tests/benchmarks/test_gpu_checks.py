@@ -7,6 +7,7 @@ killed mid-run and the script itself stopped by a signal still leave summary.jso
 listing every step with its status; the budgets leave room for a rerun and match the README; both GPU scripts
 pass shellcheck."""
 import json
+import math
 import os
 import re
 import shutil
@@ -294,6 +295,37 @@ def _descendants(pid: int) -> list[int]:
     children = Path(f"/proc/{pid}/task/{pid}/children")
     direct = [int(c) for c in children.read_text().split()] if children.exists() else []
     return direct + [d for c in direct for d in _descendants(c)]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_gpu_dry_run_of_the_study_step(tmp_path: Path, image_env):
+    """`make gpu-dry-run GROUP=study` (issue 44): the code corpus built from the image env's own sources, the baseline
+    and the CPLM trained on it, and the summary's study section with each arm's validation loss, the baseline + cache
+    control, the one-token-match copier and the chance values beside them, and the paired differences."""
+    out, summary, _ = _dry_run(tmp_path, "GROUP=study")
+    assert [s["name"] for s in summary["steps"]] == GROUP_STEPS["study"]
+    study = summary["study"]
+    assert study["dry_run"] and study["complete"] and all(p["ok"] for p in study["phases"].values())
+    vocab = study["sizes"]["vocab_size"]
+    corpus = study["corpus"]
+    assert corpus["vocab_size"] == vocab and corpus["val_files_in_train"] == 0
+    assert all(corpus["splits"][split]["documents"] > 0 for split in ("train", "dev", "val"))
+    arms, controls, paired = study["arms"], study["controls"], study["comparisons"]
+    for arm in ("baseline", "cplm"):
+        assert arms[arm]["train"]["exit_code"] == 0 and arms[arm]["train"]["iterations"] == study["sizes"]["iters"]
+        assert arms[arm]["val_loss_ci_low"] <= arms[arm]["val_loss"] <= arms[arm]["val_loss_ci_high"]
+        assert 0 < arms[arm]["val_loss"] < 2 * math.log(vocab)  # a few steps: near ln V, not diverged
+    assert 0 < controls["baseline_plus_cache"]["val_loss"] and 0 <= controls["baseline_plus_cache"]["lambda"] <= 1
+    assert 0 <= controls["copy_one_token_match_copier"]["copy_accuracy"] <= 1
+    # chance: the copy task's 1/(V-1) candidates, the passkey's 1/(V-3) (the needle's delimiters excluded)
+    assert controls["copy_chance"]["copy_accuracy"] == pytest.approx(1 / (vocab - 1))
+    assert controls["passkey_chance"]["passkey_first_token_accuracy"] == pytest.approx(1 / (vocab - 3))
+    # the paired differences are over the same validation documents: their means are the arms' differences
+    assert paired["cplm_minus_baseline"]["val_loss"] == pytest.approx(
+        arms["cplm"]["val_loss"] - arms["baseline"]["val_loss"], abs=1e-9)
+    assert paired["cplm_minus_baseline_plus_cache"]["val_loss"] == pytest.approx(
+        arms["cplm"]["val_loss"] - controls["baseline_plus_cache"]["val_loss"], abs=1e-9)
 
 
 @pytest.mark.slow
