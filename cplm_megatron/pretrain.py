@@ -67,12 +67,13 @@ def run(args: argparse.Namespace) -> int:
         return 0
     try:
         from cplm_megatron.checkpoint.checkpointer import CheckpointWriterDied
+        from cplm_megatron.evaluation.probes import probe_callbacks
         from cplm_megatron.parallel.cpu_compat import setup_compat
         from cplm_megatron.training.trainer import NonFiniteLossError, train
 
         setup_compat()
         try:
-            return train(cfg)
+            return train(cfg, probe_callbacks(cfg))
         except (NonFiniteLossError, CheckpointWriterDied) as e:
             print(f"error: {e}", file=sys.stderr, flush=True)
             return 1

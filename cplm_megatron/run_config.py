@@ -139,6 +139,9 @@ class TrainConfig:
     max_nonfinite_steps: int = 5  # abort after this many non-finite losses in a row
     exit_after_iters: Optional[int] = None  # stop (with a checkpoint) after this many iterations of this launch
     profile_steps: Optional[List[int]] = None  # [first, last] iterations to profile into RUN_DIR/profile.json
+    probe_interval: int = 0  # copy accuracy, in-context score into metrics.jsonl (evaluation/probes.py); 0: off
+    probe_sequences: int = 32  # copy-task sequences per probe
+    probe_copy_length: int = 128  # tokens per copy-task sequence (a span and its repeat)
 
     def validate(self) -> None:
         if (self.iters is None) == (self.tokens is None):
@@ -153,6 +156,11 @@ class TrainConfig:
                 raise ConfigError(f"train.{key} must be >= 1, got {getattr(self, key)}")
         if self.eval_interval < 0:
             raise ConfigError(f"train.eval_interval must be >= 0, got {self.eval_interval}")
+        if self.probe_interval < 0:
+            raise ConfigError(f"train.probe_interval must be >= 0, got {self.probe_interval}")
+        if self.probe_interval and (self.probe_sequences < 1 or self.probe_copy_length < 8):
+            raise ConfigError(f"train.probe_sequences must be >= 1 and train.probe_copy_length >= 8 (got "
+                              f"{self.probe_sequences}, {self.probe_copy_length})")
         if self.profile_steps is not None:
             check_profile_steps(self.profile_steps)
         if self.lr <= 0 or not 0 <= self.min_lr <= self.lr:
@@ -241,6 +249,10 @@ class RunConfig:
             raise ConfigError("data.document_masking=true needs model.layer_spec=local (explicit attention masks)")
         check_context_parallel(self.parallel, self.model, self.train.seq_len)
         check_compile(self.model, self.parallel, self.recompute.granularity)
+        if self.train.probe_interval and (self.parallel.pp > 1 or self.parallel.cp > 1):
+            raise ConfigError("train.probe_interval needs parallel.pp=1 and parallel.cp=1 (the probe scores the "
+                              "model's full distribution in one stage); set train.probe_interval=0 or evaluate "
+                              "checkpoints with tools/evaluate.py --all-checkpoints")
         if self.copy_head.fp8 and self.precision.dtype == "fp32":
             raise ConfigError("copy_head.fp8=true needs precision.dtype=bf16")
 

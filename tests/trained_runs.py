@@ -1,8 +1,8 @@
 """The session's trained runs: each is trained once per test session and shared by every test that needs it.
 
 * `reference_run`: the tiny recipe on the embedded corpus, 10 iterations at TP=1 in one interpreter (the README's
-  first command: `python pretrain/pretrain_cplm.py`), validated at 5 and 10, wandb offline, checkpoints at 3, 6,
-  9 and 10 (keep 2). Its losses are what the resume and layout tests compare with.
+  first command: `python pretrain/pretrain_cplm.py`), validated and probed (PROBES) at 5 and 10, wandb offline,
+  checkpoints at 3, 6, 9 and 10 (keep 2). Its losses are what the resume and layout tests compare with.
 * `stopped_run`: the same recipe stopped after 4 iterations (`train.exit_after_iters`, exit 75): checkpoints
   iter_0000003 and iter_0000004 (latest). Tests that resume or damage it copy it first (`copy_run`).
 * `runs` / `hf_exports`: a tiny baseline and CPLM pair on synthetic copy data and their HF exports
@@ -20,6 +20,8 @@ import pytest
 from cplm_megatron.training.signals import RESUME_EXIT_CODE
 
 REFERENCE_ITERS = 10
+# the in-training probe (evaluation/probes.py) of the reference run, at its validation cadence
+PROBES = {"train.probe_interval": 5, "train.probe_sequences": 4, "train.probe_copy_length": 64}
 
 
 def copy_run(run_dir: Path, tmp_path: Path, name: str = "run") -> Path:
@@ -34,7 +36,7 @@ def reference_run(stdlib_corpus, tmp_path_factory) -> dict:
 
     run_dir = tmp_path_factory.mktemp("reference") / "run"
     proc = pu.run(1, pu.tiny_overrides(stdlib_corpus, run_dir, REFERENCE_ITERS, **{
-        "train.eval_interval": 5, "logging.wandb": "true"}), mode="python")
+        "train.eval_interval": 5, "logging.wandb": "true", **PROBES}), mode="python")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return {"dir": run_dir, "losses": pu.losses(run_dir), "stdout": proc.stdout}
 

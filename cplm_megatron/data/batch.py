@@ -24,6 +24,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from cplm_megatron.data.repeated_spans import repeat_span
+
 
 def segment_ids_and_positions(segment_starts: np.ndarray, seq_len: int) -> tuple[np.ndarray, np.ndarray]:
     """Per input position: index of its segment and offset within it, given sorted segment starts."""
@@ -38,10 +40,15 @@ def segment_ids_and_positions(segment_starts: np.ndarray, seq_len: int) -> tuple
 
 
 def collate_packed_samples(
-    samples: Sequence[Mapping[str, Any]], *, eod_id: int, document_masking: bool, eod_mask_loss: bool
+    samples: Sequence[Mapping[str, Any]], *, eod_id: int, document_masking: bool, eod_mask_loss: bool,
+    repeat_span_share: float = 0.0, seed: int = 0
 ) -> dict[str, torch.Tensor]:
-    """Stack packed samples (MDS records: tokens, segment_starts, num_tokens) into a batch."""
+    """Stack packed samples (MDS records: tokens, segment_starts, num_tokens) into a batch; `repeat_span_share`
+    of them with a span of their own text repeated (data/repeated_spans.py; training only)."""
     windows = np.stack([np.asarray(s["tokens"], dtype=np.int64) for s in samples])
+    if repeat_span_share > 0:
+        windows = np.stack([repeat_span(w, np.asarray(s["segment_starts"]), int(s["num_tokens"]), eod_id,
+                                        repeat_span_share, seed)[0] for w, s in zip(windows, samples)])
     seq_len = windows.shape[1] - 1
     tokens, labels = windows[:, :-1], windows[:, 1:]
     label_index = np.arange(seq_len)

@@ -88,6 +88,7 @@ class DataConfig:
     verify_shards: bool = True  # hash-check local shards at start, once per machine (sizes: always)
     # "spamlang" | "copy" | "copy_random" | "passkey" or a "+" mixture: generated task data (ablations)
     synthetic: str | None = None
+    repeat_span_share: float = 0.0  # training samples with a span of their text repeated (data/repeated_spans.py)
 
     def __post_init__(self) -> None:
         self.streams = [_as_stream(s) for s in self.streams]
@@ -102,6 +103,12 @@ class DataConfig:
                 training_tasks(self.synthetic)
             except ValueError as err:
                 raise ConfigError(f"data.synthetic: {err}, or null") from None
+        if self.synthetic is not None and self.repeat_span_share:
+            raise ConfigError("data.repeat_span_share changes prepared datasets' samples; data.synthetic tasks have "
+                              "their own copy variants (copy, copy_random): set one of them")
+        if not 0.0 <= self.repeat_span_share <= 1.0:
+            raise ConfigError(f"data.repeat_span_share is a share of training samples in [0, 1], got "
+                              f"{self.repeat_span_share}")
         if self.num_workers < 0:
             raise ConfigError(f"data.num_workers must be >= 0, got {self.num_workers}")
         if self.seed < 0:

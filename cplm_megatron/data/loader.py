@@ -175,7 +175,7 @@ class _Loader:
     """What the train and validation loaders share: the dataset, its DataLoader, batch geometry."""
 
     def __init__(self, dataset: DataParallelStreamingDataset, cfg: DataConfig, micro_batch: int,
-                 tokenizer: TokenizerInfo, what: str, keep_last: bool = False):
+                 tokenizer: TokenizerInfo, what: str, keep_last: bool = False, repeat_span_share: float = 0.0):
         self.dataset = dataset
         self.tokenizer = tokenizer
         self.micro_batch = micro_batch
@@ -186,6 +186,8 @@ class _Loader:
             eod_id=tokenizer.eod_id,
             document_masking=cfg.document_masking,
             eod_mask_loss=cfg.eod_mask_loss,
+            repeat_span_share=repeat_span_share,
+            seed=cfg.seed,
         )
         self._dataloader = torch.utils.data.DataLoader(
             dataset, batch_size=micro_batch, num_workers=cfg.num_workers, collate_fn=collate,
@@ -226,7 +228,8 @@ class TrainBatchIterator(_Loader):
 
     def __init__(self, dataset: DataParallelStreamingDataset, cfg: DataConfig, micro_batch: int,
                  tokenizer: TokenizerInfo):
-        super().__init__(dataset, cfg, micro_batch, tokenizer, "the training data")
+        super().__init__(dataset, cfg, micro_batch, tokenizer, "the training data",
+                         repeat_span_share=cfg.repeat_span_share)
         self.seed = cfg.seed
         self.epoch = 0
         self._pass_start = 0  # sample_in_epoch where the current pass began (non-zero after resume)

@@ -138,3 +138,36 @@ def bootstrap_paired_ci(nll_a: list[float], nll_b: list[float], count: list[int]
     diffs = (a[idx].sum(axis=1) - b[idx].sum(axis=1)) / np.maximum(n[idx].sum(axis=1), 1.0)
     alpha = (1.0 - level) / 2
     return float((a.sum() - b.sum()) / n.sum()), float(np.quantile(diffs, alpha)), float(np.quantile(diffs, 1 - alpha))
+
+
+def context_windows(seq_len: int) -> tuple[tuple[int, int], tuple[int, int]]:
+    """(early, late) context-position windows of the in-context score: [T/16, T/8) and [T/2, T)."""
+    return (seq_len // 16, max(seq_len // 8, seq_len // 16 + 1)), (seq_len // 2, seq_len)
+
+
+@dataclass
+class ContextTally:
+    """NLL at early and late context positions (tokens seen in the document so far, `position_ids`): the in-context
+    score is mean NLL late minus mean NLL early (Olsson et al. 2022's loss at token 500 minus token 50, here over
+    windows scaled to the sequence length); negative: later tokens are predicted better, the context is used."""
+
+    seq_len: int
+    sums: tuple[float, float] = (0.0, 0.0)
+    counts: tuple[int, int] = (0, 0)
+
+    def add_nll(self, nll: torch.Tensor, select: torch.Tensor, positions: torch.Tensor) -> None:
+        """Add per-position NLL [b, s] at the selected positions, by their context position [b, s]."""
+        nll, select, positions = nll.double().cpu(), select.bool().cpu(), positions.cpu()
+        sums, counts = list(self.sums), list(self.counts)
+        for i, (low, high) in enumerate(context_windows(self.seq_len)):
+            inside = select & (positions >= low) & (positions < high)
+            sums[i] += float(nll[inside].sum())
+            counts[i] += int(inside.sum())
+        self.sums, self.counts = (sums[0], sums[1]), (counts[0], counts[1])
+
+    @property
+    def score(self) -> float:
+        """Mean NLL in the late window minus the early one (nan without tokens in both)."""
+        if not all(self.counts):
+            return float("nan")
+        return self.sums[1] / self.counts[1] - self.sums[0] / self.counts[0]

@@ -120,6 +120,10 @@ DESCRIPTIONS = {
     "train.eval_iters": "validation micro-batches per data-parallel rank per validation",
     "train.max_nonfinite_steps": "non-finite losses in a row (each skipped) before the run stops with exit 1",
     "train.exit_after_iters": "stop with a checkpoint and exit 75 after this many iterations of this launch",
+    "train.probe_interval": "iterations between probes of in-context copying (copy accuracy, in-context score) into "
+                            "metrics.jsonl, also before a fresh run's first step (0: none; needs pp = cp = 1)",
+    "train.probe_sequences": "copy-task sequences per probe",
+    "train.probe_copy_length": "tokens per probe copy sequence (a span and its repeat)",
     "checkpoint.enabled": "save checkpoints (false: benchmarks; a stop signal then just stops)",
     "checkpoint.interval": "iterations between checkpoints (0: only at the end and on a stop signal)",
     "checkpoint.keep": "complete checkpoints kept (the newest)",
@@ -128,6 +132,8 @@ DESCRIPTIONS = {
     "checkpoint.load_optimizer": "with load: also restore the optimizer, scheduler and data position",
     "checkpoint.resume": "resume from run.dir's latest checkpoint",
     "checkpoint.overwrite": "with resume=false: delete run.dir's checkpoints (after every other check passed)",
+    "data.repeat_span_share": "share of training samples in which a span of their own text recurs later (speeds "
+                              "up in-context copying; the same samples for every run of one data.seed; 0: off)",
     "data.streams": "training datasets: a list of paths (prepared directories or s3:// URLs) or of {path, weight} entries",
     "data.streams[].path": "a prepared dataset directory or an s3://bucket/prefix",
     "data.streams[].name": "a label for messages; empty: the path",

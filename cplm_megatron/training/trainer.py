@@ -9,7 +9,7 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import Dict, Optional
+from typing import Dict, List, Optional, Sequence
 
 import torch
 
@@ -18,6 +18,7 @@ from cplm_megatron.checkpoint.lookup import layout_text
 from cplm_megatron.model.accounting import CopyHeadShape, train_flops_figures
 from cplm_megatron.model.builder import Vocabulary
 from cplm_megatron.run_config import RunConfig, dump_run_config
+from cplm_megatron.training.callbacks import Callback
 from cplm_megatron.training.metrics_log import MetricsLogger, format_line, objective_terms, rank0_print
 from cplm_megatron.training.preflight import GIB, checkpoint_size, memory_needed
 from cplm_megatron.training.profiling import StepProfiler
@@ -64,8 +65,9 @@ def build_data(cfg: RunConfig, vocab: Vocabulary, dp_rank: int, dp_size: int):
 class Trainer:
     """Owns the model chunks, optimizer, data and bookkeeping of one run (one per process)."""
 
-    def __init__(self, cfg: RunConfig):
+    def __init__(self, cfg: RunConfig, callbacks: Sequence[Callback] = ()):
         self.cfg = cfg
+        self.callbacks = list(callbacks)
         self.run_dir = Path(cfg.run.dir)
         self.stop = StopSignal()  # first: a signal during set-up is acted on at the first step boundary
         self.run_lock = None
@@ -203,16 +205,25 @@ class Trainer:
                                self.train_data.state_dict(), self.cfg.to_dict())
         self.saved_at = self.state.iteration
 
-    def evaluate(self) -> Dict[str, float]:
-        """Validation over train.eval_iters micro-batches per DP rank (the same batches each time).
-
-        val_loss is the NLL of the model's full distribution (the mixture for CPLM), val_lm_loss the LM head's
-        own, val_objective the optimized loss (with any auxiliary terms)."""
+    def validation_batches(self) -> List[Dict[str, torch.Tensor]]:
+        """The first train.eval_iters validation micro-batches of this DP rank (the same batches each time)."""
         batches = []
         for batch in self.val_data:
             batches.append(batch)
             if len(batches) == self.cfg.train.eval_iters:
                 break
+        return batches
+
+    def print(self, line: str) -> None:
+        """A console line from rank 0."""
+        rank0_print(line)
+
+    def evaluate(self) -> Dict[str, float]:
+        """Validation over train.eval_iters micro-batches per DP rank (the same batches each time).
+
+        val_loss is the NLL of the model's full distribution (the mixture for CPLM), val_lm_loss the LM head's
+        own, val_objective the optimized loss (with any auxiliary terms)."""
+        batches = self.validation_batches()
         m = eval_step(self.chunks, batches, self.cfg.train.seq_len, self.cfg.train.micro_batch,
                       self.cfg.data.document_masking)
         return {"val_loss": m["mix_loss"], "val_lm_loss": m["lm_loss"], "val_objective": m["loss"],
@@ -226,6 +237,8 @@ class Trainer:
         log_due, eval_due = Cadence(t.log_interval, also_at=self.total_iters), Cadence(t.eval_interval)
         policy = StopPolicy(cfg.checkpoint.interval, t.exit_after_iters, launch_start=self.state.iteration)
         try:
+            for callback in self.callbacks:
+                callback.on_start(self)
             while self.state.iteration < self.total_iters:
                 self.profiler.begin(self.state.iteration + 1)
                 self.speed.begin_step()
@@ -248,6 +261,8 @@ class Trainer:
                     val = self.evaluate()
                     rank0_print(f"[eval] iter {it} | val loss {val['val_loss']:.4f} | ppl {val['val_ppl']:.2f}")
                     self.logger.log({"iteration": it, **val})
+                for callback in self.callbacks:
+                    callback.on_iteration(self, it)
                 self.checkpointer.poll()
                 reason = policy.stop_reason(it, stop.requested(), stop.received)
                 if policy.save_due(it, stopping=reason is not None):
@@ -393,13 +408,13 @@ def peak_memory_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
 
-def train(cfg: RunConfig) -> int:
-    """Build a Trainer and run it; tears down the process groups at the end."""
+def train(cfg: RunConfig, callbacks: Sequence[Callback] = ()) -> int:
+    """Build a Trainer with `callbacks` and run it; tears down the process groups at the end."""
     from cplm_megatron.data.stop import StopRequested
     from cplm_megatron.parallel.distributed import destroy_distributed
 
     try:
-        return Trainer(cfg).run()
+        return Trainer(cfg, callbacks).run()
     except StopRequested as e:  # a stop signal before the first step: nothing to save
         rank0_print(f"[train] {e}; exit code {RESUME_EXIT_CODE} = resume me")
         return RESUME_EXIT_CODE

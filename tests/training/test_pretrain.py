@@ -13,7 +13,7 @@ import yaml
 from cplm_megatron.checkpoint.lookup import list_checkpoints, read_latest
 from cplm_megatron.training.signals import RESUME_EXIT_CODE
 from tests import harness
-from tests.trained_runs import REFERENCE_ITERS, copy_run
+from tests.trained_runs import PROBES, REFERENCE_ITERS, copy_run
 from tests.training import faults
 from tests.training import pretrain_utils as pu
 
@@ -43,19 +43,45 @@ def test_uninterrupted_run_logs_and_checkpoints(reference):
     assert summary["iterations"] == ITERS and summary["tokens_per_sec"] > 0 and summary["config_hash"]
     evals = [r for r in pu.metrics(run_dir) if "val_loss" in r]
     assert [r["iteration"] for r in evals] == [5, 10] and all(r["val_ppl"] > 1 for r in evals)
+    probes = [r for r in pu.metrics(run_dir) if "probe_copy_accuracy" in r]
+    assert [r["iteration"] for r in probes] == [0, 5, 10]  # the untrained model too
+    vocab = yaml.safe_load((run_dir / "config.yaml").read_text())["model"]["vocab_size"]
+    for r in probes:  # 4 sequences of 65 tokens, a 32-token span repeated from 32 on: 32 scored tokens each
+        assert 0 <= r["probe_copy_accuracy"] <= 1 and r["probe_copy_chance"] == 1 / (vocab - 1)
+        assert r["probe_copy_tokens"] == 4 * 32 and abs(r["probe_in_context_score"]) < 10, r
+    assert "[probe] iter 0 | copy acc" in reference["stdout"]
     assert list((run_dir / "wandb").glob("offline-run-*")), "no offline wandb run written"
 
 
 @pytest.mark.parametrize("layout", [{"parallel.tp": 2}, {"parallel.pp": 2}], ids=["tp2", "pp2"])
 def test_two_process_runs_learn(stdlib_corpus, tmp_path, layout, reference):
     run_dir = tmp_path / "run"
-    proc = pu.run(2, pu.tiny_overrides(stdlib_corpus, run_dir, ITERS, **layout))
+    tp = "parallel.tp" in layout
+    probes = {"train.eval_interval": 5, **PROBES} if tp else {}  # the probe needs pp = 1
+    proc = pu.run(2, pu.tiny_overrides(stdlib_corpus, run_dir, ITERS, **layout, **probes))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     losses = pu.losses(run_dir)
     first, last = sum(losses[i] for i in (1, 2, 3)) / 3, sum(losses[i] for i in (8, 9, 10)) / 3
     assert last < first - 0.5, losses
-    if "parallel.tp" in layout:  # CPU init is TP-independent; PP stages are seeded per stage (Megatron's rule)
+    if tp:  # CPU init is TP-independent; PP stages are seeded per stage (Megatron's rule)
         pu.assert_losses_match(run_dir, reference["losses"], reference["losses"])
+        assert_probes_match(run_dir, reference["dir"])
+
+
+def assert_probes_match(run_dir, reference_dir) -> None:
+    """The probe records of a TP=2 run equal the TP=1 reference's: the same copy-task tokens right (an argmax can
+    only flip on a near tie: one token allowed) and the in-context score to fp32 summation error (NLLs of a few
+    nats summed over ~10^3 tokens in another order: 1e-4 absolute)."""
+    def probes(path):
+        return {r["iteration"]: r for r in pu.metrics(path) if "probe_copy_accuracy" in r}
+
+    got, want = probes(run_dir), probes(reference_dir)
+    assert sorted(got) == sorted(want) == [0, 5, 10]
+    for it, r in got.items():
+        tokens = r["probe_copy_tokens"]
+        assert tokens == want[it]["probe_copy_tokens"]
+        assert abs(r["probe_copy_accuracy"] - want[it]["probe_copy_accuracy"]) * tokens <= 1.0, (it, r, want[it])
+        assert r["probe_in_context_score"] == pytest.approx(want[it]["probe_in_context_score"], abs=1e-4)
 
 
 @pytest.mark.mcore_latest  # end-to-end training and resume on the newest megatron-core too

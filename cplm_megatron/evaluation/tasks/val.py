@@ -5,7 +5,8 @@ run's `data.val_streams`. Loss-masked positions (EOD padding) are left out, as i
 Every sample is scored unless `limit` (or, with `val_all`, nothing) cuts it; the 95% interval of the
 loss resamples documents (a document spans several packed samples; its tokens are not independent),
 and `details.documents` holds each document's NLL sum and token count so that a study can form paired
-intervals between models scored on the same split.
+intervals between models scored on the same split. `val_in_context_score` is the mean NLL at late context
+positions minus early ones (evaluation/metrics.py ContextTally; negative: the model uses its context).
 """
 from __future__ import annotations
 
@@ -13,7 +14,15 @@ import itertools
 
 from cplm_megatron.data.config import BatchShape, DataConfig
 from cplm_megatron.data.manifest import read_manifest
-from cplm_megatron.evaluation.metrics import DocumentTally, TokenTally, bootstrap_ratio_ci, document_index
+from cplm_megatron.evaluation.metrics import (
+    ContextTally,
+    DocumentTally,
+    TokenTally,
+    bootstrap_ratio_ci,
+    context_windows,
+    document_index,
+    target_log_probs,
+)
 from cplm_megatron.evaluation.options import EvalOptions
 from cplm_megatron.evaluation.scorers import Scorer, hidden_and_log_probs, lm_head_log_probs
 from cplm_megatron.evaluation.tasks.base import TaskResult, progress
@@ -57,6 +66,7 @@ def run(scorer: Scorer, options: EvalOptions) -> TaskResult:
     eod = read_manifest(paths[0]).tokenizer.eod_id
     tally, per_doc, offset, sequences = TokenTally(), DocumentTally.empty(), 0, 0
     batches = val_batches(loader, options)
+    context = ContextTally(read_manifest(paths[0]).seq_len)
     lm_tally = TokenTally() if scorer.has_copy_head else tally
     for batch in progress(batches, "val", options.show_progress):
         if scorer.has_copy_head:  # the LM head alone as well: the mixture's gain vs what the LM head learned
@@ -65,16 +75,20 @@ def run(scorer: Scorer, options: EvalOptions) -> TaskResult:
         else:
             log_probs = scorer.log_probs(batch)
         documents, offset = document_index(batch["tokens"], eod, offset)
+        nll = -target_log_probs(log_probs, batch["labels"]).double()
         tally.add(log_probs, batch["labels"], batch["loss_mask"])
-        per_doc.add(log_probs, batch["labels"], batch["loss_mask"], documents)
+        per_doc.add_nll(nll, batch["loss_mask"], documents)
+        context.add_nll(nll, batch["loss_mask"], batch["position_ids"])
         sequences += batch["tokens"].shape[0]
     nll, count, docs = per_doc.arrays()
     low, high = bootstrap_ratio_ci(nll, count)
     return TaskResult(
         "val",
         {"val_loss": tally.loss, "val_loss_ci_low": low, "val_loss_ci_high": high, "val_ppl": tally.perplexity,
-         "val_accuracy": tally.accuracy, "val_lm_loss": lm_tally.loss},
+         "val_accuracy": tally.accuracy, "val_lm_loss": lm_tally.loss, "val_in_context_score": context.score},
         {"data": paths, "sequences": sequences, "samples_available": loader.epoch_size,
          "tokens": tally.count, "documents": {"ids": docs, "nll": nll, "count": count},
-         "interval": "95% percentile bootstrap over documents (2000 resamples)"},
+         "interval": "95% percentile bootstrap over documents (2000 resamples)",
+         "in_context_score": {"windows": context_windows(context.seq_len), "tokens": list(context.counts),
+                              "what": "mean NLL at context positions in the late window minus the early one"}},
     )
