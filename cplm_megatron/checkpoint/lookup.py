@@ -14,7 +14,9 @@ Layout (written by `cplm_megatron.checkpoint.checkpointer`) under a checkpoint r
 A path given by the user may be a run dir, its checkpoint root or one iter_* directory. Without a
 readable `latest` the newest committed checkpoint is used, and the caller is told so. A checkpoint
 that is missing, damaged or garbled is a `CheckpointError` naming it, what is missing and the fix
-(point `latest` at the previous complete checkpoint). No process group is needed.
+(point `latest` at the previous complete checkpoint). A reader checks a checkpoint's files against the checksums
+recorded when it was saved (`resolve_verified`, `verify_contents`) before it reads anything: a changed file is
+one CheckpointError naming the previous intact checkpoint, the same for every reader. No process group is needed.
 """
 from __future__ import annotations
 
@@ -292,6 +294,16 @@ def damaged_contents_message(path: Path, problems: List[str]) -> str:
     return f"checkpoint {path} is damaged: {'; '.join(problems)}; {fix}"
 
 
+def verify_contents(path: Path) -> None:
+    """Single process: the files of the committed checkpoint `path` against the checksums recorded when it was
+    saved; a difference is a CheckpointError naming the previous intact checkpoint (`damaged_contents_message`).
+    Every reader runs it before reading anything (training runs its collective twin, checkpointer._verify_contents,
+    each rank checking its share)."""
+    problems = content_damage(path, read_record(path))
+    if problems:
+        raise CheckpointError(damaged_contents_message(Path(path), problems))
+
+
 def newest_complete(root: Path, other_than: Optional[int] = None) -> Optional[Path]:
     """The newest committed, undamaged checkpoint under `root` (skipping iteration `other_than`)."""
     for candidate in reversed(list_checkpoints(root)):
@@ -391,6 +403,14 @@ def resolve_checkpoint(path: Path, say: Say = _say_to_log) -> CheckpointRef:
     return ref
 
 
+def resolve_verified(path: Path, say: Say = _say_to_log) -> CheckpointRef:
+    """`resolve_checkpoint`, its files then checked against their checksums (`verify_contents`): what a reader
+    outside training (evaluation, conversion, weights-only loads) calls before it reads a checkpoint."""
+    ref = resolve_checkpoint(path, say)
+    verify_contents(ref.path)
+    return ref
+
+
 def was_pruned(ref: CheckpointRef) -> bool:
     """Whether a checkpoint that was complete when found is gone or uncommitted now (a running trainer pruned
     it, keeping only the newest checkpoint.keep)."""
@@ -436,6 +456,8 @@ def read_saved_config(path: Path) -> Dict[str, Any]:
     try:
         common = load_common_state_dict(str(path))
     except Exception as e:  # noqa: BLE001 - torch.load of a damaged file raises anything
+        if is_committed(path):  # a file changed since the save: named by its checksum, with the intact checkpoint
+            verify_contents(path)
         raise CheckpointError(f"checkpoint {path}: {COMMON_STATE} is unreadable ({type(e).__name__}: {e}); "
                               f"{repoint_fix(Path(path).parent, iteration_of(Path(path)))}") from e
     config = common.get("config") if isinstance(common, dict) else None

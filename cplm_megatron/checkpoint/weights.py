@@ -42,12 +42,24 @@ def save_weights(chunks: List[torch.nn.Module], directory: Union[str, Path]) -> 
     dist_checkpointing.save(model_sharded_state_dict(chunks), str(directory))
 
 
-def load_weights(chunks: List[torch.nn.Module], directory: Union[str, Path]) -> None:
-    """Collective: load model weights saved under any layout."""
-    from megatron.core import dist_checkpointing
+def _check(directory: Union[str, Path]) -> None:
+    """A torch_dist checkpoint is at `directory`, and a trainer checkpoint's files match the checksums recorded when
+    it was saved (lookup.verify_contents; weights saved by `save_weights` carry none)."""
+    from cplm_megatron.checkpoint.lookup import is_committed, verify_contents
 
     if not Path(directory, "metadata.json").is_file():
         raise FileNotFoundError(f"no torch_dist checkpoint at {directory} (metadata.json missing)")
+    if is_committed(Path(directory)):
+        verify_contents(Path(directory))
+
+
+def load_weights(chunks: List[torch.nn.Module], directory: Union[str, Path], verified: bool = False) -> None:
+    """Collective: load model weights saved under any layout (`verified`: the caller checked the checksums already,
+    lookup.resolve_verified)."""
+    from megatron.core import dist_checkpointing
+
+    if not verified:
+        _check(directory)
     loaded = dist_checkpointing.load(model_sharded_state_dict(chunks), str(directory))
     load_model_state(chunks, loaded)
 
@@ -59,8 +71,7 @@ def load_plain_tensors(directory: Union[str, Path]) -> Dict[str, torch.Tensor]:
 
     from cplm_megatron.parallel.distributed import free_port
 
-    if not Path(directory, "metadata.json").is_file():
-        raise FileNotFoundError(f"no torch_dist checkpoint at {directory} (metadata.json missing)")
+    _check(directory)
     if not dist.is_initialized():  # the torch_dist reader needs a (here: one-process) group
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
     return dist_checkpointing.load_plain_tensors(str(directory))

@@ -30,7 +30,7 @@ from typing import Any, Protocol
 
 import torch
 
-from cplm_megatron.checkpoint.lookup import CheckpointRef, read_saved_config, resolve_checkpoint
+from cplm_megatron.checkpoint.lookup import CheckpointRef, read_saved_config, resolve_verified
 from cplm_megatron.model.layout import single_process_megatron  # noqa: F401 - scorers load inside it
 
 Batch = dict[str, torch.Tensor]
@@ -112,10 +112,10 @@ class MegatronScorer:
         from cplm_megatron.checkpoint.weights import load_weights
 
         _require_single_process_state()
-        ref = resolve_checkpoint(path)
+        ref = resolve_verified(path)  # its checksums, before anything of it is read
         cfg = saved_run_config(ref.path)
         model = _build(cfg)
-        load_weights([model], ref.path)
+        load_weights([model], ref.path, verified=True)
         return cls(model.eval(), cfg, ref)
 
     @classmethod
@@ -128,7 +128,7 @@ class MegatronScorer:
         from cplm_megatron.parallel.distributed import set_seed
 
         _require_single_process_state()
-        ref = resolve_checkpoint(path)
+        ref = resolve_verified(path)
         cfg = saved_run_config(ref.path)
         set_seed(cfg.run.seed)
         return cls(_build(cfg).eval(), cfg, CheckpointRef(ref.path.parent, 0))

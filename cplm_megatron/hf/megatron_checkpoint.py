@@ -25,7 +25,7 @@ from cplm_megatron.checkpoint.lookup import (
     CheckpointRecord,
     read_record,
     read_saved_config,
-    resolve_checkpoint,
+    resolve_verified,
 )
 from cplm_megatron.config.loader import build_dataclass
 from cplm_megatron.errors import ConfigError
@@ -56,9 +56,10 @@ class MegatronCheckpoint:
 
 
 def open_checkpoint(path: str | Path) -> MegatronCheckpoint:
-    """Locate a checkpoint (`checkpoint.lookup.resolve_checkpoint`: a run dir, its checkpoints/ root or an
-    iter_* dir) and read its saved config (model + copy-head sections) and record."""
-    iter_dir = resolve_checkpoint(Path(path), say=log.warning).path
+    """Locate a checkpoint (`checkpoint.lookup.resolve_verified`: a run dir, its checkpoints/ root or an
+    iter_* dir; its files checked against their checksums) and read its saved config (model + copy-head sections)
+    and record."""
+    iter_dir = resolve_verified(Path(path), say=log.warning).path
     config = read_saved_config(iter_dir)
     if not isinstance(config.get("model"), dict):
         raise ConversionError(
