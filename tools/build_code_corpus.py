@@ -4,8 +4,10 @@
     python tools/build_code_corpus.py --output data/code [--check-size-rules]       # `make data-code`
     python tools/build_code_corpus.py --output /tmp/c --max-bytes 3000000 --vocab-size 2048 --seq-len 256
 
-Sources: the standard library and every site-packages distribution of this interpreter (--root adds a directory).
-Split by distribution (no package in two splits), deduplicated by content, held-out near-duplicates of training
+Sources: the standard library and every site-packages distribution of this interpreter (--root adds a directory; a
+missing one, or one without a .py file, is refused; sources that are not UTF-8 text are named and left out).
+Split by distribution (no package in two splits; a held-out split whose rule fits no distribution adapts, and
+split.json says how), deduplicated by content, held-out near-duplicates of training
 files left out, a byte-level BPE trained on a sample of the training files, packed MDS datasets written by every
 core: DIR/tokenizer, DIR/train, DIR/dev (tunes the cache control), DIR/val and DIR/split.json (every split's
 documents and tokens, the package list with versions, what was left out and why). Deterministic for a given package
@@ -18,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 from cplm_megatron.data.code_corpus import CodeCorpusSettings, build_code_corpus, check_size_rules
 
@@ -52,7 +53,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Build, print the split's figures (JSON), check the size rules when asked."""
     args = parse_args(argv)
-    from cplm_megatron.data.code_sources import site_roots
+    from cplm_megatron.data.code_sources import check_roots, site_roots
 
     settings = CodeCorpusSettings(vocab_size=args.vocab_size, seq_len=args.seq_len, val_fraction=args.val_fraction,
                                   dev_fraction=args.dev_fraction,
@@ -61,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
                                   tokenizer_sample_bytes=args.tokenizer_sample_bytes)
     packages = [p for p in args.packages.split(",") if p.strip()] if args.packages else None
     try:
-        corpus = build_code_corpus(args.output, settings, roots=site_roots([Path(r) for r in args.root]),
+        corpus = build_code_corpus(args.output, settings, roots=site_roots(check_roots(args.root)),
                                    packages=packages, max_bytes=args.max_bytes, workers=args.workers,
                                    show_progress=not args.quiet)
     except ValueError as err:

@@ -8,6 +8,12 @@ Sources (cplm_megatron.data.code_sources): the standard library and every site-p
    hash of their name fill validation up to `val_fraction` of all source bytes, then dev (the cache control's
    tuning split) up to `dev_fraction`; the rest is train. A distribution larger than `max_distribution_share` of
    a held-out split, or that would lose half its bytes to step 3's size and generator rules, stays in train.
+   Where no distribution fits a held-out split (a small or lopsided package set), the split adapts: its share
+   grows (x2, x4, x8; both held-out splits together at most 30%), then one distribution may supply more of it
+   (50%, 100%), then one document may hold more of it (2%, 10%, 50%), last one small distribution alone is the
+   split (while the held-out splits stay within 30%); split.json's `split_rules` gives each
+   held-out split's rule and, where it adapted, what changed and why. Held-out files are written one
+   distribution at a time in turn, so the first N validation samples span the split's packages.
 2. Deduplicate by content (sha256 of the bytes): a file whose content came earlier (train first, then dev, then
    validation; each in name order) is left out. So no held-out document is a training document.
 3. Clean the held-out splits: files above `max_document_share` of the split's bytes (no document dominates the
@@ -51,6 +57,7 @@ SPLITS = ("train", "dev", "val")
 HELD_OUT = ("dev", "val")
 SPLIT_RECORD = "split.json"
 RECORD_VERSION = 1
+NAMED_ON_CONSOLE = 10  # undecodable or unreadable sources named on the console (split.json names them all)
 
 
 @dataclass(frozen=True)
@@ -117,32 +124,129 @@ def usable_bytes(dist: Distribution, cap: float) -> int:
     return sum(f.size for f in dist.files if f.size <= cap and not is_generated(f.path))
 
 
-def assign_splits(dists: Sequence[Distribution], s: CodeCorpusSettings) -> dict[str, list[Distribution]]:
-    """Whole distributions per split (see the module doc, step 1); ValueError if no held-out split can be drawn.
-    A held-out distribution must keep at least half of its bytes (few oversized or generated files)."""
+# How a held-out split adapts when no distribution fits its asked rules (small or lopsided package sets): its share
+# of the source bytes grows by these factors (the held-out splits together at most MAX_HELD_OUT), then one
+# distribution may supply more of it, then one document may hold more of it, and last one of the smallest
+# distributions is held out alone; the first rung that fills at least MIN_FILL of its target is taken.
+GROWTH_FACTORS = (1, 2, 4, 8)
+RELAXED_DISTRIBUTION_SHARES = (0.5, 1.0)
+RELAXED_DOCUMENT_SHARES = (0.02, 0.1, 0.5)
+MAX_HELD_OUT = 0.3
+MIN_FILL = 0.5
+
+
+@dataclass(frozen=True)
+class SplitRule:
+    """What a held-out split was drawn with: its share of all source bytes, the most one distribution and one
+    document may hold of it."""
+
+    fraction: float
+    distribution_share: float
+    document_share: float
+
+    def document_cap(self, total: int) -> float:
+        """The largest document (bytes) the split keeps."""
+        return self.document_share * self.fraction * total
+
+
+@dataclass(frozen=True)
+class SplitPlan:
+    """Whole distributions per split, each held-out split's rule (the asked one, or as adapted) and one line per
+    adapted held-out split saying what changed and why."""
+
+    splits: dict[str, list[Distribution]]
+    rules: dict[str, SplitRule]
+    adapted: dict[str, str]
+    total_bytes: int
+
+    def document_caps(self) -> dict[str, float]:
+        """The largest document each held-out split keeps (bytes)."""
+        return {split: rule.document_cap(self.total_bytes) for split, rule in self.rules.items()}
+
+
+def _fill(order: Sequence[Distribution], taken: set[str], total: int, rule: SplitRule
+          ) -> tuple[list[Distribution], int]:
+    """Distributions in `order` (none of `taken`) until the rule's target of usable bytes: each at most its share
+    of the target, keeping at least half of its bytes under the per-document cap."""
+    target, cap = rule.fraction * total, rule.document_cap(total)
+    chosen, filled = [], 0
+    for dist in order:
+        if filled >= target:
+            break
+        if dist.name in taken or dist.bytes > rule.distribution_share * target:
+            continue
+        usable = usable_bytes(dist, cap)
+        if usable < dist.bytes / 2:
+            continue
+        chosen.append(dist)
+        filled += usable
+    return chosen, filled
+
+
+def _rungs(asked: SplitRule, others: float, free: Sequence[float]) -> list[SplitRule]:
+    """The rules to try for a held-out split, the asked one first, each more relaxed than the one before; last, the
+    share of each of the smallest `free` distributions (sizes as shares of all bytes) held out alone."""
+    relaxed = lambda values, start: [start] + [x for x in values if x > start]  # noqa: E731
+    loosest = relaxed(RELAXED_DOCUMENT_SHARES, asked.document_share)[-1]
+    return [SplitRule(asked.fraction * factor, share, document)
+            for document in relaxed(RELAXED_DOCUMENT_SHARES, asked.document_share)
+            for share in relaxed(RELAXED_DISTRIBUTION_SHARES, asked.distribution_share)
+            for factor in GROWTH_FACTORS if factor == 1 or asked.fraction * factor + others <= MAX_HELD_OUT
+            ] + [SplitRule(f, 1.0, loosest) for f in sorted(free)[:3] if f > asked.fraction * GROWTH_FACTORS[-1]
+                 and f + others <= MAX_HELD_OUT]
+
+
+def _adapted_line(split: str, asked: SplitRule, rule: SplitRule) -> str:
+    text = lambda r: (f"{r.fraction:.1%} of the bytes, <= {r.distribution_share:.0%} per distribution, "  # noqa: E731
+                      f"<= {r.document_share:.1%} per document")
+    return f"{split}: the asked {text(asked)} fit no distribution (or filled under {MIN_FILL:.0%}); took {text(rule)}"
+
+
+def split_distributions(dists: Sequence[Distribution], s: CodeCorpusSettings) -> SplitPlan:
+    """Whole distributions per split (see the module doc, step 1), a held-out split's rule relaxed rung by rung
+    where the asked one fits no distribution; ValueError (one line) when even the most relaxed rung fits none."""
     total = sum(d.bytes for d in dists)
     order = sorted(dists, key=lambda d: name_hash(d.name, "split"))
     taken: set[str] = set()
-    out: dict[str, list[Distribution]] = {}
-    for split, fraction in (("val", s.val_fraction), ("dev", s.dev_fraction)):
-        target, filled, out[split] = fraction * total, 0, []
-        for dist in order:
-            if filled >= target:
+    asked = {split: SplitRule(fraction, s.max_distribution_share, s.max_document_share)
+             for split, fraction in (("val", s.val_fraction), ("dev", s.dev_fraction))}
+    rules, out, adapted = dict(asked), {}, {}
+    for split in HELD_OUT[::-1]:  # validation first
+        free = [d.bytes / total for d in dists if d.name not in taken]
+        rungs = _rungs(asked[split], sum(r.fraction for k, r in rules.items() if k != split), free)
+        for i, rule in enumerate(rungs):
+            chosen, filled = _fill(order, taken, total, rule)
+            if chosen and (filled >= MIN_FILL * rule.fraction * total or i == len(rungs) - 1):
                 break
-            if dist.name in taken or dist.bytes > s.max_distribution_share * target:
-                continue
-            usable = usable_bytes(dist, s.max_document_share * target)
-            if usable < dist.bytes / 2:
-                continue
-            out[split].append(dist)
-            taken.add(dist.name)
-            filled += usable
-        if not out[split]:
-            raise ValueError(f"no distribution fits the {split} split ({fraction:.1%} of {total:,} source bytes, at "
-                             f"most {s.max_distribution_share:.0%} of it per distribution): include more packages "
-                             f"(--max-bytes, --packages) or raise --{split}-fraction")
+        if not chosen:
+            raise ValueError(f"no distribution fits the {split} split: {len(dists)} distributions, {len(taken)} "
+                             f"already held out, and holding out any one of the others whole would take the held-out splits "
+                             f"past {MAX_HELD_OUT:.0%} of the {total:,} source bytes; include more packages "
+                             f"(--max-bytes, --packages)")
+        if rule != asked[split]:
+            adapted[split] = _adapted_line(split, asked[split], rule)
+        rules[split], out[split] = rule, chosen
+        taken.update(d.name for d in chosen)
     out["train"] = [d for d in dists if d.name not in taken]
-    return {split: sorted(out[split], key=lambda d: d.name) for split in SPLITS}
+    return SplitPlan({split: sorted(out[split], key=lambda d: d.name) for split in SPLITS}, rules, adapted, total)
+
+
+def assign_splits(dists: Sequence[Distribution], s: CodeCorpusSettings) -> dict[str, list[Distribution]]:
+    """The distributions of each split (`split_distributions`' plan)."""
+    return split_distributions(dists, s).splits
+
+
+def interleave_by_distribution(files: Sequence[tuple[str, SourceFile]]) -> list[tuple[str, SourceFile]]:
+    """Held-out files taken one per distribution in turn (distributions by name, files by a hash of their path), so
+    any prefix of a held-out split (the first N validation samples) spans its packages."""
+    groups: dict[str, list[tuple[str, SourceFile]]] = {}
+    for dist, f in files:
+        groups.setdefault(dist, []).append((dist, f))
+    queues = [sorted(g, key=lambda x: name_hash(x[1].relpath, "order")) for _, g in sorted(groups.items())]
+    out = []
+    for i in range(max(map(len, queues), default=0)):
+        out.extend(q[i] for q in queues if i < len(q))
+    return out
 
 
 @dataclass
@@ -155,22 +259,24 @@ class CleanSplits:
     overlap: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
-def deduplicate(splits: dict[str, list[Distribution]], s: CodeCorpusSettings) -> CleanSplits:
+def deduplicate(splits: dict[str, list[Distribution]], s: CodeCorpusSettings,
+                caps: dict[str, float] | None = None) -> CleanSplits:
     """Steps 2 and the size/generated part of step 3: content duplicates (train first), oversized and generated
-    held-out files."""
+    held-out files; `caps`: the largest document per held-out split (a SplitPlan's; default: the settings')."""
     total = sum(d.bytes for dists in splits.values() for d in dists)
     seen: set[str] = set()
     clean = CleanSplits({}, {}, [])
     for split in SPLITS:
         kept, dropped = [], clean.dropped.setdefault(split, {})
-        cap = s.max_document_share * (s.val_fraction if split == "val" else s.dev_fraction) * total
+        cap = (caps or {}).get(split, s.max_document_share * (s.val_fraction if split == "val" else s.dev_fraction)
+                               * total)
         for dist in splits[split]:
             for f in dist.files:
                 reason = None
                 if f.digest in seen:
                     reason = "duplicate content"
                 elif split != "train" and f.size > cap:
-                    reason = f"above {s.max_document_share:.1%} of the split's bytes"
+                    reason = f"above the split's document cap ({cap:,.0f} bytes)"
                 elif split != "train" and is_generated(f.path):
                     reason = "generated"
                 seen.add(f.digest)
@@ -281,10 +387,22 @@ def build_code_corpus(output: str | Path, settings: CodeCorpusSettings = CodeCor
     roots = list(roots) if roots is not None else site_roots()
     listed = limit_distributions(installed_distributions(roots), packages, max_bytes)
     dists, skipped = read_distributions(listed, max_file_bytes)
+    for reason, path in skipped.named[:NAMED_ON_CONSOLE]:
+        log(f"[code-corpus] left out {path}: {reason}")
+    if len(skipped.named) > NAMED_ON_CONSOLE:
+        log(f"[code-corpus] ... and {len(skipped.named) - NAMED_ON_CONSOLE} more such files (split.json lists them)")
     log(f"[code-corpus] {len(dists)} distributions, {sum(d.bytes for d in dists):,} source bytes "
         f"({time.perf_counter() - start:.0f} s)")
-    splits = assign_splits(dists, settings)
-    clean = remove_near_duplicates(deduplicate(splits, settings), settings)
+    plan = split_distributions(dists, settings)
+    for line in plan.adapted.values():
+        log(f"[code-corpus] split adapted: {line}")
+    splits = plan.splits
+    clean = remove_near_duplicates(deduplicate(splits, settings, plan.document_caps()), settings)
+    for split in HELD_OUT:
+        clean.files[split] = interleave_by_distribution(clean.files[split])
+        if not clean.files[split]:
+            raise ValueError(f"the {split} split keeps no document after cleaning (left out: "
+                             f"{clean.dropped[split]}): include more packages (--max-bytes, --packages)")
     log("[code-corpus] split and cleaned: " + ", ".join(f"{k} {len(v):,} files" for k, v in clean.files.items())
         + f" ({time.perf_counter() - start:.0f} s)")
     train_files = [f for _, f in clean.files["train"]]
@@ -298,6 +416,8 @@ def build_code_corpus(output: str | Path, settings: CodeCorpusSettings = CodeCor
                                         seq_len=settings.seq_len, workers=workers, show_progress=show_progress).manifest
                  for split in SPLITS}
     record = split_record(output, settings, roots, splits, clean, skipped, manifests, tokenizer.info, sample)
+    record["split_rules"] = {split: {**asdict(rule), "document_cap_bytes": round(rule.document_cap(plan.total_bytes)),
+                                     "adapted": plan.adapted.get(split)} for split, rule in plan.rules.items()}
     record["seconds"] = round(time.perf_counter() - start, 1)
     record["workers"] = workers
     _write_json(output / SPLIT_RECORD, record)
@@ -331,7 +451,9 @@ def split_record(output: Path, s: CodeCorpusSettings, roots: Sequence[Path], spl
                       "sample_bytes": sum(f.size for f in sample)},
         "distributions": [{"name": d.name, "version": d.version, "split": split, "files": len(d.files),
                            "bytes": d.bytes} for split in SPLITS for d in splits[split]],
-        "left_out_while_listing": skipped.to_dict(), "left_out": clean.dropped,
+        "left_out_while_listing": skipped.to_dict(),
+        "left_out_while_listing_files": [{"file": path, "reason": reason} for reason, path in skipped.named],
+        "left_out": clean.dropped,
         "left_out_held_out_files": clean.dropped_held_out, "held_out_overlap": clean.overlap,
         "size_rules": {"rules": asdict(SizeRules())},
         "note": ("tokens: each document's tokens plus one EOD (the manifests' count); largest_document_share: the "

@@ -70,6 +70,7 @@ class Skipped:
     empty: int = 0
     too_large: int = 0
     unreadable: int = 0
+    named: list[tuple[str, str]] = field(default_factory=list)  # (reason, path) of the undecodable and unreadable
 
     def to_dict(self) -> dict[str, int]:
         return {"not_utf8": self.not_utf8, "empty": self.empty, "too_large": self.too_large,
@@ -88,6 +89,20 @@ def site_roots(extra: Sequence[str | Path] = ()) -> list[Path]:
         if path.is_dir() and path not in roots:
             roots.append(path)
     return roots
+
+
+def check_roots(roots: Sequence[str | Path]) -> list[Path]:
+    """Directories given as extra roots, resolved; ValueError (one line) for one that is missing, not a directory or
+    holds no .py file."""
+    out = []
+    for raw in roots:
+        path = Path(raw).expanduser()
+        if not path.is_dir():
+            raise ValueError(f"--root {raw}: {'not a directory' if path.exists() else 'no such directory'}")
+        if next(iter(_py_files(path)), None) is None:
+            raise ValueError(f"--root {raw}: holds no .py file")
+        out.append(path.resolve())
+    return out
 
 
 def _owners(root: Path) -> dict[str, tuple[str, str]]:
@@ -118,8 +133,9 @@ def read_source(path: Path, max_file_bytes: int, skipped: Skipped) -> str | None
     """The sha256 of a usable source file, or None (counted in `skipped`)."""
     try:
         data = path.read_bytes()
-    except OSError:  # unreadable (permissions), or gone since it was listed
+    except OSError as err:  # unreadable (permissions), or gone since it was listed
         skipped.unreadable += 1
+        skipped.named.append((f"unreadable ({err.strerror or type(err).__name__})", str(path)))
         return None
     if len(data) > max_file_bytes:
         skipped.too_large += 1
@@ -131,8 +147,9 @@ def read_source(path: Path, max_file_bytes: int, skipped: Skipped) -> str | None
         if b"\x00" in data:
             raise UnicodeDecodeError("utf-8", data, 0, 1, "NUL byte")
         data.decode("utf-8")
-    except UnicodeDecodeError:
+    except UnicodeDecodeError as err:
         skipped.not_utf8 += 1
+        skipped.named.append((f"not UTF-8 text ({err.reason} at byte {err.start})", str(path)))
         return None
     return hashlib.sha256(data).hexdigest()
 

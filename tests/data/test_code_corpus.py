@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
 import subprocess
 import sys
 from pathlib import Path
@@ -11,12 +12,16 @@ from pathlib import Path
 import pytest
 
 from cplm_megatron.data.code_corpus import (
+    MAX_HELD_OUT,
     CodeCorpusSettings,
     SizeRules,
     assign_splits,
     check_size_rules,
     deduplicate,
+    interleave_by_distribution,
     remove_near_duplicates,
+    split_distributions,
+    usable_bytes,
 )
 from cplm_megatron.data.code_sources import (
     Distribution,
@@ -187,3 +192,90 @@ def test_small_build_is_deterministic_and_split_by_distribution(tmp_path: Path) 
 
     assert not digests("val") & digests("train") and not digests("dev") & digests("train")
     assert a["held_out_overlap"]["val"]["files_in_train"] == 0
+
+
+def _random_text(seed: int, words: int) -> str:
+    rng = random.Random(seed)
+    return " ".join(rng.choice(WORDS) for _ in range(words)) + "\n"
+
+
+def _package_set(root: Path, kind: str) -> list[Distribution]:
+    """A small package set of one shape: `singles` (many one-file packages), `lopsided` (two packages hold most
+    bytes, as torch and transformers do on the GPU image, beside medium and small ones) or `few` (eight packages of
+    fifteen files)."""
+    shapes = {"singles": [(1, 300)] * 80, "lopsided": [(120, 400)] * 2 + [(20, 300)] * 10 + [(2, 200)] * 30,
+              "few": [(15, 300)] * 8}[kind]
+    for i, (files, words) in enumerate(shapes):
+        _install(root, f"{kind}{i:02d}", "1.0", {f"{kind}{i:02d}/m{j}.py": _random_text(1000 * i + j, words + 7 * j)
+                                                 for j in range(files)})
+    dists, _ = read_distributions(installed_distributions([root], include_stdlib=False))
+    return dists
+
+
+@pytest.mark.parametrize("kind", ["singles", "lopsided", "few"])
+def test_the_split_adapts_to_the_package_set(tmp_path: Path, kind: str) -> None:
+    """With the GPU's split rules (the defaults: validation 4%, dev 1%, a distribution <= 25% and a document <= 0.4%
+    of its split), which none of these sets can meet, each held-out split relaxes its rule rung by rung and says
+    so; what it takes still obeys the rule it names, and the giants of the lopsided set stay in train."""
+    settings = CodeCorpusSettings()
+    dists = _package_set(tmp_path, kind)
+    plan = split_distributions(dists, settings)
+    assert split_distributions(list(reversed(dists)), settings) == plan  # by name hash, not listing order
+    names = {split: {d.name for d in ds} for split, ds in plan.splits.items()}
+    assert names["val"] and names["dev"] and not names["val"] & names["dev"]
+    assert names["train"] == {d.name for d in dists} - names["val"] - names["dev"] and names["train"]
+    total = sum(d.bytes for d in dists)
+    assert set(plan.adapted) == {"val", "dev"}
+    for split in ("val", "dev"):
+        rule = plan.rules[split]
+        assert plan.adapted[split].startswith(f"{split}: the asked 4.0%" if split == "val" else f"{split}: the asked 1.0%")
+        assert rule.fraction + plan.rules["val" if split == "dev" else "dev"].fraction <= MAX_HELD_OUT
+        for dist in plan.splits[split]:
+            assert dist.bytes <= rule.distribution_share * rule.fraction * total
+            assert usable_bytes(dist, rule.document_cap(total)) >= dist.bytes / 2
+    if kind == "lopsided":
+        assert {"lopsided00", "lopsided01"} <= names["train"]
+
+
+def test_a_package_set_too_small_to_split_is_one_line(tmp_path: Path) -> None:
+    dists = _package_set(tmp_path, "few")[:2]
+    with pytest.raises(ValueError, match="no distribution fits the val split: 2 distributions") as err:
+        split_distributions(dists, CodeCorpusSettings())
+    assert "\n" not in str(err.value) and "include more packages" in str(err.value)
+
+
+def test_held_out_files_take_turns_by_distribution(tmp_path: Path) -> None:
+    """The first validation files (the first samples scored) come from different distributions."""
+    dists = _package_set(tmp_path, "few")
+    files = [(d.name, f) for d in dists[:3] for f in d.files]
+    order = interleave_by_distribution(files)
+    assert sorted(order, key=lambda x: x[1].relpath) == sorted(files, key=lambda x: x[1].relpath)
+    assert [name for name, _ in order[:6]] == [d.name for d in dists[:3]] * 2
+
+
+def test_build_refuses_a_missing_root_and_names_undecodable_sources(tmp_path: Path, capsys) -> None:
+    """`--root /nonexistent` is one line and exit 2 (it built from every installed distribution before); a source
+    that is not UTF-8 text under a root is named with its reason, on the console and in split.json. The build
+    takes the GPU's split rules on a small package set (the split adapts)."""
+    from tools.build_code_corpus import main as build_main
+
+    missing = subprocess.run([sys.executable, "tools/build_code_corpus.py", "--output", str(tmp_path / "x"),
+                              "--root", str(tmp_path / "nonexistent")], cwd=REPO, capture_output=True, text=True,
+                             timeout=120)
+    assert missing.returncode == 2 and missing.stderr.strip().count("\n") == 0, missing.stderr
+    assert "no such directory" in missing.stderr and not (tmp_path / "x").exists()
+    root = tmp_path / "site"
+    _package_set(root, "singles")
+    bad = root / "singles03" / "latin.py"
+    bad.write_bytes("x = 'caf\xe9'\n".encode("latin-1"))
+    record = root / "singles03-1.0.dist-info" / "RECORD"
+    record.write_text(record.read_text() + "singles03/latin.py,,\n")
+    packages = ",".join(f"singles{i:02d}" for i in range(80))
+    assert build_main(["--output", str(tmp_path / "c"), "--root", str(root), "--packages", packages, "--vocab-size",
+                       "300", "--seq-len", "64", "--quiet", "--workers", "1"]) == 0
+    out = capsys.readouterr().out
+    assert f"left out {bad}: not UTF-8 text" in out and "split adapted: val" in out
+    split = json.loads((tmp_path / "c" / "split.json").read_text())
+    assert split["left_out_while_listing_files"] == [{"file": str(bad), "reason": "not UTF-8 text (invalid "
+                                                      "continuation byte at byte 8)"}]
+    assert split["split_rules"]["val"]["adapted"] and split["splits"]["val"]["documents"] > 0
