@@ -3,17 +3,44 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import sys
 import warnings
 from typing import Callable, Optional, Sequence
 
+# Start-up details (the CPU-compat patches, megatron-core's notes and warnings, the optimizer's kernel) are shown
+# only when verbose: `--verbose` of pretrain, or this variable (=1) for every entry point and its child processes.
+VERBOSE_ENV = "CPLM_VERBOSE"
+
+
+def verbose() -> bool:
+    """Whether start-up details are shown (CPLM_VERBOSE set to anything but empty or 0)."""
+    return os.environ.get(VERBOSE_ENV, "") not in ("", "0")
+
+
+def set_verbose() -> None:
+    """Show start-up details in this process and the processes it starts (`--verbose`)."""
+    os.environ[VERBOSE_ENV] = "1"
+
+
+def info(line: str) -> None:
+    """A start-up detail: one line on stderr where verbose, nothing otherwise."""
+    if verbose():
+        print(line, file=sys.stderr, flush=True)
+
 # Benign on machines without Apex/Transformer Engine (CPU, or a GPU image without TE): megatron-core
-# announces its torch fallbacks at import time, once per module, in every process.
+# announces its torch fallbacks at import time, once per module, in every process (shown where verbose).
 _EXPECTED = (
     r".*(Apex|Transformer Engine).* (is|are) not installed.*",
     r".*Transformer Engine and Apex are not installed.*",
     r"full scope is deprecated.*",  # megatron-core's own TransformerConfig default (cuda graphs, unused)
     r"MimoModelConfig is experimental.*",  # megatron-core >= 0.19 at import; we build no MIMO model
+)
+# torch's deprecations of what megatron-core's checkpoint loading calls (torch.distributed.checkpoint's
+# load_state_dict, ShardedTensor): megatron-core's to act on, not a user's
+_EXPECTED_FUTURE = (
+    r"`load_state_dict` is deprecated and will be removed in future versions.*",
+    r"Please use DTensor instead and we are deprecating ShardedTensor.*",
 )
 # megatron-core >= 0.19 logs this (rank 0) from every GPTModel built: each PP/VPP chunk, each model a process builds.
 _GPT_DEPRECATION = "GPTModel IS DEPRECATED"
@@ -36,15 +63,19 @@ def _gpt_deprecation_once(record: logging.LogRecord) -> bool:
         _gpt_deprecation_shown = True
         from importlib import metadata
 
-        print(GPT_DEPRECATION_NOTE.format(version=metadata.version("megatron-core")), file=sys.stderr, flush=True)
+        info(GPT_DEPRECATION_NOTE.format(version=metadata.version("megatron-core")))
     return False
 
 
 def quiet_known_warnings() -> None:
-    """Hide megatron-core's expected 'Apex/TE not installed' warnings (call before importing megatron); its
-    per-model GPTModel deprecation log (>= 0.19) becomes one `[compat]` line per process."""
-    for pattern in _EXPECTED:
-        warnings.filterwarnings("ignore", message=pattern, category=UserWarning)
+    """Hide megatron-core's expected 'Apex/TE not installed' warnings (call before importing megatron; shown where
+    verbose); its per-model GPTModel deprecation log (>= 0.19) becomes one `[compat]` line per process where
+    verbose, none otherwise."""
+    if not verbose():
+        for pattern in _EXPECTED:
+            warnings.filterwarnings("ignore", message=pattern, category=UserWarning)
+        for pattern in _EXPECTED_FUTURE:
+            warnings.filterwarnings("ignore", message=pattern, category=FutureWarning)
     gpt_logger = logging.getLogger("megatron.core.models.gpt.gpt_model")
     if _gpt_deprecation_once not in gpt_logger.filters:
         gpt_logger.addFilter(_gpt_deprecation_once)

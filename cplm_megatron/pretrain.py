@@ -33,6 +33,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
     p.add_argument("--describe", action="store_true",
                    help="with --print-config: each key's meaning as a comment (docs/config-reference.md)")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="start-up details too: the CPU-compat patches, megatron-core's warnings, the optimizer's "
+                        "kernel (CPLM_VERBOSE=1 does the same)")
     return p.parse_args(argv)
 
 
@@ -50,11 +53,18 @@ def checked_config(args: argparse.Namespace, world_size: Optional[int]):
 def run(args: argparse.Namespace) -> int:
     """Resolve the config, then print it or train; bad input is one line on stderr and exit code 2. A config
     refused before any process group is the same on every rank: rank 0 prints it, every rank exits 2."""
-    from cplm_megatron.entry_points import quiet_known_warnings
+    import os
+
+    from cplm_megatron.entry_points import quiet_known_warnings, set_verbose
     from cplm_megatron.errors import UserError
     from cplm_megatron.parallel.distributed import detect_env
 
+    if args.verbose:
+        set_verbose()
     quiet_known_warnings()
+    # Megatron's TP/SP communication stays ordered with the kernels it overlaps on one CUDA connection (as
+    # slurm/launch.sh sets it); read when CUDA starts, after this
+    os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "1")
     env = detect_env()
     try:
         cfg = checked_config(args, None if args.print_config else env.world_size)

@@ -112,12 +112,18 @@ def _option(args: List[str], *names: str) -> Optional[str]:
     return value
 
 
+def local_processes(torchrun_args: List[str]) -> Optional[int]:
+    """The number of processes torchrun will start on this node, None where torchrun decides (`gpu`, `auto`)."""
+    nproc = _option(torchrun_args, "--nproc_per_node", "--nproc-per-node") or "1"
+    return int(nproc) if nproc.isdigit() else None
+
+
 def world_size(torchrun_args: List[str]) -> Optional[int]:
     """The number of processes torchrun will start (nodes x processes per node), None where it is elastic or
     decided by torchrun (`--nnodes 1:4`, `--nproc_per_node gpu|auto`)."""
     nnodes = _option(torchrun_args, "--nnodes") or "1"
-    nproc = _option(torchrun_args, "--nproc_per_node", "--nproc-per-node") or "1"
-    return int(nnodes) * int(nproc) if nnodes.isdigit() and nproc.isdigit() else None
+    nproc = local_processes(torchrun_args)
+    return int(nnodes) * nproc if nnodes.isdigit() and nproc is not None else None
 
 
 def check_before_spawning(args: List[str]) -> Optional[str]:
@@ -156,6 +162,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         env = dict(os.environ, **{EXIT_STATUS_DIR_ENV: status_dir})
         if not any(arg.split("=")[0] in _TIMEOUT_SETTINGS for arg in args) and not set(_TIMEOUT_SETTINGS) & set(env):
             env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = str(SHUTDOWN_TIMEOUT_S)
+        if (local_processes(args) or 1) > 1:
+            env.setdefault("OMP_NUM_THREADS", "1")  # torchrun's own default here, without its four-line banner
         torchrun = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", *args], env=env,
                                     start_new_session=True, preexec_fn=_die_with_parent)
         forward = _Forwarder(torchrun)

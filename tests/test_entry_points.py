@@ -43,15 +43,15 @@ def _build_twice(rank: int) -> None:
 @pytest.mark.mcore  # and so mcore_latest: megatron-core 0.19 logs the deprecation from every GPTModel built
 def test_gpt_model_deprecation_is_one_compat_line_per_process():
     """megatron-core >= 0.19 logs 'GPTModel IS DEPRECATED' from every GPTModel built (each PP/VPP chunk, each model
-    of a process): an entry point shows it once, as one `[compat]` info line (which the bad-input contract's one
-    `error:` line check leaves aside), and never megatron's own line; 0.16-0.18 say nothing."""
+    of a process): an entry point shows it once where verbose, as one `[compat]` info line (which the bad-input
+    contract's one `error:` line check leaves aside), and never megatron's own line; 0.16-0.18 say nothing."""
     from importlib import metadata
 
     from packaging.version import Version
 
     from tests import harness
 
-    out = harness.run_captured(_build_twice, 1)
+    out = harness.run_captured(_build_twice, 1, env={"CPLM_VERBOSE": "1"})  # quiet otherwise: no line at all
     assert out.returncode == 0, out.stderr[-3000:]
     notes = [line for line in out.stderr.splitlines() if "GPTModel" in line]
     deprecated = Version(metadata.version("megatron-core")) >= Version("0.19")

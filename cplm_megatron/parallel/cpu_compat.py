@@ -11,7 +11,8 @@ code it replaces and why (README "The CPU-compat layer" lists what each fixes). 
 
 A patch may also depend on the megatron-core version (``Patch.needed``): it is applied only where the
 code it replaces exists. ``apply_compat()`` is idempotent (each patch marks what it patched) and
-returns the patch names in effect; ``describe_compat()`` turns them into the line rank 0 logs. The
+returns the patch names in effect; ``describe_compat()`` turns them into the line rank 0 logs where verbose
+(``CPLM_VERBOSE=1``, pretrain's ``--verbose``). The
 entry points apply the layer (``setup_compat()``, one call each); ``init_process_groups`` only checks
 that it was (``require_compat()``). Tests apply all patches but one in a fresh process to show each one
 is needed.
@@ -415,12 +416,13 @@ _APPLIED: List[List[str]] = []  # [the names apply_compat applied] once it ran i
 def setup_compat() -> List[str]:
     """An entry point's one call before it creates process groups (pretrain, evaluate, the HF converters,
     model_info, the benchmarks, the test harness's workers): `apply_compat()`, and rank 0 (RANK or
-    SLURM_PROCID, default 0) logs `describe_compat`'s line on stderr (tools print JSON on stdout)."""
+    SLURM_PROCID, default 0) logs `describe_compat`'s line on stderr where verbose (CPLM_VERBOSE=1, `--verbose`;
+    tools print JSON on stdout)."""
+    from cplm_megatron.entry_points import info
+
     applied = apply_compat()
     if int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0"))) == 0:
-        import sys
-
-        print(describe_compat(applied), file=sys.stderr, flush=True)
+        info(describe_compat(applied))
     return applied
 
 

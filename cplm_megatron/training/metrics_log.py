@@ -65,10 +65,11 @@ def format_line(rec: Dict[str, Any], total_iters: int, terms: Optional[str] = No
             f"tok/s {rec['tokens_per_sec']:,.0f}",
             f"TFLOP/s/dev {rec['tflops_per_device']:.3f}",
             f"MFU {100 * rec['mfu']:.2f}%",
-            f"ETA {datetime.timedelta(seconds=int(rec['eta_sec']))}",
         ]
         if rec.get("warmup"):
-            parts[-4] += " (warm-up)"
+            parts[-3] += " (warm-up)"
+        if rec.get("eta_sec") is not None:
+            parts.append(f"ETA {datetime.timedelta(seconds=int(rec['eta_sec']))}")
     if rec.get("skipped_steps"):
         parts.append(f"skipped {rec['skipped_steps']}")
     return " | ".join(parts)

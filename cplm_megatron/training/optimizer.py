@@ -1,7 +1,7 @@
 """Megatron optimizer + LR/WD schedule from the `optimizer.*` and `schedule.*` config sections."""
 from __future__ import annotations
 
-from typing import List
+from typing import List, Optional, Tuple
 
 import torch
 
@@ -87,9 +87,12 @@ def build_optimizer(chunks: List[torch.nn.Module], opt: OptimizerConfig, dtype: 
     cfg = MegatronOptimizerConfig(**megatron_optimizer_kwargs(opt, dtype, lr, min_lr))
     optimizer = get_megatron_optimizer(cfg, chunks)
     if not opt.offload_fraction:  # the hybrid CPU-offload optimizer picks its own kernels
+        from cplm_megatron.entry_points import verbose
         from cplm_megatron.training.metrics_log import rank0_print
 
-        rank0_print(f"[train] optimizer: {set_torch_adam_kernel(optimizer, fused_adam(opt))}")
+        kernel, fell_back = set_torch_adam_kernel(optimizer, fused_adam(opt))
+        if verbose() or fell_back:
+            rank0_print(f"[train] optimizer: {kernel}")
     return optimizer
 
 
@@ -105,30 +108,38 @@ def torch_adams(optimizer) -> List[torch.optim.Optimizer]:
     return [o for o in inner if type(o) in (torch.optim.Adam, torch.optim.AdamW)]
 
 
-def set_torch_adam_kernel(optimizer, fused: bool) -> str:
+def fused_refusal(params: List[torch.Tensor]) -> Optional[str]:
+    """Why this torch's fused AdamW refuses `params` (the first line of its own constructor's error: an unsupported
+    device or dtype), or None where it runs them. Public API only: no private torch helper."""
+    if not params:
+        return None
+    try:
+        torch.optim.AdamW(params, fused=True)
+    except (RuntimeError, ValueError, TypeError) as err:
+        return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return None
+
+
+def set_torch_adam_kernel(optimizer, fused: bool) -> Tuple[str, bool]:
     """Run megatron-core's torch AdamW with the fused kernel (or torch's default choice: foreach on CUDA, a loop on
-    CPU), as if it had been built with `fused=`; a checkpoint's optimizer state loads into the kernel in use (its
-    saved setting and step-counter placement do not carry over). Returns what runs, for the log."""
+    CPU), as if it had been built with `fused=`; where torch refuses the fused kernel for these parameters, its
+    default kernel instead. A checkpoint's optimizer state loads into the kernel in use (its saved setting and
+    step-counter placement do not carry over). Returns what runs (for the log) and whether that is a fallback."""
     adams = torch_adams(optimizer)
+    refusal = fused_refusal([p for a in adams for g in a.param_groups for p in g["params"]]) if fused else None
+    fused = fused and refusal is None
     for adam in adams:
         for group in [adam.defaults, *adam.param_groups]:
             group["fused"], group["foreach"] = (True, False) if fused else (None, None)
-        if fused:
-            for group in adam.param_groups:
-                for p in group["params"]:
-                    _device_dtype_check_for_fused(p)
         if not getattr(adam, "_cplm_keeps_kernel", False):
             adam.register_load_state_dict_pre_hook(_keep_kernel)
             adam._cplm_keeps_kernel = True
     if not adams:
-        return "Apex/Transformer Engine FusedAdam" if optimizer is not None else "none"
-    return "torch AdamW, fused" if fused else "torch AdamW, torch's default kernel"
-
-
-def _device_dtype_check_for_fused(param: torch.Tensor) -> None:
-    from torch.optim.optimizer import _device_dtype_check_for_fused as check
-
-    check(param)
+        return ("Apex/Transformer Engine FusedAdam" if optimizer is not None else "none"), False
+    if refusal is not None:
+        return (f"optimizer.fused: torch {torch.__version__} refuses the fused AdamW here ({refusal}); torch's "
+                f"default kernel instead"), True
+    return ("torch AdamW, fused" if fused else "torch AdamW, torch's default kernel"), False
 
 
 def _keep_kernel(adam: torch.optim.Optimizer, state_dict: dict) -> dict:

@@ -4,6 +4,8 @@ Rates are the logging interval's own (the training steps since the previous log 
 torchtitan's convention), not a running average: the first interval of a launch holds compilation and
 allocator warm-up and is marked `warmup`; the run record's figures leave it out. Only the steps are timed
 (fetching their micro-batches, forward, backward, optimizer): evaluation and checkpoint saves are not.
+The ETA is wall time: the remaining steps at the launch's wall seconds per step since its first step ended
+(evaluation and saves included, the first step's compilation not); none before a second step ends.
 """
 from __future__ import annotations
 
@@ -55,6 +57,9 @@ class SpeedMonitor:
     _warmup: _Span = field(default_factory=_Span)  # the first closed interval
     _steady: _Span = field(default_factory=_Span)  # every closed interval after it
     _closed: int = 0
+    _first_end: Optional[float] = None  # the clock when the launch's first step ended
+    _last_end: Optional[float] = None
+    _steps_after_first: int = 0
 
     def begin_step(self) -> None:
         """A training step starts (before its micro-batches are fetched)."""
@@ -62,8 +67,14 @@ class SpeedMonitor:
 
     def end_step(self) -> float:
         """The step ended; returns its duration in seconds."""
-        seconds = self.clock() - self._started
+        now = self.clock()
+        seconds = now - self._started
         self._open.add(1, seconds)
+        if self._first_end is None:
+            self._first_end = now
+        else:
+            self._steps_after_first += 1
+        self._last_end = now
         return seconds
 
     def rates(self, step_time: float) -> Dict[str, float]:
@@ -75,15 +86,19 @@ class SpeedMonitor:
 
     def interval(self, iteration: int) -> Dict[str, float]:
         """The rates of the steps since the previous call (which closes the interval), `warmup` (True for a
-        launch's first interval), and the ETA at this rate; {} if no step ended since."""
+        launch's first interval), and `eta_sec` (see the module's docstring; absent before a second step ended);
+        {} if no step ended since."""
         span, warmup = self._open, self._closed == 0
         if not span.steps:
             return {}
         step_time = span.seconds / span.steps
         (self._warmup if warmup else self._steady).add(span.steps, span.seconds)
         self._open, self._closed = _Span(), self._closed + 1
-        return {**self.rates(step_time), "interval_steps": span.steps, "warmup": warmup,
-                "eta_sec": max(0, self.total_iters - iteration) * step_time}
+        out = {**self.rates(step_time), "interval_steps": span.steps, "warmup": warmup}
+        if self._steps_after_first:
+            wall_per_step = (self._last_end - self._first_end) / self._steps_after_first
+            out["eta_sec"] = max(0, self.total_iters - iteration) * wall_per_step
+        return out
 
     def steady(self) -> Dict[str, float]:
         """The launch's figures for its record: every step after the first logged interval (the open one

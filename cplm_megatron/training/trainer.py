@@ -396,16 +396,21 @@ def memory_gib() -> Dict[str, object]:
                 "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30}
     import psutil
 
-    return {"mem_device": "host", "mem_gib": psutil.Process().memory_info().rss / 2**30, "peak_mem_gib": peak_memory_gib()}
+    now = psutil.Process().memory_info().rss / 2**30
+    return {"mem_device": "host", "mem_gib": now, "peak_mem_gib": max(now, peak_memory_gib())}
 
 
 def peak_memory_gib() -> float:
-    """Peak device memory of this process: CUDA max allocated, or the CPU max RSS."""
+    """Peak device memory of this process: CUDA max allocated, or the CPU max RSS (getrusage's reads the kernel's
+    per-CPU RSS counters unsummed, up to some MiB below the RSS now: never less than that)."""
     if torch.cuda.is_available():
         return torch.cuda.max_memory_allocated() / 2**30
     import resource
 
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+    import psutil
+
+    return max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20,  # KiB on Linux
+               psutil.Process().memory_info().rss / 2**30)
 
 
 def train(cfg: RunConfig, callbacks: Sequence[Callback] = ()) -> int:

@@ -173,7 +173,8 @@ SCENARIOS: dict[str, tuple[int, Callable]] = {
 }
 
 
-def run_scenario(name: str, skip: str = "") -> Outcome:
-    """The scenario in fresh processes with the compat layer (less `skip`, comma-separated patch names)."""
+def run_scenario(name: str, skip: str = "", verbose: bool = False) -> Outcome:
+    """The scenario in fresh processes with the compat layer (less `skip`, comma-separated patch names); `verbose`:
+    with CPLM_VERBOSE=1 (rank 0 logs the applied patches)."""
     world, fn = SCENARIOS[name]
-    return run_captured(fn, world, env={"CPLM_COMPAT_SKIP": skip})
+    return run_captured(fn, world, env={"CPLM_COMPAT_SKIP": skip, **({"CPLM_VERBOSE": "1"} if verbose else {})})

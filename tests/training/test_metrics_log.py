@@ -35,6 +35,10 @@ def test_loss_is_the_nll_in_every_record_version_and_the_objective_is_labelled_a
     base = format_line(BASELINE, 100)
     assert base.startswith("iter 20/100 | loss 6.7000 | lr") and "objective" not in base
     assert "| host mem 1.00/1.50 GiB" in base
+    rates = {"tokens_per_sec": 1000.0, "tflops_per_device": 0.1, "mfu": 0.01}
+    assert format_line({**BASELINE, **rates, "warmup": True}, 100).endswith("| tok/s 1,000 (warm-up) | TFLOP/s/dev 0.100 "
+                                                                            "| MFU 1.00%")  # no rate yet: no ETA
+    assert format_line({**BASELINE, **rates, "eta_sec": 75.6}, 100).endswith("| MFU 1.00% | ETA 0:01:15")
 
 
 def _scalars(log_dir: Path, tag: str) -> dict[int, float]:

@@ -36,7 +36,10 @@ def test_uninterrupted_run_logs_and_checkpoints(reference):
     for key in ("iteration", "loss", "objective", "lm_loss", "lr", "grad_norm", "tokens_per_sec", "mfu", "gate_mean",
                 "mem_gib", "peak_mem_gib"):
         assert all(key in r for r in recs), key
-    assert "| MFU" in reference["stdout"] and "ETA" in reference["stdout"]
+    assert all(r["peak_mem_gib"] >= r["mem_gib"] > 0 for r in recs)  # getrusage's peak alone read below the RSS
+    lines = [line for line in reference["stdout"].splitlines() if line.startswith("iter ")]
+    assert all("| MFU" in line for line in lines)
+    assert "ETA" not in lines[0] and all("| ETA " in line for line in lines[1:])  # no rate from the first step alone
     assert read_latest(run_dir / "checkpoints").name == f"iter_{ITERS:07d}"
     assert len(list_checkpoints(run_dir / "checkpoints")) == 2  # checkpoint.keep
     summary = json.loads((run_dir / "run_record.json").read_text())
@@ -351,7 +354,8 @@ def test_damaged_checkpoint_names_the_fix_and_the_fix_works(stdlib_corpus, tmp_p
 @pytest.mark.parametrize("target", ["launcher", "torchrun"])
 def test_sigterm_to_a_torchrun_launch_exits_75_with_a_checkpoint(stdlib_corpus, tmp_path, target):
     """pretrain/launch_torchrun.py keeps the workers' exit code: SIGTERM to it (forwarded to the workers) or to
-    torchrun itself (torchrun forwards it) ends in a checkpoint and exit 75, where plain torchrun exits 1."""
+    torchrun itself (torchrun forwards it) ends in a checkpoint and exit 75, where plain torchrun exits 1. Its
+    start is quiet: at most 3 lines before the first training line."""
     import psutil
 
     run_dir = tmp_path / "run"
@@ -368,6 +372,11 @@ def test_sigterm_to_a_torchrun_launch_exits_75_with_a_checkpoint(stdlib_corpus, 
     log = (tmp_path / "run.log").read_text()
     assert proc.returncode == RESUME_EXIT_CODE, log[-3000:]
     assert "[launch_torchrun] torchrun exited 1; workers: {0: 75, 1: 75}; exit code 75" in log
+    # a quiet start (the README's launch, 2 ranks, TP=2): no torchrun banner, no [compat] line, no megatron-core
+    # warnings; at most 3 lines before the first training line (details: --verbose, CPLM_VERBOSE=1)
+    start = log[:log.index("\niter 1/200 ")].splitlines()
+    assert len(start) <= 3 and not any("Warning" in line or "[compat]" in line or "OMP_NUM_THREADS" in line
+                                       for line in start), start
     stopped = read_latest(run_dir / "checkpoints")
     assert stopped is not None and 2 <= json.loads((stopped / "cplm_state.json").read_text())["iteration"] < 200
 

@@ -1,5 +1,6 @@
 """Logged throughput is the logging interval's own (training/throughput.py): a slow first step (compilation,
-allocator warm-up) is marked warm-up and drags neither the later log lines nor the run record."""
+allocator warm-up) is marked warm-up and drags neither the later log lines, nor the run record, nor the ETA (wall
+time per step after the first step: evaluation and saves included)."""
 from __future__ import annotations
 
 import json
@@ -45,8 +46,21 @@ def test_each_interval_reports_its_own_rate_and_the_first_is_warmup():
     assert second["tokens_per_sec"] == pytest.approx(2000.0)
     assert second["tflops_per_device"] == pytest.approx(1e6 * 2000 / 2 / 1e12)
     assert second["mfu"] == pytest.approx(second["tflops_per_device"])
-    assert second["eta_sec"] == pytest.approx(5 * 0.5)  # the remaining steps at the recent rate
     assert monitor.interval(5) == {}  # no step since
+
+
+def test_the_eta_is_wall_time_per_step_after_the_first_step():
+    """A 10 s first step (compilation) then 0.5 s steps, each followed by 0.5 s of logging, evaluation or saving:
+    1 s of wall time per remaining step. The step-time rate of the warm-up interval said (10 - 3) x 11/3 = 25.7 s
+    for the 7 s left; the steps' time alone says 3.5 s."""
+    clock = Clock()
+    monitor = _monitor(clock)
+    _steps(monitor, clock, [10.0], gap=0.5)
+    assert "eta_sec" not in monitor.interval(1)  # one step: no rate yet (the console line shows no ETA)
+    _steps(monitor, clock, [0.5, 0.5], gap=0.5)
+    assert monitor.interval(3)["eta_sec"] == pytest.approx(7 * 1.0)
+    _steps(monitor, clock, [0.5] * 4, gap=2.5)  # 2 s of evaluation after each step from here
+    assert monitor.interval(7)["eta_sec"] == pytest.approx(3 * (22.0 - 10.0) / 6)  # steps 1 and 7 ended at 10, 22 s
 
 
 def test_the_record_leaves_the_warmup_interval_out():

@@ -116,7 +116,7 @@ def megatron_head_gradients(scorer: MegatronScorer, batch: Batch, normalizer: fl
     w = weight if weight is not None else model.output_layer.weight
     d = hidden.shape[-1]
     return HeadGradients(
-        float(loss),
+        float(loss.detach()),
         grads[0].transpose(0, 1).reshape(-1, grads[0].shape[-1]).detach(),
         w.detach(),
         grads[1].transpose(0, 1).reshape(-1, d),
