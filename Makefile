@@ -54,14 +54,18 @@ setup: $(STAMP)
 setup-mcore-latest: $(LATEST_STAMP)
 
 # One recipe for both venvs ($(@D) is the venv); the latest one installs its megatron-core first,
-# past pip's Python check, and the project install then keeps it.
+# past pip's Python check, and the project install then keeps it. mosaicml-streaming comes last, without its
+# declared dependencies (cloud SDKs, torchvision, transformers<5: cplm_megatron/install_check.py), so that no
+# install after it has pip's resolver report them; the check then accepts exactly those.
 $(STAMP) $(LATEST_STAMP): setup.py requirements/constraints-cpu.txt requirements/constraints-gpu.txt $(MCORE_CONSTRAINTS)
 	@test -x $(@D)/bin/python || $(PYTHON) -m venv $(@D)
 	$(PIP) install --upgrade pip setuptools wheel
 	$(if $(TORCH_REQ),$(PIP) install $(PIP_CONSTRAINT_ARGS) "$(TORCH_REQ)")
-	$(PIP) install $(PIP_CONSTRAINT_ARGS) --no-deps mosaicml-streaming==0.13.0
 	$(if $(MCORE_REQ),$(PIP) install --no-deps --ignore-requires-python "$(MCORE_REQ)")
+	@$(PIP) uninstall -q -y mosaicml-streaming 2>/dev/null || true
 	DS_BUILD_OPS=0 $(PIP) install $(PIP_CONSTRAINT_ARGS) --no-build-isolation -e ".[$(EXTRAS)]"
+	$(PIP) install $(PIP_CONSTRAINT_ARGS) --no-deps mosaicml-streaming==0.13.0
+	$(@D)/bin/python -m cplm_megatron.install_check
 	@touch $@
 	@echo "[setup] environment ready in $(@D)"
 
