@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from cplm_megatron.entry_points import exit_2_on, quiet_known_warnings
+from cplm_megatron.evaluation.results import EvalResultsError, read_eval_results
 from cplm_megatron.hf.convert import DTYPES, convert_to_hf
 
 
@@ -41,6 +42,15 @@ def refuse_hf_directory(path: Path) -> None:
                          f"tools/convert_from_hf.py --hf {path} --output DIR")
 
 
+def read_evaluation(path: Path) -> list[dict] | None:
+    """The run's eval.json for the model card; an unreadable one is left out of the card, said in one line."""
+    try:
+        return read_eval_results(path).checkpoints
+    except EvalResultsError as err:
+        logging.getLogger("cplm_megatron").warning("model card without evaluation: %s", err)
+        return None
+
+
 @exit_2_on(ValueError, FileNotFoundError, FileExistsError)
 def main(argv: list[str] | None = None) -> int:
     """Convert; errors about the inputs print one line and exit with 2."""
@@ -49,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="[convert_to_hf] %(message)s")
     logging.getLogger("cplm_megatron").setLevel(logging.INFO)
     refuse_hf_directory(Path(args.checkpoint))
-    out = convert_to_hf(args.checkpoint, args.output, args.tokenizer, args.dtype)
+    out = convert_to_hf(args.checkpoint, args.output, args.tokenizer, args.dtype, read_evaluation=read_evaluation)
     print(f"[convert_to_hf] done: {out}")
     return 0
 

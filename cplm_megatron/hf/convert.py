@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -34,10 +36,12 @@ from cplm_megatron.hf.hf_files import (
     read_hf_state_dict,
 )
 from cplm_megatron.hf.megatron_checkpoint import (
+    MegatronCheckpoint,
     open_checkpoint,
     read_tensors,
     write_weights_checkpoint,
 )
+from cplm_megatron.hf.model_card import EVAL_RESULTS_NAME, model_card, parameter_count, run_dir_of, write_model_card
 from cplm_megatron.hf.tokenizer_lookup import TOKENIZER_SUBDIR, find_tokenizer
 from cplm_megatron.hf.weight_mapping import (
     EMBEDDING,
@@ -64,10 +68,14 @@ def convert_to_hf(
     output: str | Path,
     tokenizer: str | Path | None = None,
     dtype: str | None = None,
+    read_evaluation: Callable[[Path], Sequence[Mapping[str, Any]] | None] | None = None,
 ) -> Path:
-    """Export a trainer checkpoint (run dir, checkpoints root or iter_* dir) as an HF directory `output`.
+    """Export a trainer checkpoint (run dir, checkpoints root or iter_* dir) as an HF directory `output`, with its
+    model card (README.md).
 
-    `dtype` ("fp32"/"bf16") defaults to bf16 for bf16 checkpoints and fp32 otherwise.
+    `dtype` ("fp32"/"bf16") defaults to bf16 for bf16 checkpoints and fp32 otherwise. `read_evaluation`: reads the
+    run's eval.json (when there is one) into per-checkpoint results for the card (evaluation.results, which this
+    layer does not import).
     """
     if dtype is not None and dtype not in DTYPES:
         raise ConversionError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
@@ -80,7 +88,18 @@ def convert_to_hf(
     saved_dtype = tensors[EMBEDDING].dtype
     out_dtype = DTYPES[dtype] if dtype else (torch.bfloat16 if saved_dtype == torch.bfloat16 else torch.float32)
     log.info("writing %s (%s, %s) to %s", type(hf_config).__name__, hf_config.model_type, out_dtype, output)
-    return write_hf_checkpoint(output, hf_config, state, tokenizer_dir, out_dtype)
+    out = write_hf_checkpoint(output, hf_config, state, tokenizer_dir, out_dtype)
+    _write_card(ckpt, out, parameter_count(state), read_evaluation)
+    return out
+
+
+def _write_card(ckpt: MegatronCheckpoint, out: Path, parameters: int,
+                read_evaluation: Callable[[Path], Sequence[Mapping[str, Any]] | None] | None) -> None:
+    """README.md of the export, with the run's evaluation when it has an eval.json."""
+    eval_path = run_dir_of(ckpt.root) / EVAL_RESULTS_NAME
+    evaluation = read_evaluation(eval_path) if read_evaluation and eval_path.is_file() else None
+    card = write_model_card(out, model_card(ckpt, read_hf_config(out), out, parameters, evaluation))
+    log.info("model card: %s%s", card, f" (evaluation from {eval_path})" if evaluation else "")
 
 
 def _read_checkpoint(iter_dir: Path, tokenizer: str | Path | None):

@@ -66,7 +66,8 @@ def write_hf_checkpoint(
     CPLM configs get the copied model code and an `auto_map`; a backbone family's config exports as its plain
     class (`LlamaForCausalLM`, `GPT2LMHeadModel`, `Qwen3ForCausalLM`). With `tokenizer_dir`, its files are
     copied and the special token ids (bos/eos/pad) in config.json and generation_config.json are taken from
-    the tokenizer, as is a CPLM's `copy_eod_token_id` (its EOS: the end-of-document id training packed documents with).
+    the tokenizer, as is a CPLM's `copy_eod_token_id` (its EOS: the end-of-document id training packed documents with),
+    and the tokenizer's `model_max_length` is the model's max positions.
     """
     out = Path(out_dir)
     model_class = model_class_for(config)
@@ -89,7 +90,7 @@ def write_hf_checkpoint(
         bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id
     ).save_pretrained(out)
     if tokenizer_dir is not None:
-        _copy_tokenizer_files(Path(tokenizer_dir), out)
+        _copy_tokenizer_files(Path(tokenizer_dir), out, getattr(config, "max_position_embeddings", None))
     log.info("wrote %s checkpoint (%d tensors, %s) to %s", model_class.__name__, len(tensors), dtype, out)
     return out
 
@@ -272,16 +273,20 @@ def with_legacy_rope_fields(config_dict: dict) -> dict:
 STANDARD_TOKENIZER_CLASS = "PreTrainedTokenizerFast"  # a tokenizer.json tokenizer in transformers 4 and 5
 
 
-def _copy_tokenizer_files(tokenizer_dir: Path, out: Path) -> None:
+def _copy_tokenizer_files(tokenizer_dir: Path, out: Path, max_positions: int | None) -> None:
     """The tokenizer's files, its tokenizer_config.json naming a standard tokenizer class (loading the tokenizer
-    never needs the model's code)."""
+    never needs the model's code) and the model's `max_positions` as `model_max_length` (a trained tokenizer says
+    1e30: no limit)."""
     for name in TOKENIZER_FILES:
         if (tokenizer_dir / name).is_file():
             shutil.copyfile(tokenizer_dir / name, out / name)
     config_path = out / "tokenizer_config.json"
-    if (out / "tokenizer.json").is_file():
-        config = json.loads(config_path.read_text()) if config_path.is_file() else {}
-        if not config.get("tokenizer_class") or "auto_map" in config:
-            config.pop("auto_map", None)
-            config["tokenizer_class"] = STANDARD_TOKENIZER_CLASS
-            config_path.write_text(json.dumps(config, indent=2) + "\n")
+    if not config_path.is_file() and not (out / "tokenizer.json").is_file():
+        return
+    config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+    if (out / "tokenizer.json").is_file() and (not config.get("tokenizer_class") or "auto_map" in config):
+        config.pop("auto_map", None)
+        config["tokenizer_class"] = STANDARD_TOKENIZER_CLASS
+    if max_positions:
+        config["model_max_length"] = int(max_positions)
+    config_path.write_text(json.dumps(config, indent=2) + "\n")

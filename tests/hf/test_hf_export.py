@@ -2,6 +2,7 @@
 
 import copy
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -247,3 +248,66 @@ def test_legacy_rope_fields_mirror_rope_parameters() -> None:
     default = with_legacy_rope_fields({"rope_parameters": {"rope_type": "default", "rope_theta": 1e4}})
     assert default["rope_theta"] == 1e4 and "rope_scaling" not in default
     assert with_legacy_rope_fields({"n_embd": 64}) == {"n_embd": 64}  # GPT-2: no RoPE
+
+
+def _python_block(markdown: str) -> str:
+    [block] = re.findall(r"```python\n(.*?)```", markdown, flags=re.S)
+    return block
+
+
+def test_a_trained_runs_export_has_a_model_card_and_its_context_length(runs: dict, hf_exports: dict) -> None:
+    """tools/convert_to_hf.py writes README.md: the model, the tokens the checkpoint trained on (its record), the
+    copy head and how to load it (the README's example, which tests/test_readme.py runs on this export); the
+    tokenizer's model_max_length is the model's max positions (the trained tokenizer said 1e30)."""
+    from transformers import PreTrainedTokenizerFast
+
+    from cplm_megatron.checkpoint.lookup import read_record, resolve_checkpoint
+
+    readme_example = _python_block((Path(__file__).resolve().parents[2] / "README.md").read_text())
+    readme_path = re.search(r'from_pretrained\("([^"]+)"', readme_example).group(1)
+    for name, architecture in (("cplm", "CPLMForCausalLM"), ("baseline", "LlamaForCausalLM")):
+        out, record = hf_exports[name], read_record(resolve_checkpoint(runs[name]).path)
+        card = (out / "README.md").read_text()
+        assert card.startswith("---\nlibrary_name: transformers\n") and f"`{architecture}` (llama backbone)" in card
+        assert f"| tokens trained | {record.consumed_tokens:,} ({record.iteration} iterations of 4 sequences x 64 " \
+               f"tokens) |" in card and record.consumed_tokens == 2 * 4 * 64
+        assert "| data | synthetic `copy` samples |" in card and "No evaluation was found beside the run" in card
+        parameters = sum(t.numel() for t in saved_tensors(out).values())  # tied embeddings are saved once
+        assert f"| parameters | {parameters:,} (" in card
+        example = _python_block(card)
+        if name == "cplm":
+            assert "## The copy head" in card and "(2 heads x 16 dimensions)" in card
+            assert example == readme_example.replace(readme_path, str(out))
+        else:
+            assert "copy head" not in card.lower() and "trust_remote_code" not in card
+            assert example == readme_example.replace(readme_path, str(out)).replace(", trust_remote_code=True", "")
+        positions = json.loads((out / "config.json").read_text())["max_position_embeddings"]
+        assert PreTrainedTokenizerFast.from_pretrained(str(out)).model_max_length == positions > 0
+
+
+@pytest.mark.mcore
+def test_the_model_card_shows_the_runs_evaluation_of_the_exported_iteration(runs: dict, tiny_corpus,
+                                                                          tmp_path: Path) -> None:
+    """An eval.json in the run dir (tools/evaluate.py --all-checkpoints: iterations 1 and 2) puts the exported
+    iteration's figures into the card; an eval.json of another iteration is shown with a note saying so."""
+    from tests.data_fixtures import load_tool
+    from tests.trained_runs import copy_run
+
+    run = copy_run(runs["cplm"], tmp_path)
+    evaluate, convert = load_tool("evaluate"), load_tool("convert_to_hf")
+    common = ["--tasks", "spamlang", "--limit", "4", "--spamlang-length", "32", "--no-progress"]
+    assert evaluate.main(["--checkpoint", str(run), "--all-checkpoints", "--output", str(run / "eval.json"),
+                          *common]) == 0
+    export = ["--checkpoint", str(run), "--tokenizer", str(tiny_corpus.tokenizer_dir), "--output"]
+    assert convert.main([*export, str(tmp_path / "hf")]) == 0
+    curve = json.loads((run / "eval.json").read_text())["checkpoints"]
+    losses = [c["tasks"]["spamlang"]["metrics"]["spamlang_loss"] for c in curve]
+    card = (tmp_path / "hf" / "README.md").read_text()
+    assert f"`tools/evaluate.py` results of iteration 2 ({run / 'eval.json'})." in card
+    assert f"| spamlang / spamlang_loss | {losses[1]:.4f} |" in card
+    assert evaluate.main(["--checkpoint", str(run / "checkpoints" / "iter_0000001"), "--output",
+                          str(run / "eval.json"), *common]) == 0
+    assert convert.main([*export, str(tmp_path / "hf1")]) == 0
+    card = (tmp_path / "hf1" / "README.md").read_text()
+    assert "these figures are of iteration 1, not of the exported iteration 2" in card
+    assert f"| spamlang / spamlang_loss | {losses[0]:.4f} |" in card
