@@ -1,13 +1,18 @@
-"""What tools/model_info.py reports for a preset and a layout: parameter counts (analytic, and of the model
-built by `build_run` on the meta device), FLOPs per token, a per-GPU memory estimate, whether it fits a GPU
-and which layouts of N GPUs do (`--plan`); and the table it prints. The layout is checked as the trainer
-checks it (`validate_layout`, `check_context_parallel`: PP x CP is refused with the trainer's error).
+"""What tools/model_info.py reports for a preset or a recipe and a layout: parameter counts (analytic, and of the
+model built by `build_run` on the meta device), FLOPs per token, a per-GPU memory estimate, whether it fits a GPU
+given by its memory (`--gpu-memory`) and, without one, the named GPUs (`NAMED_GPUS`) with the micro-batch each
+holds (the planner's `choose_micro_batch`: the estimate times the measured margin within the memory less a
+reserve), and which layouts of N GPUs fit (`--plan`); and the table it prints. The layout is checked as the trainer
+checks it (`validate_layout`, `check_context_parallel`: PP x CP is refused with the trainer's error). A recipe
+(`--config`) gives its own layout: its model, batch and parallel sections, and the data-parallel size its header
+states ("dp=16"), unless `--dp` or `--gpus` say otherwise.
 """
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
-from typing import Dict, Optional
+from pathlib import Path
+from typing import Any, Dict, List, Optional
 
 from cplm_megatron.errors import ConfigError
 from cplm_megatron.model.accounting import (
@@ -20,10 +25,18 @@ from cplm_megatron.model.accounting import (
     model_summary,
 )
 from cplm_megatron.model.config import ModelConfig, load_preset
-from cplm_megatron.model.planner import plan_layouts
+from cplm_megatron.model.planner import DEVICE_RESERVE, choose_micro_batch, plan_layouts
 from cplm_megatron.parallel.config import ParallelConfig
 
 _UNITS = {"": 1e9, "gb": 1e9, "g": 1e9, "gib": 2**30, "mb": 1e6, "mib": 2**20, "tb": 1e12, "tib": 2**40}
+# What the named GPUs report as their memory (MiB; nvidia-smi, torch's total_memory): the H200 as measured on the
+# lent machine (results/gpu/2026-12-04), the H100 SXM 80GB as its nvidia-smi lists it
+NAMED_GPUS = {"H100 80GB": 81_559, "H200 141GB": 143_771}
+
+
+def memory_text(gib: float) -> str:
+    """A memory size in both units: '74.5 GiB = 80.0 GB'."""
+    return f"{gib:.1f} GiB = {gib * GIB / 1e9:.1f} GB"
 
 
 def parse_memory(text: str) -> float:
@@ -53,7 +66,7 @@ class InfoRequest:
     document_masking: bool = False
     offload_fraction: float = 0.0
     gpu_memory: Optional[float] = None  # GiB
-    reserve: float = 0.1  # fraction of gpu_memory kept free
+    reserve: float = DEVICE_RESERVE  # fraction of the GPU's memory kept free
     plan: bool = False
     gpus: int = 8
     dtype: str = "bf16"
@@ -62,6 +75,8 @@ class InfoRequest:
     copy_head_dim: int = 64
     copy_qk_norm: bool = False
     model: Optional[ModelConfig] = None  # a recipe's model section (tools/model_info.py --config); None: the preset's
+    global_batch: Optional[int] = None  # a recipe's train.global_batch (the micro-batches a GPU may choose from)
+    layout_source: str = "the command line"  # where dp came from
 
     @property
     def copy(self) -> Optional[CopyHeadShape]:
@@ -113,7 +128,7 @@ def report(request: InfoRequest) -> Dict[str, object]:
     if built["backbone"] != backbone_params(model) or built["copy_head"] != copy_head_params(model, copy):
         raise RuntimeError(f"parameter count mismatch: built {built} vs analytic {summary}")
     summary["built_on_meta_device"] = built
-    summary["layout"] = dict(tp=r.tp, pp=r.pp, cp=r.cp, dp=r.dp, sp=r.sp, seq_len=r.seq_len,
+    summary["layout"] = dict(layout_source=r.layout_source, tp=r.tp, pp=r.pp, cp=r.cp, dp=r.dp, sp=r.sp, seq_len=r.seq_len,
                              micro_batch=r.micro_batch, recompute=r.recompute, dtype=r.dtype,
                              lm_head_loss=r.lm_head_loss, offload_fraction=r.offload_fraction,
                              attention=r.attention, document_masking=r.document_masking)
@@ -128,7 +143,9 @@ def report(request: InfoRequest) -> Dict[str, object]:
         impl: {k: v / GIB for k, v in lm_head_loss_bytes(model, tokens, r.tp, impl, param_bytes).items()}
         for impl in ("megatron", "chunked", "fused")
     }
-    if r.gpu_memory is not None:
+    if r.gpu_memory is None:
+        summary["named_gpus"] = named_gpu_verdicts(r, model, copy, param_bytes)
+    else:
         usable = r.gpu_memory * (1 - r.reserve)
         total = mem["total_distributed_optimizer_gib"]
         summary["fit"] = {"gpu_memory_gib": r.gpu_memory, "usable_gib": usable, "total_gib": total,
@@ -139,6 +156,38 @@ def report(request: InfoRequest) -> Dict[str, object]:
             summary["plan"] = {"gpus": r.gpus, "usable_gib": usable, "fitting": [x for x in rows if x["fits"]],
                                "considered": len(rows)}
     return summary
+
+
+def _estimate_gib(r: InfoRequest, model: ModelConfig, copy: Optional[CopyHeadShape], param_bytes: int,
+                  micro_batch: int) -> float:
+    """The per-GPU estimate (distributed optimizer) of the request at `micro_batch`."""
+    return memory_estimate(model, copy, tp=r.tp, pp=r.pp, dp=r.dp, seq_len=r.seq_len, micro_batch=micro_batch,
+                           sp=r.sp, param_bytes=param_bytes, recompute=r.recompute, lm_head_loss=r.lm_head_loss,
+                           offload_fraction=r.offload_fraction, attention=r.attention,
+                           document_masking=r.document_masking, cp=r.cp)["total_distributed_optimizer_gib"]
+
+
+def named_gpu_verdicts(r: InfoRequest, model: ModelConfig, copy: Optional[CopyHeadShape], param_bytes: int
+                       ) -> List[Dict[str, Any]]:
+    """Per named GPU: its memory, whether the layout fits at its micro-batch and the largest micro-batch that does
+    (of those dividing the sequences per step of one replica, the recipe's global batch / dp)."""
+    per_replica = r.global_batch // r.dp if r.global_batch and r.global_batch % r.dp == 0 else r.micro_batch
+    out = []
+    for name, mib in NAMED_GPUS.items():
+        choice = choose_micro_batch(lambda m: _estimate_gib(r, model, copy, param_bytes, m), per_replica,
+                                    r.micro_batch, mib / 1024, reserve=r.reserve)
+        out.append({"gpu": name, "memory_gib": mib / 1024, "memory_gb": mib * 2**20 / 1e9,
+                    "fits_at_micro_batch": choice.micro_batch == r.micro_batch and choice.fits,
+                    "micro_batch": choice.micro_batch, "micro_batch_fits": choice.fits,
+                    "needed_gib": choice.needed_gib, "usable_gib": choice.usable_gib, "line": choice.line()})
+    return out
+
+
+def recipe_dp(text: str) -> Optional[int]:
+    """The data-parallel size a recipe's leading comment states ('... dp=16)'), or None."""
+    header = "\n".join(line for line in text.splitlines()[:8] if line.startswith("#"))
+    match = re.search(r"\bdp=(\d+)", header)
+    return int(match.group(1)) if match else None
 
 
 def _fmt(n: float) -> str:
@@ -160,7 +209,7 @@ def format_table(s: Dict[str, object]) -> str:
          f"({100 * 3 * f['copy_head'] / s['train_flops_per_token']:.2f}%)"),
         ("  backbone-only train FLOPs/token", f"{s['train_flops_per_token_backbone_only']:.4e}"),
         ("layout", f"tp={lay['tp']} pp={lay['pp']} cp={lay['cp']} dp={lay['dp']} sp={lay['sp']} "
-                   f"micro_batch={lay['micro_batch']}"),
+                   f"micro_batch={lay['micro_batch']} ({lay['layout_source']})"),
         ("params per GPU (largest stage)", _fmt(mem["params_per_gpu"])),
         ("weights / grads (GiB)", f"{mem['weights_gib']:.2f} / {mem['grads_gib']:.2f}"),
         ("optimizer states (GiB)", f"{mem['optimizer_gib']:.2f} (distributed optimizer: "
@@ -178,8 +227,12 @@ def format_table(s: Dict[str, object]) -> str:
     ]
     if "fit" in s:
         fit = s["fit"]
-        rows.append((f"fits {fit['gpu_memory_gib']:.1f} GiB GPUs", f"{'yes' if fit['fits'] else 'NO'}: "
+        rows.append((f"fits GPUs of {memory_text(fit['gpu_memory_gib'])}", f"{'yes' if fit['fits'] else 'NO'}: "
                      f"{fit['total_gib']:.2f} of {fit['usable_gib']:.2f} GiB usable (distributed optimizer)"))
+    for gpu in s.get("named_gpus", []):
+        rows.append((f"{gpu['gpu']} ({memory_text(gpu['memory_gib'])})",
+                     f"{'fits' if gpu['fits_at_micro_batch'] else 'does NOT fit'} at micro-batch "
+                     f"{lay['micro_batch']}; {gpu['line']}"))
     width = max(len(k) for k, _ in rows)
     lines = [f"{key:<{width}}  {value}" for key, value in rows]
     if "plan" in s:
@@ -201,3 +254,56 @@ def format_plan(plan: Dict[str, object], limit: int = 8) -> list:
                      f"{r['lm_head_loss']:<12}  {r['offload_fraction']:>7.1f}  {r['total_gib']:>7.2f}  "
                      f"{r['extra_flops_pct']:>5.1f}%")
     return lines
+
+
+def request_from_recipe(args: Dict[str, Any], defaults: Dict[str, Any]) -> Dict[str, Any]:
+    """InfoRequest fields from `--config RECIPE [--set ...]` (`args`: the parsed command line, `defaults`: its
+    defaults, so options given explicitly win over the recipe's); dp from --dp, else --gpus, else the recipe's
+    header, else 8 GPUs."""
+    from cplm_megatron.config.loader import recipe_path
+    from cplm_megatron.model.layout import validate_layout
+    from cplm_megatron.model.lm_head_choice import choose_lm_head_loss
+    from cplm_megatron.run_config import load_run_config, overrides_from_args
+
+    path = args.pop("config")
+    cfg = load_run_config(path, overrides_from_args(args.pop("set")))
+    m, c, p, t = cfg.model, cfg.copy_head, cfg.parallel, cfg.train
+    recipe = dict(preset=m.preset or "(recipe)", model=m, tp=p.tp, pp=p.pp, cp=p.cp, sp=p.sp, seq_len=t.seq_len,
+                  micro_batch=t.micro_batch, recompute=cfg.recompute.granularity, global_batch=t.global_batch,
+                  attention=m.attention_impl if m.attention_impl in ("megatron", "te") else "sdpa",
+                  document_masking=cfg.data.document_masking, offload_fraction=cfg.optimizer.offload_fraction,
+                  dtype="fp32" if cfg.precision.dtype == "fp32" else "bf16", no_copy_head=not c.enabled,
+                  copy_heads=c.heads, copy_head_dim=c.head_dim, copy_qk_norm=c.qk_norm)
+    explicit = {k: v for k, v in args.items() if v != defaults.get(k)}
+    merged = {**args, **recipe, **{k: v for k, v in explicit.items() if k in recipe}}
+    model_parallel = merged["tp"] * merged["pp"] * merged["cp"]
+    if args.get("dp"):
+        merged["layout_source"] = "dp from --dp"
+    else:
+        validate_layout(model_parallel, cfg.parallel, m)  # the model's own limits first (TP vs heads, ...)
+        stated = recipe_dp(Path(recipe_path(path)).read_text()) if "gpus" not in explicit else None
+        gpus = stated * model_parallel if stated else merged["gpus"]
+        if gpus % model_parallel:
+            raise ConfigError(f"--gpus {gpus} is not a multiple of the recipe's tp x pp x cp = {model_parallel}")
+        merged["dp"] = gpus // model_parallel
+        merged["layout_source"] = ("dp from the recipe's header" if stated else
+                                   f"dp from {'--gpus' if 'gpus' in explicit else 'the default 8'} GPUs")
+    loss = explicit.get("lm_head_loss") or m.lm_head_loss
+    if loss == "auto":
+        memory = merged.get("gpu_memory") or NAMED_GPUS["H100 80GB"] / 1024
+        loss = choose_lm_head_loss(m, merged["seq_len"] * merged["micro_batch"] // merged["cp"], merged["tp"],
+                                   4 if merged["dtype"] == "fp32" else 2, memory * GIB, "the GPU", True).path
+    merged["lm_head_loss"] = loss
+    merged["model"] = replace(m, lm_head_loss=loss)
+    return merged
+
+
+def resolve_request(args: Dict[str, Any], defaults: Dict[str, Any]) -> InfoRequest:
+    """The InfoRequest of the command line: a preset and explicit options, or a recipe (`--config`)."""
+    if args.get("config"):
+        return InfoRequest(**request_from_recipe(args, defaults))
+    if args.pop("set"):
+        raise ConfigError("--set needs --config RECIPE (with --preset, give the options directly)")
+    args.pop("config")
+    fallback = dict(tp=1, pp=1, cp=1, dp=1, seq_len=2048, micro_batch=1, lm_head_loss="megatron")
+    return InfoRequest(**{k: (fallback[k] if v is None and k in fallback else v) for k, v in args.items()})

@@ -47,3 +47,26 @@ def test_tensor_parallel_splits_the_logits():
     device = 1.5 * _logits() / (AUTO_LOGITS_SHARE * 2)  # over the share at tp=1, under it at tp=2 (V/2 per GPU)
     assert choose_lm_head_loss(SMOLLM2_135M, TOKENS, 1, 2, device, "d", True).path == "fused"
     assert choose_lm_head_loss(SMOLLM2_135M, TOKENS, 2, 2, device, "d", True).path == "megatron"
+
+
+def test_auto_keeps_a_reserve():
+    """The 1.7B at seq 4096, micro-batch 4 (the planner: 78.99 GiB, Megatron's logits; 74.75 GiB tiled) on an H100's
+    79.6 GiB: without a reserve both "fit" and auto kept Megatron's logits, a likely out-of-memory error. With the
+    planner's estimate times the measured margin inside 90% of the memory neither fits; on 86 GiB only the tiled
+    loss does, and auto takes it; on an H200 Megatron's path fits."""
+    from dataclasses import replace
+
+    from cplm_megatron.model.accounting import memory_estimate
+    from cplm_megatron.model.lm_head_choice import run_fits
+
+    model = replace(load_preset("smollm2-1.7b"), max_position_embeddings=4096)
+
+    def needed(path: str) -> float:
+        return memory_estimate(model, None, tp=1, pp=1, dp=1, seq_len=4096, micro_batch=4,
+                               lm_head_loss=path)["total_gib"] * GIB
+
+    assert needed("megatron") == pytest.approx(78.99 * GIB, rel=1e-3) and needed("megatron") < 79.65 * GIB
+    assert not run_fits(needed("megatron"), 79.65 * GIB) and not run_fits(needed("fused"), 79.65 * GIB)
+    choice = choose_lm_head_loss(model, 4 * 4096, 1, 2, 86 * GIB, "d", True, needed=needed)
+    assert choice.path == "fused" and "fits only without them" in choice.reason
+    assert choose_lm_head_loss(model, 4 * 4096, 1, 2, H200, "d", True, needed=needed).path == "megatron"

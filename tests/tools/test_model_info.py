@@ -52,7 +52,7 @@ def test_gpu_memory_fit_and_plan_for_13b_on_one_node():
 def test_plan_table_and_bad_memory_arguments():
     proc = run("--preset", "smollm2-1.7b", "--seq-len", "8192", "--gpu-memory", "80GiB", "--plan")
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert "fits 80.0 GiB GPUs" in proc.stdout and "layouts of 8 GPUs that fit" in proc.stdout
+    assert "fits GPUs of 80.0 GiB = 85.9 GB" in proc.stdout and "layouts of 8 GPUs that fit" in proc.stdout
     assert "megatron 2.250" in proc.stdout  # the LM-head loss line: bf16 logits + fp32 copy at seq 8192
     proc = run("--preset", "tiny", "--plan")
     assert proc.returncode == 2 and "--plan needs --gpu-memory" in proc.stderr
@@ -111,3 +111,28 @@ def test_a_recipe_is_read_whole():
     assert over["copy_head_params"] == 0 and over["layout"]["lm_head_loss"] == "fused"  # 9 GiB > 25% of 24 GB
     bad = run("--config", "configs/tiny.yaml", "--set", "parallel.tp=3")
     assert bad.returncode == 2 and "model.num_attention_heads=4 is not divisible by parallel.tp=3" in bad.stderr
+
+
+def test_a_recipe_keeps_its_own_layout_and_named_gpus_get_a_verdict():
+    """The 1.7B recipe states dp=16 in its header: model_info takes it (it assumed 8 GPUs); without --gpu-memory
+    the H100 80GB and H200 141GB each get a verdict, their memory in GiB and GB. The GPU check's 1.7B shape (one
+    GPU, seq 4096, 16 sequences per step) holds micro-batch 4 on the H200 (78.5 GiB measured there) and 2 on an
+    H100 (the planner's 79.0 GiB at micro-batch 4 is within an H100's 79.6 GiB, but not with the reserve)."""
+    recipe = json.loads(run("--config", "configs/smollm2_1p7b.yaml", "--json").stdout)
+    assert recipe["layout"]["dp"] == 16 and recipe["layout"]["layout_source"] == "dp from the recipe's header"
+    assert run("--config", "configs/smollm2_1p7b.yaml", "--gpus", "8", "--json").returncode == 0
+    check = run("--config", "configs/smollm2_1p7b.yaml", "--dp", "1", "--set", "train.seq_len=4096",
+                "model.max_position_embeddings=4096", "train.global_batch=16")
+    assert check.returncode == 0, check.stderr[-2000:]
+    h100 = next(line for line in check.stdout.splitlines() if line.startswith("H100 80GB"))
+    h200 = next(line for line in check.stdout.splitlines() if line.startswith("H200 141GB"))
+    assert "(79.6 GiB = 85.5 GB)" in h100 and "does NOT fit at micro-batch 4; micro-batch 2 fits" in h100
+    assert "(140.4 GiB = 150.8 GB)" in h200 and "fits at micro-batch 4; micro-batch 4 fits" in h200
+    given = run("--config", "configs/smollm2_1p7b.yaml", "--gpu-memory", "80GB")
+    assert "fits GPUs of 74.5 GiB = 80.0 GB" in given.stdout and "H100 80GB" not in given.stdout
+
+
+def test_the_tool_is_a_thin_entry_point():
+    from tests.harness import REPO
+
+    assert len((REPO / "tools" / "model_info.py").read_text().splitlines()) <= 100
