@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import shutil
 import site
 import subprocess
@@ -142,3 +144,61 @@ def test_no_package_of_the_checkout_shadows_an_installed_module():
     installed_by = packages_distributions()
     clashes = {name: installed_by[name] for name in ours if set(installed_by.get(name, [])) - {"cplm-megatron"}}
     assert clashes == {}, f"rename these checkout packages: {clashes}"
+
+
+def install_commands() -> list[list[str]]:
+    """The commands of docs/training.md's "Installing without make"."""
+    text = (REPO / "docs" / "training.md").read_text().split("## Installing without make", 1)[1].split("\n## ", 1)[0]
+    [block] = re.findall(r"```bash\n(.*?)```", text, flags=re.S)
+    return [shlex.split(line) for line in block.splitlines() if line.strip()]
+
+
+@pytest.fixture(scope="module")
+def image_site() -> Path:
+    """The site-packages of the GPU image's emulation (`make gpu-image-env`, cached): torch, transformers, numpy and
+    the rest of what an NGC-like image has, nothing of the project."""
+    make = subprocess.run(["make", "--no-print-directory", "gpu-image-env"], cwd=REPO, capture_output=True, text=True,
+                          timeout=1200)
+    assert make.returncode == 0, make.stdout[-3000:] + make.stderr[-3000:]
+    [site_dir] = (REPO / ".venv-gpu-image" / "lib").glob("python3.*/site-packages")
+    return site_dir
+
+
+def test_pip_alone_installs_the_wheel_into_an_environment_that_has_torch(installed, image_site, stdlib_corpus,
+                                                                        tmp_path):
+    """docs/training.md's commands, as written but for the wheel in place of `.` and the CPU constraints in place of
+    the GPU ones, in a fresh venv outside the checkout whose base is an image's packages (seen through a .pth file,
+    read-only): pip prints no ERROR, the install check passes, the core's dependencies suffice to train the tiny
+    recipe from another directory, and the modules come from the venv."""
+    wheel, _ = installed
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    [site_dir] = (venv / "lib").glob("python3.*/site-packages")
+    (site_dir / "image.pth").write_text(f"{image_site}\n")
+    python = str(venv / "bin" / "python")
+    env = {k: v for k, v in harness.process_env().items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    for cmd in install_commands():
+        settings = dict(word.split("=", 1) for word in cmd if re.fullmatch(r"[A-Z_]+=.*", word))
+        cmd = [word for word in cmd if not re.fullmatch(r"[A-Z_]+=.*", word)]
+        cmd = [str(wheel) if word == "." else str(REPO / word.replace("-gpu.txt", "-cpu.txt"))
+               if word.startswith("requirements/") else word for word in cmd]
+        if cmd[0] == "pip":
+            cmd = [python, "-m", "pip", *cmd[1:2], "-q", "--no-compile", *cmd[2:]]
+        else:
+            cmd = [python, *cmd[1:]]
+        proc = subprocess.run(cmd, cwd=tmp_path, env={**env, **settings}, capture_output=True, text=True, timeout=1200)
+        out = proc.stdout + proc.stderr
+        assert proc.returncode == 0 and not re.search(r"^ERROR", out, flags=re.M), (cmd, out[-3000:])
+    assert out.startswith("[setup] pip check: no broken requirements but mosaicml-streaming"), out
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    where = subprocess.run([python, "-c", "import cplm_megatron.data.loader, megatron.core, streaming; "
+                            "print(cplm_megatron.__file__, megatron.core.__file__, streaming.__file__)"],
+                           cwd=elsewhere, env=env, capture_output=True, text=True, timeout=300)
+    assert where.returncode == 0 and all(p.startswith(str(site_dir)) for p in where.stdout.split()), where
+    run_dir = elsewhere / "run"
+    train = subprocess.run([python, "-m", "cplm_megatron.pretrain", "--config", "tiny", "--set",
+                            *tiny_overrides(stdlib_corpus, run_dir, iters=2)],
+                           cwd=elsewhere, env=env, capture_output=True, text=True, timeout=600)
+    assert train.returncode == 0, train.stdout[-3000:] + train.stderr[-3000:]
+    assert (run_dir / "checkpoints" / "iter_0000002").is_dir()
