@@ -12,6 +12,8 @@
 #                           installed by the script's install step; nothing editable; bf16, SDPA -> DIR
 #   make gpu-image-env      that environment alone (built once, cached in .venv-gpu-image/)
 #   make data               the embedded corpus: tokenizer + MDS shards from the Python stdlib sources
+#   make data-emergence     the emergence study's corpora: data/code_v4096 and data/prose_v4096 (English prose from
+#                           Debian's documentation packages, installed through apt-get when missing)
 #   make data-code          the code corpus for SmolLM2-135M runs (data/code): every installed Python source, split
 #                           by distribution, BPE 49,152, every core; fails if its size rules do not hold
 SHELL := /bin/bash
@@ -47,7 +49,7 @@ PYTEST_ARGS ?=
 TEST_WORKERS ?= 2
 XDIST = -n $(TEST_WORKERS) --dist loadgroup
 
-.PHONY: setup setup-mcore-latest test test-mcore-latest demo data data-code lint clean-data gpu-dry-run gpu-image-env
+.PHONY: setup setup-mcore-latest test test-mcore-latest demo data data-code data-emergence lint clean-data gpu-dry-run gpu-image-env
 
 setup: $(STAMP)
 
@@ -74,6 +76,13 @@ data: setup
 
 data-code: setup
 	$(BIN)/python tools/build_code_corpus.py --output $(CODE_DATA_DIR) --check-size-rules
+
+# The emergence study's corpora (tools/emergence.py): code and English prose, vocabulary 4096, 256 tokens per sample;
+# the prose corpus's Debian documentation packages are installed through apt-get when missing.
+data-emergence: setup
+	$(BIN)/python tools/build_code_corpus.py --output data/code_v4096 --vocab-size 4096 --seq-len 256 \
+	  --max-bytes 60000000 --dev-fraction 0.05 --max-distribution-share 1.0 --quiet
+	$(BIN)/python tools/build_prose_corpus.py --install --output data/prose_v4096 --code-corpus data/code_v4096 --quiet
 
 test: setup data
 	@set +e; $(BIN)/python -m pytest tests $(XDIST) $(PYTEST_ARGS); rc=$$?; \
