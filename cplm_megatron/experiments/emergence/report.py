@@ -1,0 +1,108 @@
+"""The emergence study's report: report.md (the pilot's table, per domain the arms with their intervals, where
+copying emerges, the verdicts) and one figure, emergence.png (per domain: validation loss, copy accuracy and the
+in-context score against training tokens, each arm's mean over seeds with its seeds' spread)."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from cplm_megatron.experiments.study.report import ARM_COLORS
+from cplm_megatron.experiments.toolkit import fmt, grid, interval, plt, pm, save, table
+
+FIGURE = "emergence.png"
+
+
+def _point(found: dict[str, Any] | None) -> str:
+    return "not reached" if found is None else f"step {found['iteration']:,} ({found['tokens'] / 1e6:.1f}M tokens)"
+
+
+def pilot_lines(rows: list[dict[str, Any]], threshold: float) -> list[str]:
+    """The pilot's table: shape, speed, copy accuracy at each probe, where it reached 0.1 and the threshold."""
+    lines = ["## The pilot (baselines only: where does copying emerge?)", ""]
+    body = []
+    for r in rows:
+        curve = ", ".join(f"{p['iteration'] // 1000}k: {p['copy_accuracy']:.2f}" for p in r["probe_curve"])
+        body.append([r["name"], f"{r['hidden']} x {r['layers']}", str(r["global_batch"]), f"{r['repeat_span_share']:g}",
+                     fmt(r["tokens_per_sec"], 0), fmt(r["final_copy_accuracy"], 3), _point(r["emerges_at_0.1"]),
+                     _point(r["emerges_at_threshold"]), curve])
+    lines += table(["run", "hidden x layers", "sequences/step", "repeat share", "tokens/s (one core)",
+                    "final copy acc.", "copy >= 0.1 at", f"copy >= {threshold:g} at", "probe copy accuracy by step"],
+                   body, "lllrrrlll")
+    return lines + [""]
+
+
+def domain_lines(name: str, scale: dict[str, Any], verdict: dict[str, Any], emergence: dict[str, Any]) -> list[str]:
+    """One domain's table and verdict."""
+    m = scale["model"]
+    lines = [f"## {name} (hidden {m['hidden']}, {m['layers']} layers, V {m['vocab']}, {scale['tokens'] / 1e6:.1f}M "
+             f"training tokens per run, seeds {', '.join(map(str, scale['seeds']))})", ""]
+    body = []
+    cache = scale.get("cache_control")
+    if cache:
+        body.append(["baseline+cache (control)", pm(cache["mean_std"]["val_loss"]),
+                     interval(cache["paired_vs_baseline"]["val_loss"]), "–", "–", "–"])
+    for arm, data in scale["arms"].items():
+        runs = [emergence.get(f"{name}-{arm}-s{seed}") for seed in scale["seeds"]]
+        where = "; ".join(_point(r["emerges_at_threshold"]) if r else "–" for r in runs)
+        vs_base = "–" if arm == "baseline" else interval(data["paired_vs_baseline"]["val_loss"])
+        vs_cache = "–" if arm == "baseline" or not scale["vs_cache"] else interval(scale["vs_cache"][arm])
+        body.append([arm, pm(data["mean_std"]["val_loss"]), vs_base, vs_cache, pm(data["mean_std"]["copy_accuracy"]),
+                     where])
+    lines += table(["arm", "val loss (mean ± std over seeds)", "Δ vs baseline [95% t over seeds]",
+                    "Δ vs baseline+cache [95% t]", "copy acc.", f"copy >= {verdict['threshold']:g} at (per seed)"],
+                   body, "lrrrrl")
+    lines += ["", f"- Baseline copy accuracy {pm(verdict['baseline_copy_accuracy'])} (threshold {verdict['threshold']:g}"
+              f"): **{verdict['verdict']}**.", f"- The rule applied as written: {verdict['rule_outcome']['reason']}.", ""]
+    return lines
+
+
+def figure(summary: dict[str, Any], runs_by_name: dict[str, dict[str, Any]], path: Path) -> Path:
+    """emergence.png: a row per domain; validation loss, copy accuracy, in-context score against tokens."""
+    domains = list(summary["scales"])
+    fig, axes = grid(3 * len(domains), cols=3)
+    for row, name in enumerate(domains):
+        scale = summary["scales"][name]
+        panels = axes[3 * row:3 * row + 3]
+        for arm, data in scale["arms"].items():
+            color = ARM_COLORS.get(arm, "tab:gray")
+            for i, seed in enumerate(scale["seeds"]):
+                fig_seed = data["per_seed"].get(str(seed))
+                curve = runs_by_name.get(f"{name}-{arm}-s{seed}", {}).get("probe_curve", [])
+                label = arm if i == 0 else None
+                if fig_seed:
+                    vc = fig_seed["val_curve"]
+                    panels[0].plot([p["tokens"] / 1e6 for p in vc], [p["val_loss"] for p in vc], color=color,
+                                   alpha=0.8, label=label)
+                panels[1].plot([p["tokens"] / 1e6 for p in curve], [p["copy_accuracy"] for p in curve], color=color,
+                               alpha=0.8, label=label)
+                panels[2].plot([p["tokens"] / 1e6 for p in curve], [p["in_context_score"] for p in curve],
+                               color=color, alpha=0.8, label=label)
+        for ax, what in zip(panels, ("validation loss (nats)", "copy accuracy (probe)", "in-context score (nats)")):
+            ax.set_title(f"{name}: {what}")
+            ax.set_xlabel("training tokens (millions)")
+            ax.legend(fontsize=8)
+        panels[1].axhline(summary["domains"][name]["threshold"], color="black", linestyle=":", linewidth=1)
+        panels[2].axhline(0.0, color="black", linewidth=0.5)
+    return save(fig, path)
+
+
+def write_report(output: Path, summary: dict[str, Any], pilot: list[dict[str, Any]] | None) -> Path:
+    """OUTPUT/report.md and OUTPUT/emergence.png from the summary (and the pilot's rows, when it ran)."""
+    output = Path(output)
+    threshold = next(iter(summary["domains"].values()))["threshold"] if summary["domains"] else 0.5
+    lines = ["# Does the copy head help once the baseline copies? (CPU, tiny models)", "",
+             f"Command: `{summary.get('command', '')}`", "", f"Rule: {summary['rule']}", "",
+             f"Threshold: {summary['threshold_rule']}", ""]
+    if pilot:
+        lines += pilot_lines(pilot, threshold)
+    for name, scale in summary["scales"].items():
+        lines += domain_lines(name, scale, summary["domains"][name], summary["emergence"])
+    if summary["scales"]:
+        figure(summary, summary["emergence"], output / FIGURE)
+        lines += [f"![validation loss, copy accuracy and in-context score against tokens]({FIGURE})", ""]
+    missing = summary["decision"]["missing_runs"]
+    lines += [f"Runs missing from the planned grid: {', '.join(missing) if missing else 'none'}.", ""]
+    path = output / "report.md"
+    path.write_text("\n".join(lines))
+    plt.close("all")
+    return path

@@ -1,0 +1,49 @@
+"""The emergence study's aggregation (experiments/emergence/summary.py): probe curves, where copying emerges, and
+the per-domain verdict gated by the baseline's copy accuracy."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from cplm_megatron.experiments.emergence.summary import domain_verdict, emergence_point, probe_curve
+
+
+def run_with(probes: list[tuple[int, float, float]], per_step: int = 1024):
+    metrics = [{"iteration": it, "loss": 5.0} for it, _, _ in probes]
+    metrics += [{"iteration": it, "probe_copy_accuracy": acc, "probe_in_context_score": icl} for it, acc, icl in probes]
+    metrics.append({"iteration": probes[-1][0], "probe_copy_accuracy": 0.9, "probe_in_context_score": -1.0})  # rerun
+    return SimpleNamespace(metrics=metrics, spec=SimpleNamespace(label={"tokens_per_step": per_step}))
+
+
+def test_the_probe_curve_keeps_the_last_record_per_iteration_in_order():
+    curve = probe_curve(run_with([(1000, 0.2, -0.1), (0, 0.0, 0.0), (2000, 0.6, -0.3)]))
+    assert [(p["iteration"], p["tokens"], p["copy_accuracy"]) for p in curve] == [
+        (0, 0, 0.0), (1000, 1024_000, 0.2), (2000, 2048_000, 0.9)]
+
+
+def test_emergence_is_the_first_probe_at_the_level():
+    curve = probe_curve(run_with([(0, 0.0, 0.0), (1000, 0.05, 0.0), (2000, 0.12, 0.0), (3000, 0.55, 0.0),
+                                  (4000, 0.4, 0.0)]))
+    assert emergence_point(curve, 0.1) == {"iteration": 2000, "tokens": 2048_000}
+    assert emergence_point(curve, 0.5) == {"iteration": 3000, "tokens": 3072_000}
+    assert emergence_point(curve, 0.95) is None
+
+
+def _scale(baseline_copy: list[float], arm_loss: list[float], cache_loss: list[float]) -> dict:
+    base = {str(s): {"val_loss": 3.0, "copy_accuracy": c, "cache_val_loss": cl, "val_documents": None,
+                     "cache_documents": None} for s, c, cl in zip((1, 2, 3), baseline_copy, cache_loss)}
+    arm = {str(s): {"val_loss": v, "copy_accuracy": 0.9, "val_documents": None} for s, v in zip((1, 2, 3), arm_loss)}
+    return {"arms": {"baseline": {"per_seed": base}, "aux1": {"per_seed": arm}}}
+
+
+def test_a_domain_whose_baseline_copies_is_judged_by_the_rule():
+    verdict = domain_verdict(_scale([0.6, 0.7, 0.8], [2.8, 2.7, 2.9], [2.95, 2.9, 2.95]), "code", 0.5)
+    assert verdict["baseline_copies"] and verdict["credited"] == ["aux1"]
+    verdict = domain_verdict(_scale([0.6, 0.7, 0.8], [2.8, 2.95, 2.9], [2.95, 2.9, 2.95]), "code", 0.5)
+    assert verdict["credited"] == [] and "not below the baseline + cache in seed 2" in verdict["verdict"]
+
+
+def test_a_domain_whose_baseline_does_not_copy_is_reported_not_judged():
+    verdict = domain_verdict(_scale([0.6, 0.2, 0.8], [2.8, 2.7, 2.9], [2.95, 2.9, 2.95]), "prose", 0.5)
+    assert not verdict["baseline_copies"] and verdict["credited"] == []
+    assert verdict["verdict"].startswith("not judged: the baseline's copy accuracy is below 0.5 in some seed")
+    assert verdict["rule_outcome"]["credited"] == ["aux1"]  # what the rule alone would say stays on record
