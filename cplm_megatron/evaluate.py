@@ -7,21 +7,24 @@ checkout, `python -m cplm_megatron.evaluate` or `cplm-evaluate` where the packag
 
 --checkpoint takes a run dir (its checkpoints/latest), a checkpoints/ dir or one checkpoints/iter_*
 dir; --hf an exported directory (tools/convert_to_hf.py). Tasks: val (loss/perplexity on --data or
-the run's validation streams, with a 95% interval over documents), copy, passkey, spamlang, gradient,
-cache (the model + a continuous cache, Grave et al. 2017, lambda/theta tuned on --dev-data, default
-the dev/ split beside the validation data), lm-eval (HF only), or `all` (every task but lm-eval and
-cache). Writes the results as JSON to --output and prints a table.
+the run's validation streams, with a 95% interval over documents; 256 sequences spread evenly across the set
+unless --limit N, every one with --val-all), copy, passkey, spamlang, gradient, cache (the model + a continuous
+cache, Grave et al. 2017, lambda/theta tuned on --dev-data, default the dev/ split beside the validation data),
+lm-eval (HF only), or `all` (every task but lm-eval and cache). Writes the results as JSON to --output and prints
+a table (and how many validation sequences of how many were scored). Progress bars on stderr (--no-progress);
+start-up details with -v; Ctrl-C stops with one line and exit 130, writing nothing.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from pathlib import Path
 from typing import Any
 
 from cplm_megatron.data.synthetic import COPY_LAYOUTS
-from cplm_megatron.entry_points import exit_2_on, quiet_known_warnings
+from cplm_megatron.entry_points import exit_2_on, quiet_known_warnings, set_verbose
 from cplm_megatron.evaluation.options import DEFAULT_LIMITS, EvalOptions
 from cplm_megatron.evaluation.runner import (
     evaluate,
@@ -52,8 +55,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dev-data", help="prepared dataset to tune the cache task's lambda/theta on (default: the dev/ "
                                       "beside the validation data)")
     p.add_argument("--val-all", action="store_true", help="val and cache score every validation sample whatever "
-                                                          "--limit says")
-    p.add_argument("--limit", type=int, help=f"sequences per task (passkey: per cell); default {DEFAULT_LIMITS}")
+                                                          "--limit says (default: a sample spread across the set)")
+    p.add_argument("--limit", type=int, help=f"sequences per task (passkey: per cell; val and cache: spread evenly "
+                                             f"across the validation set); default {DEFAULT_LIMITS}")
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--seed", type=int, default=0, help="offset of the synthetic tasks' sample seed")
     p.add_argument("--copy-length", type=int, default=EvalOptions.copy_length)
@@ -75,6 +79,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--include-initial", action="store_true",
                    help="with --all-checkpoints: also the untrained model (iteration 0, rebuilt from the run's seed)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("-v", "--verbose", action="store_true",
+                   help="start-up details: the CPU-compat patches, megatron-core's and torch's warnings")
     return p.parse_args(argv)
 
 
@@ -90,10 +96,35 @@ def options_from_args(args: argparse.Namespace) -> EvalOptions:
     )
 
 
-@exit_2_on(ValueError, FileNotFoundError)
+INTERRUPTED_EXIT_CODE = 130  # Ctrl-C (128 + SIGINT), as every tool
+
+
 def main(argv: list[str] | None = None) -> int:
-    quiet_known_warnings()
+    """Evaluate and write the results; bad input is one `error:` line (exit 2), Ctrl-C one line (exit 130)."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C while this line is written changes nothing
+        _close_progress_bars()
+        print("[evaluate] interrupted (Ctrl-C): nothing written; rerun the command to evaluate", file=sys.stderr,
+              flush=True)
+        return INTERRUPTED_EXIT_CODE
+
+
+def _close_progress_bars() -> None:
+    """Close the bars an interrupted task left open (on a terminal: their line is cleared for the message)."""
+    from tqdm import tqdm
+
+    for bar in list(getattr(tqdm, "_instances", ())):
+        bar.close()
+
+
+@exit_2_on(ValueError, FileNotFoundError)
+def _main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.verbose:
+        set_verbose()
+    quiet_known_warnings()
     tasks = parse_tasks(args.tasks)
     options = options_from_args(args)
     options.validate()

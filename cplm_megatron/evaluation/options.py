@@ -5,8 +5,9 @@ from dataclasses import dataclass
 
 from cplm_megatron.data.synthetic import COPY_LAYOUTS
 
-# Sequences per task when `limit` is not given (passkey: per length x depth cell; val: the whole set).
-DEFAULT_LIMITS: dict[str, int | None] = {"val": None, "copy": 64, "passkey": 8, "spamlang": 64, "gradient": 8}
+# Sequences per task when `limit` is not given (passkey: per length x depth cell; val and cache: spread evenly
+# across the validation set, every one with `val_all`).
+DEFAULT_LIMITS: dict[str, int | None] = {"val": 256, "copy": 64, "passkey": 8, "spamlang": 64, "gradient": 8}
 # Synthetic evaluation samples use their own seed so they are not the training samples (SpamLang,
 # whose samples are just the V symbols, is the exception: any sample is a possible training sample).
 EVAL_SEED = 20_000_003
@@ -20,7 +21,7 @@ class EvalOptions:
     limit: int | None = None  # sequences per task (per cell for passkey); None: DEFAULT_LIMITS
     seed: int = 0  # added to EVAL_SEED
     data: str | None = None  # prepared dataset dir for `val`; None: the run's data.val_streams
-    val_all: bool = False  # `val` scores every sample whatever `limit` says
+    val_all: bool = False  # `val` and `cache` score every validation sample whatever `limit` says
     dev_data: str | None = None  # prepared dataset for tuning (cache lambda/theta); None: `data`'s sibling dev/
     copy_length: int = 128  # tokens per copy sequence (a span and its repeat)
     copy_layout: str = "half"  # half: span + span (the `copy` training task); random: as `copy_random`

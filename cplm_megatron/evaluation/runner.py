@@ -45,7 +45,8 @@ def _fmt(value: float) -> str:
 
 
 def format_table(results: dict[str, Any]) -> str:
-    """Task | metric | value lines (plus the passkey operating points) for the terminal."""
+    """Task | metric | value lines (plus how much of the validation set was scored and the passkey operating points)
+    for the terminal."""
     rows = [("task", "metric", "value")]
     for task, entry in results["tasks"].items():
         for metric, value in entry["metrics"].items():
@@ -56,6 +57,10 @@ def format_table(results: dict[str, Any]) -> str:
         lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip())
         if i == 0:
             lines.append("  ".join("-" * w for w in widths))
+    for task in ("val", "cache"):
+        scored = results["tasks"].get(task, {}).get("details", {}).get("scored")
+        if scored:
+            lines.append(f"{task}: scored {scored}")
     grid = results["tasks"].get("passkey", {}).get("details", {}).get("grid")
     if grid:
         lines += ["", passkey_grid_table(results["tasks"]["passkey"]["details"])]

@@ -139,15 +139,14 @@ def test_options_are_validated(bad, message):
 
 
 def test_val_equals_the_models_masked_loss(megatron, packed_val: Path, isolated_streaming):
-    """val on packed, document-masked samples = the model's own per-token loss over the same batches."""
+    """val on packed, document-masked samples = the model's own per-token loss over the same batches (the task's
+    sample of 8 spread across the set: tests/evaluation/test_val_sample.py)."""
     scorer = megatron["cplm"]
     opts = options(data=str(packed_val))
     result = val.run(scorer, opts)
     loader = val.open_val_loader([str(packed_val)], 4, True, scorer.vocab_size)
     total, count, documents = 0.0, 0.0, 0
-    for i, batch in enumerate(loader):
-        if i == 2:
-            break
+    for batch in val.val_batches(loader, opts):
         documents = max(documents, int(batch["document_ids"].max()) + 1)
         with torch.no_grad():
             loss = scorer.model(**scorer.model_inputs(batch), output="loss")

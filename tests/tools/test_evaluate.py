@@ -106,3 +106,70 @@ def test_an_unwritable_output_and_truncated_hf_weights_are_one_line_before_any_e
     assert len(err) == 1 and err[0].startswith(f"error: --hf {export}: a weight file is not a complete safetensors "
                                                "file"), err
     assert not out.exists()
+
+
+def test_ctrl_c_while_evaluating_is_one_line_and_exit_130(runs, tmp_path: Path):
+    """tools/evaluate.py as its own interpreter, sent SIGINT once its copy task is under way (its progress bar on
+    stderr): one `[evaluate] interrupted` line, exit 130, no traceback (was ~100 `[rank0]:` lines), no results
+    file; and no FutureWarning from megatron-core's checkpoint loading on the way (Python's default warning filters;
+    -v shows them)."""
+    import signal
+    import subprocess
+    import threading
+    import time
+
+    from tests import harness
+
+    out = tmp_path / "eval.json"
+    env = harness.process_env()
+    env.pop("PYTHONWARNINGS")  # Python's own default filters, as a user runs it (FutureWarning shown)
+    proc = subprocess.Popen(harness.tool_command("evaluate", "--checkpoint", str(runs["cplm"]), "--tasks", "copy",
+                                                 "--limit", "100000", "--batch-size", "4", "--copy-length", "64",
+                                                 "--output", str(out)),
+                            cwd=harness.REPO, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    err: list[str] = []
+    reader = threading.Thread(target=lambda: err.extend(iter(lambda: proc.stderr.read(1), "")), daemon=True)
+    reader.start()
+    deadline = time.monotonic() + harness.PROCESS_TIMEOUT_S
+    while "copy:" not in "".join(err) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert proc.poll() is None, "".join(err)[-3000:]
+    proc.send_signal(signal.SIGINT)
+    stdout, _ = proc.communicate(timeout=120)
+    reader.join(timeout=10)
+    text = "".join(err)
+    lines = [line for line in text.replace("\r", "\n").splitlines() if line.strip() and not line.startswith("copy:")]
+    assert proc.returncode == 130, text[-3000:]
+    assert lines == ["[evaluate] interrupted (Ctrl-C): nothing written; rerun the command to evaluate"], lines
+    assert stdout == "" and not out.exists()
+
+
+def test_future_warnings_are_shown_with_verbose_only(runs, tmp_path: Path, monkeypatch):
+    """megatron-core's checkpoint loading calls torch APIs that warn FutureWarning: hidden by default, shown by -v."""
+    import warnings
+
+    monkeypatch.setenv("CPLM_VERBOSE", "")  # -v sets it for this process; restored after the test
+    shown = {}
+    for flags in ([], ["-v"]):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            assert load_tool("evaluate").main(["--checkpoint", str(runs["baseline"]), "--tasks", "spamlang",
+                                               "--output", str(tmp_path / "e.json"), *SMALL, *flags]) == 0
+        shown[bool(flags)] = [str(w.message) for w in caught if issubclass(w.category, FutureWarning)]
+    assert shown[False] == [] and any("deprecat" in message for message in shown[True]), shown
+
+
+def test_val_scores_a_sample_spread_across_the_set_and_says_how_much(runs, packed_val: Path, tmp_path: Path, capsys,
+                                                                     isolated_streaming):
+    """Without --val-all the val task scores --limit sequences (default 256) spread across the validation set, and
+    the table says how many of how many."""
+    from cplm_megatron.data.manifest import read_manifest
+
+    out = tmp_path / "eval.json"
+    assert load_tool("evaluate").main(["--checkpoint", str(runs["baseline"]), "--tasks", "val", "--data",
+                                       str(packed_val), "--output", str(out), *SMALL]) == 0
+    available = read_manifest(str(packed_val)).samples
+    details = json.loads(out.read_text())["tasks"]["val"]["details"]
+    assert (details["sequences"], details["samples_available"]) == (4, available) and available > 8
+    assert (f"val: scored 4 of {available:,} validation sequences, spread evenly across the set (--val-all: every "
+            f"one)") in capsys.readouterr().out
