@@ -109,14 +109,17 @@ def torch_adams(optimizer) -> List[torch.optim.Optimizer]:
 
 
 def fused_refusal(params: List[torch.Tensor]) -> Optional[str]:
-    """Why this torch's fused AdamW refuses `params` (the first line of its own constructor's error: an unsupported
-    device or dtype), or None where it runs them. Public API only: no private torch helper."""
-    if not params:
-        return None
-    try:
-        torch.optim.AdamW(params, fused=True)
-    except (RuntimeError, ValueError, TypeError) as err:
-        return str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    """Why this torch's fused AdamW cannot step `params` (the first line of its error), or None where it can: one
+    fused step of torch's public AdamW on a two-element probe of each device and dtype among them (no private
+    torch helper; torch checks the device at the step, not in the constructor)."""
+    for device, dtype in sorted({(p.device, p.dtype) for p in params}, key=str):
+        probe = torch.zeros(2, device=device, dtype=dtype, requires_grad=True)
+        probe.grad = torch.ones_like(probe)
+        try:
+            torch.optim.AdamW([probe], fused=True).step()
+        except (RuntimeError, ValueError, TypeError, NotImplementedError) as err:
+            text = str(err).strip()
+            return f"{device.type} {dtype}: {text.splitlines()[0] if text else type(err).__name__}"
     return None
 
 

@@ -93,3 +93,24 @@ def test_fused_adamw_matches_torch_default_straight_and_across_a_checkpoint(tmp_
             # subtraction from p on its own: <= 4 ulps of max(|p|) + lr
             tol = 4 * eps * (float(want.abs().max()) + LR)
             assert float((want - got).abs().max()) <= tol, (name, float((want - got).abs().max()), tol)
+
+
+def test_fused_adamw_falls_back_in_one_line_where_torch_refuses_it():
+    """`optimizer.fused` asks torch's own AdamW constructor (public API, no private helper) whether the fused kernel
+    runs these parameters: CPU floats run fused (the CUDA default exercised here); parameters torch refuses (the
+    meta device is on no fused-kernel list) fall back to torch's default kernel with one line saying why.
+    The helper this once imported (torch.optim.optimizer._device_dtype_check_for_fused) and the fused AdamW path are
+    the same in torch 2.11.0 (the GPU image's) as in 2.13.0, read from both wheels."""
+    from types import SimpleNamespace
+
+    from cplm_megatron.training.optimizer import fused_refusal, set_torch_adam_kernel
+
+    cpu = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(3))])
+    assert fused_refusal(cpu.param_groups[0]["params"]) is None
+    assert set_torch_adam_kernel(SimpleNamespace(optimizer=cpu), True) == ("torch AdamW, fused", False)
+    assert (cpu.param_groups[0]["fused"], cpu.param_groups[0]["foreach"]) == (True, False)
+    meta = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(3, device="meta"))])
+    line, fell_back = set_torch_adam_kernel(SimpleNamespace(optimizer=meta), True)
+    assert fell_back and "\n" not in line and f"torch {torch.__version__} refuses the fused AdamW" in line
+    assert "supported devices" in line and line.endswith("torch's default kernel instead")
+    assert (meta.param_groups[0]["fused"], meta.param_groups[0]["foreach"]) == (None, None)
