@@ -4,12 +4,17 @@
     python tools/prepare_data.py --input corpus/ --tokenizer tok/ --output data/mine --seq-len 2048 --workers 8
     python tools/prepare_data.py --part 2/8 --input 'corpus/**/*.jsonl.zst' @more.txt ...  # 1/8 of the files
     python tools/prepare_data.py --merge --output data/big    # one dataset from data/big/part-*-of-00008
+    python tools/prepare_data.py --input saved_ds/ --text-field content --tokenizer tok/ --output data/x --seq-len 2048
+    python tools/prepare_data.py --input megatron/corpus_text_document --tokenizer tok/ --output data/x --seq-len 2048
 
 Each document gets an EOD appended; windows of seq_len + 1 tokens overlap by one (every token is a label
 once); the last is EOD-padded (loss-mask 0). OUTPUT (index.json, shard.*.mds.zstd, manifest.json) appears only
 when complete; a rerun with the same inputs, tokenizer and settings says "up to date" (shards checked) or
-rebuilds a damaged dataset ("repaired"). --input takes files, directories, quoted globs (** spans directories)
-and @LIST files. Mostly-not-text inputs are refused (--max-invalid-utf8). Bad input: one `error:` line, exit 2.
+rebuilds a damaged dataset ("repaired"). --input takes files (text, .jsonl, .parquet; --text-field names the
+field), directories, quoted globs (** spans directories), @LIST files, a `datasets` save_to_disk folder and a
+Megatron indexed dataset (PREFIX of PREFIX.bin/.idx: its ids are re-packed as they are, so --tokenizer must be the
+tokenizer that made them). Mostly-not-text inputs are refused (--max-invalid-utf8). Bad input: one `error:` line,
+exit 2.
 The README (Data, "Past one machine") explains parts and the merge (slurm/prepare_data.sh).
 """
 from __future__ import annotations
@@ -31,7 +36,8 @@ from cplm_megatron.errors import UserError
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Command-line arguments."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--input", nargs="+", help="files, directories, glob patterns or @LIST files of text")
+    parser.add_argument("--input", nargs="+", help="files, directories, glob patterns or @LIST files of text; "
+                        "datasets save_to_disk folders; Megatron PREFIX (.bin/.idx)")
     parser.add_argument("--tokenizer", help="local Hugging Face tokenizer directory")
     parser.add_argument("--output", required=True, help="dataset directory to write")
     parser.add_argument("--seq-len", type=int, help="training sequence length (samples hold +1)")

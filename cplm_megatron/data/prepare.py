@@ -26,7 +26,8 @@ from cplm_megatron.data.atomic_output import (
     file_signatures,
     fingerprint,
 )
-from cplm_megatron.data.documents import DEFAULT_MAX_INVALID_FRACTION, DocumentReader
+from cplm_megatron.data.documents import DEFAULT_MAX_INVALID_FRACTION, DocumentReader, InputError
+from cplm_megatron.data.importers import TextFiles, plan_sources
 from cplm_megatron.data.inputs import iter_input_files, list_part, part_dir_name
 from cplm_megatron.data.manifest import (
     FORMAT,
@@ -128,18 +129,26 @@ def prepare_dataset(
     """Tokenize `inputs` with the tokenizer in `tokenizer_dir` into a packed dataset at `output`
     (with `part=(I, N)`: part I of N of the inputs, into its sub-directory of `output`).
 
-    `inputs`: files, directories, glob patterns, @LIST files (see `inputs`).
+    `inputs`: files, directories, glob patterns, @LIST files (see `inputs`), `datasets` save_to_disk folders and
+    Megatron indexed datasets (see `importers`: their ids are re-packed under this tokenizer).
     `max_invalid_fraction`: a file with a larger share of invalid-UTF-8/NUL bytes is refused (InputError)."""
     if seq_len < 1:
         raise ValueError(f"seq_len must be >= 1, got {seq_len}")
-    label = Path(output).name
+    label, listing = Path(output).name, None
+    sources = plan_sources([str(i) for i in inputs], split_by, text_field, max_invalid_fraction)
     if part is not None:
+        if sources is not None:
+            raise InputError("--part splits text files between jobs; a datasets folder or a Megatron dataset is "
+                             "prepared in one job: drop --part")
         index, count = part
         files, listing = list_part(inputs, index, count)
         output = Path(output) / part_dir_name(index, count)
         label = f"part {index}/{count}"
-    else:
+    elif sources is None:
         files = list(iter_input_files(inputs))
+    if sources is None:
+        sources = [TextFiles(files, DocumentReader(files, split_by, text_field, max_invalid_fraction))]
+    files = [f for source in sources for f in source.files]
     build_settings = {
         "format": FORMAT,
         "tokenizer_sha256": tokenizer_sha256(tokenizer_dir),
@@ -152,31 +161,13 @@ def prepare_dataset(
                                      **({"part": list(part)} if part else {})})
 
     def build(tmp_dir: Path) -> None:
-        from tqdm import tqdm
-
-        reader = DocumentReader(files, split_by=split_by, text_field=text_field,
-                                max_invalid_fraction=max_invalid_fraction)
         tokenizer = load_tokenizer(tokenizer_dir)
         tokenizer_info = describe_tokenizer(tokenizer_dir, tokenizer)
-        tokenizer_json = backend_json(tokenizer, tokenizer_dir)
-        terminal = sys.stderr.isatty()
-        if show_progress and not terminal:
-            bar = LineProgress(label, progress_interval)
-            print(f"[prepare_data] {label}: {len(files):,} input files -> {output}", file=sys.stderr, flush=True)
-        else:
-            bar = tqdm(desc=f"tokenize -> {label}", unit="doc", disable=not show_progress, file=sys.stderr)
-        with bar:
-            token_docs = tokenize_documents(reader, tokenizer_json, workers=workers, progress=bar)
-            token_docs = _counting_tokens(token_docs, bar)
-            if part is not None:
-                first = next(token_docs, None)
-                if first is None:  # no file (or only empty ones) hashed to this part
-                    packer = _write_empty_part(tmp_dir, seq_len, tokenizer_info)
-                else:
-                    packer = write_packed_samples(itertools.chain([first], token_docs), tmp_dir, seq_len,
-                                                  tokenizer_info, shard_size_limit)
-            else:
-                packer = write_packed_samples(token_docs, tmp_dir, seq_len, tokenizer_info, shard_size_limit)
+        with _progress_bar(label, show_progress, progress_interval, len(files), output) as bar:
+            token_docs = _token_documents(sources, backend_json(tokenizer, tokenizer_dir), tokenizer_info, workers,
+                                          bar)
+            packer = _pack(_counting_tokens(token_docs, bar), tmp_dir, seq_len, tokenizer_info, shard_size_limit,
+                           part is not None)
             bar.set_postfix(tokens=packer.tokens, samples=packer.samples)
             if isinstance(bar, LineProgress):
                 bar.line(f"done, {packer.samples:,} samples")
@@ -184,9 +175,11 @@ def prepare_dataset(
             "split_by": split_by,
             "text_field": text_field,
             "shard_size_limit": shard_size_limit,
-            "empty_documents_skipped": reader.stats.empty_skipped,
-            "documents_with_invalid_utf8": reader.stats.decode_errors,
+            "empty_documents_skipped": sum(source.stats.empty_skipped for source in sources),
+            "documents_with_invalid_utf8": sum(source.stats.decode_errors for source in sources),
         }
+        if any(not isinstance(source, TextFiles) for source in sources):
+            settings["sources"] = [source.describe() for source in sources]
         if part is not None:
             settings["part"] = {"index": part[0], "count": part[1], "inputs": _input_spec(inputs),
                                 "listing": listing, "build": fingerprint(build_settings)}
@@ -206,6 +199,39 @@ def prepare_dataset(
         tmp.write_text(json.dumps(manifest.to_dict(), indent=2, sort_keys=True) + "\n")
         os.replace(tmp, output / MANIFEST_NAME)
     return PrepareResult(output=output, manifest=manifest, rebuilt=rebuilt, damage=damage[0] if damage else None)
+
+
+def _progress_bar(label: str, show: bool, interval: float, files: int, output: PathLike):
+    """A tqdm bar of documents on a terminal; one line every `interval` seconds in a job log (LineProgress)."""
+    from tqdm import tqdm
+
+    if show and not sys.stderr.isatty():
+        print(f"[prepare_data] {label}: {files:,} input files -> {output}", file=sys.stderr, flush=True)
+        return LineProgress(label, interval)
+    return tqdm(desc=f"tokenize -> {label}", unit="doc", disable=not show, file=sys.stderr)
+
+
+def _token_documents(sources: list, tokenizer_json: str, tokenizer_info, workers: int, bar) -> Iterator:
+    """Every source's documents as token ids, in order: text tokenized (by `workers` processes), a Megatron
+    dataset's ids as they are (checked against the tokenizer's vocabulary)."""
+    for source in sources:
+        if source.kind == "ids":
+            for ids in source.token_documents(tokenizer_info.vocab_size, tokenizer_info.eod_id):
+                bar.update(1)
+                yield ids
+        else:
+            yield from tokenize_documents(source.documents(), tokenizer_json, workers=workers, progress=bar)
+
+
+def _pack(token_docs: Iterator, tmp_dir: Path, seq_len: int, tokenizer_info, shard_size_limit: str | int,
+          is_part: bool) -> SamplePacker:
+    """Pack and write the shards; a part that no document fell into gets an empty index."""
+    if is_part:
+        first = next(token_docs, None)
+        if first is None:  # no file (or only empty ones) hashed to this part
+            return _write_empty_part(tmp_dir, seq_len, tokenizer_info)
+        token_docs = itertools.chain([first], token_docs)
+    return write_packed_samples(token_docs, tmp_dir, seq_len, tokenizer_info, shard_size_limit)
 
 
 def _counting_tokens(token_docs: Iterable, bar: object) -> Iterator:

@@ -171,3 +171,81 @@ def test_cli_part_and_merge_errors_are_one_line(tmp_path: Path, tiny_corpus: Tin
         base = base[2:]
     code, _, err = run_main(capsys, *base, *args)
     assert code == 2 and err.count("\n") == 1 and err.startswith("error: ") and message in err, err
+
+
+@pytest.mark.mcore  # megatron-core writes the Megatron dataset and the trainer reads the four
+def test_jsonl_parquet_a_datasets_folder_and_megatron_data_give_the_same_shards_and_train(
+        tmp_path: Path, tiny_corpus: TinyCorpus, capsys: pytest.CaptureFixture, isolated_streaming) -> None:
+    """The tiny corpus's documents as JSON lines and Parquet (`--text-field content`), a `datasets` save_to_disk folder and
+    a Megatron .bin/.idx of their ids (tokenized by transformers, EOD-terminated as preprocess_data.py writes
+    them): four identical sets of shards; then a few training steps read all four (validated on one)."""
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from transformers import AutoTokenizer
+
+    from tests import harness
+    from tests.data.test_importers import megatron_dataset
+
+    texts = [text for text in (f.read_text() for f in tiny_corpus.source_files) if text.strip()]
+    assert len(texts) > 20
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "docs.jsonl").write_text("".join(json.dumps({"id": i, "content": t}) + "\n" for i, t in enumerate(texts)))
+    pq.write_table(pa.table({"content": texts}), src / "docs.parquet")
+    datasets.Dataset.from_dict({"content": texts}).save_to_disk(str(src / "saved"), num_shards=2)
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_corpus.tokenizer_dir))
+    eod = tiny_corpus.tokenizer.eod_id
+    megatron_dataset(src / "docs_text_document", [[tokenizer(t, add_special_tokens=False).input_ids + [eod]]
+                                                  for t in texts])
+    outputs = {}
+    for name, given in (("jsonl", "docs.jsonl"), ("parquet", "docs.parquet"), ("saved", "saved"),
+                        ("megatron", "docs_text_document")):
+        outputs[name] = tmp_path / name
+        code, summary, err = run_main(capsys, "--input", str(src / given), "--tokenizer", str(tiny_corpus.tokenizer_dir),
+                                      "--output", str(outputs[name]), "--seq-len", "64", "--text-field", "content",
+                                      "--workers", "1", "--quiet")
+        assert code == 0 and summary["documents"] == len(texts), err
+    shards = {name: {p.name: p.read_bytes() for p in out.iterdir() if p.name != "manifest.json"}
+              for name, out in outputs.items()}
+    assert shards["jsonl"] and all(files == shards["jsonl"] for files in shards.values())
+    assert read_manifest(str(outputs["megatron"])).settings["sources"][0]["kind"] == "megatron_indexed"
+    assert read_manifest(str(outputs["saved"])).settings["sources"][0]["kind"] == "hf_saved_dataset"
+
+    run = tmp_path / "run"
+    streams = "[" + ",".join(str(p) for p in outputs.values()) + "]"
+    proc = harness.run_pretrain(1, [
+        f"run.dir={run}", f"model.vocab_size={tiny_corpus.tokenizer.vocab_size}", "copy_head.head_dim=16",
+        "train.iters=3", "train.seq_len=64", "train.micro_batch=2", "train.global_batch=4", "train.log_interval=1",
+        "train.eval_interval=3", "train.eval_iters=1", "schedule.warmup_iters=1", "checkpoint.enabled=false",
+        f"data.streams={streams}", f"data.val_streams=[{outputs['saved']}]", "logging.wandb=false"])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    losses = [r["loss"] for r in records if "consumed_tokens" in r]
+    assert len(losses) == 3 and all(0 < loss < 20 for loss in losses)
+    assert [r["iteration"] for r in records if "val_loss" in r] == [3]
+
+
+@pytest.mark.parametrize("case, message", [
+    ("saved without the field", "no column 'text' (columns: ['content']); choose the column with --text-field"),
+    ("empty saved dataset", "the input holds no documents"),
+    ("datasets dict", "is a datasets DatasetDict with splits train: pass one split's folder"),
+    ("megatron without .bin", "a Megatron indexed dataset needs x.idx and x.bin side by side"),
+    ("part of a saved dataset", "--part splits text files between jobs; a datasets folder or a Megatron dataset"),
+])
+def test_imported_inputs_bad_input_is_one_line(tmp_path: Path, tiny_corpus: TinyCorpus,
+                                               capsys: pytest.CaptureFixture, case: str, message: str) -> None:
+    import datasets
+
+    rows = {"content": [] if case == "empty saved dataset" else ["some text"]}
+    datasets.Dataset.from_dict(rows, features=datasets.Features({"content": datasets.Value("string")})).save_to_disk(
+        str(tmp_path / "saved"))
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict(rows)}).save_to_disk(str(tmp_path / "dict"))
+    (tmp_path / "x.idx").write_bytes(b"")
+    capsys.readouterr()  # datasets' own progress bars
+    given = {"datasets dict": "dict", "megatron without .bin": "x"}.get(case, "saved")
+    extra = {"empty saved dataset": ["--text-field", "content"], "part of a saved dataset": ["--part", "1/2"]}
+    code, _, err = run_main(capsys, "--input", str(tmp_path / given), "--tokenizer", str(tiny_corpus.tokenizer_dir),
+                            "--output", str(tmp_path / "out"), "--seq-len", "8", "--quiet", *extra.get(case, []))
+    assert code == 2 and err.count("\n") == 1 and err.startswith("error: ") and message in err, err
+    assert not (tmp_path / "out").exists()
