@@ -51,9 +51,31 @@ def domain_lines(name: str, scale: dict[str, Any], verdict: dict[str, Any], emer
     lines += table(["arm", "val loss (mean ± std over seeds)", "Δ vs baseline [95% t over seeds]",
                     "Δ vs baseline+cache [95% t]", "copy acc.", f"copy >= {verdict['threshold']:g} at (per seed)"],
                    body, "lrrrrl")
-    lines += ["", f"- Baseline copy accuracy {pm(verdict['baseline_copy_accuracy'])} (threshold {verdict['threshold']:g}"
+    lines += ["", *per_seed_lines(scale), ""]
+    lines += [f"- Baseline copy accuracy {pm(verdict['baseline_copy_accuracy'])} (threshold {verdict['threshold']:g}"
               f"): **{verdict['verdict']}**.", f"- The rule applied as written: {verdict['rule_outcome']['reason']}.", ""]
     return lines
+
+
+def _with_ci(value: float | None, ci: list[float] | None) -> str:
+    if value is None:
+        return "–"
+    return f"{value:.3f}" + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")
+
+
+def per_seed_lines(scale: dict[str, Any]) -> list[str]:
+    """Per seed: each arm's val loss with its document-bootstrap 95% interval, the cache control's, copy accuracy."""
+    arms = list(scale["arms"])
+    header = ["seed", *(f"{a} val loss [95% over documents]" for a in arms), "baseline+cache val loss",
+              *(f"{a} copy acc." for a in arms)]
+    body = []
+    for seed in scale["seeds"]:
+        figs = [scale["arms"][a]["per_seed"].get(str(seed), {}) for a in arms]
+        base = scale["arms"]["baseline"]["per_seed"].get(str(seed), {})
+        body.append([str(seed), *(_with_ci(f.get("val_loss"), f.get("val_loss_ci")) for f in figs),
+                     _with_ci(base.get("cache_val_loss"), base.get("cache_val_loss_ci")),
+                     *(fmt(f.get("copy_accuracy"), 3) for f in figs)])
+    return table(header, body, "l" + "r" * (len(header) - 1))
 
 
 def figure(summary: dict[str, Any], runs_by_name: dict[str, dict[str, Any]], path: Path) -> Path:
