@@ -1,9 +1,26 @@
 """cplm_megatron/entry_points.py: the entry points' bad-input contract (one `error:` line, exit 2; other errors keep
-their traceback)."""
+their traceback), and quiet starts (details with --verbose or CPLM_VERBOSE=1)."""
+import os
+
 import pytest
 
-from cplm_megatron.entry_points import BAD_INPUT_EXIT_CODE, exit_2_on
+from cplm_megatron.entry_points import BAD_INPUT_EXIT_CODE, VERBOSE_ENV, exit_2_on, info, verbose
 from cplm_megatron.errors import ConfigError
+
+
+def test_start_up_details_show_with_the_variable_or_pretrains_flag(monkeypatch, capsys):
+    """`info` lines are silent unless CPLM_VERBOSE is set (and not 0); pretrain's -v sets it for the process and
+    the processes it starts."""
+    from cplm_megatron.pretrain import main
+
+    monkeypatch.setenv(VERBOSE_ENV, "0")  # restored after the test
+    info("[compat] detail")
+    assert not verbose() and capsys.readouterr().err == ""
+    assert main(["--config", "tiny", "--print-config"]) == 0 and os.environ[VERBOSE_ENV] == "0"
+    assert main(["--config", "tiny", "--print-config", "-v"]) == 0 and verbose()
+    capsys.readouterr()
+    info("[compat] detail")
+    assert capsys.readouterr().err == "[compat] detail\n"
 
 
 def test_the_named_errors_are_one_line_and_exit_2_others_propagate(capsys):

@@ -7,7 +7,8 @@ Writes DIR/tokenizer (byte-level BPE trained on the training modules), DIR/train
 DIR/val (packed MDS datasets with manifests; validation: modules of 1-24 KiB in 30% of the range of a
 hash of the module name, dev: the next 5%; generated and near-duplicate modules stay in train) and DIR/split.json
 (what moved to train and why; the fraction of validation 32-token windows found verbatim in
-training). Idempotent: a rerun on the same interpreter does nothing.
+training). Idempotent: a rerun on the same interpreter does nothing but rewrite DIR/summary.json (sizes, splits,
+overlap), which the one line it prints names.
 """
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Build (or confirm up to date) and print a JSON summary."""
+    """Build (or confirm up to date); one line on stdout, the JSON summary in DIR/summary.json."""
     args = parse_args(argv)
     start = time.perf_counter()
     corpus = build_stdlib_corpus(
@@ -70,7 +71,10 @@ def main(argv: list[str] | None = None) -> int:
         "held_out_sizes": corpus.split["sizes"],
         "verbatim_overlap": {k: v["fraction_in_train"] for k, v in corpus.split["verbatim_overlap"].items()},
     }
-    print(json.dumps(summary, indent=2))
+    (corpus.root / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    sizes = ", ".join(f"{split} {m.documents:,} documents / {m.tokens:,} tokens" for split, _, m in parts)
+    print(f"[stdlib corpus] {summary['status']}: {corpus.root} (vocabulary {corpus.tokenizer.vocab_size:,}; {sizes}; "
+          f"details: {corpus.root / 'summary.json'})")
     return 0
 
 

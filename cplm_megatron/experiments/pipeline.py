@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,14 +30,71 @@ from cplm_megatron.experiments.study.summary import summarize
 PROGRESS_FIELDS = ("iter ", "loss ", "ETA ")  # of a trainer's console line, what a progress line keeps
 
 
+class RunProgress:
+    """Where an invocation is among its runs: "run k of N" and the overall ETA. A run left costs its training steps at
+    the seconds per step, and its evaluated checkpoints at the seconds per checkpoint, of the runs of its experiment
+    finished in this invocation (of every experiment while none of its own is; reused runs took no time and count
+    for nothing); a running one less the steps it logged; `jobs` runs at a time."""
+
+    def __init__(self, runs: list[Run], jobs: int = 1):
+        self.names = [r.name for r in runs]
+        self.kind = {r.name: r.experiment or r.group for r in runs}
+        self.steps, self.evals = {}, {}
+        for r in runs:
+            settings = dict(r.settings)
+            self.steps[r.name] = int(settings.get("train.iters", 1))
+            interval = int(settings.get("checkpoint.interval") or self.steps[r.name])
+            self.evals[r.name] = self.steps[r.name] // interval + 1 if r.evaluation.every_checkpoint else 1
+        self.jobs = max(1, jobs)
+        self.ran: dict[str, bool] = {}  # finished runs: trained now (False: reused or failed)
+        self.seconds: dict[str, tuple[float, float]] = {}  # the runs trained now: (training, evaluation) seconds
+
+    def position(self, name: str) -> str:
+        return f"run {self.names.index(name) + 1} of {len(self.names)}"
+
+    def finish(self, result: JobResult) -> None:
+        """A run's job ended."""
+        name = result.spec.name
+        self.ran[name] = not (result.reused or result.error)
+        if self.ran[name]:
+            self.seconds[name] = (result.train_seconds, result.eval_seconds)
+
+    def _rates(self, kind: str) -> tuple[float, float]:
+        """(seconds per training step, seconds per evaluated checkpoint) of the finished runs of `kind` (or all)."""
+        names = [n for n in self.seconds if self.kind[n] == kind] or list(self.seconds)
+        return (sum(self.seconds[n][0] for n in names) / sum(self.steps[n] for n in names),
+                sum(self.seconds[n][1] for n in names) / sum(self.evals[n] for n in names))
+
+    def eta(self, running_steps: dict[str, int] | None = None) -> float | None:
+        """Seconds left (None before a run finished in this invocation); `running_steps`: the steps the running
+        runs logged."""
+        if not self.seconds:
+            return None
+        left = 0.0
+        for name in (n for n in self.names if n not in self.ran):
+            per_step, per_eval = self._rates(self.kind[name])
+            left += max(0, self.steps[name] - (running_steps or {}).get(name, 0)) * per_step
+            left += self.evals[name] * per_eval
+        return left / self.jobs
+
+    def note(self, running_steps: dict[str, int] | None = None) -> str:
+        """'; overall ETA H:MM:SS', or '' before it is known."""
+        import datetime
+
+        eta = self.eta(running_steps)
+        return "" if eta is None else f"; overall ETA {datetime.timedelta(seconds=round(eta))}"
+
+
 class LogWatcher:
     """While jobs run: every `every` seconds, each run's latest training progress (step, loss, ETA) and the log it
-    comes from, once per change; logs written before the watcher started (reused runs) are left out."""
+    comes from, once per change; logs written before the watcher started (reused runs) are left out. With a
+    RunProgress: each line says which run of how many, and the overall ETA."""
 
-    def __init__(self, runs_dir: Path, every: float, say: Callable[[str], None] = print):
+    def __init__(self, runs_dir: Path, every: float, say: Callable[[str], None] = print,
+                 progress: RunProgress | None = None):
         import threading
 
-        self.runs_dir, self.every, self.say = Path(runs_dir), every, say
+        self.runs_dir, self.every, self.say, self.progress = Path(runs_dir), every, say, progress
         self.started = time.time()
         self.shown: dict[Any, Any] = {}  # per run dir: the status shown; per ('log', run dir): the log named
         self._stop = threading.Event()
@@ -59,17 +117,26 @@ class LogWatcher:
 
     def poll(self) -> list[str]:
         """The progress lines to print now: per run, its evaluation once that started, else its training."""
-        lines = []
+        changed, running = [], {}
         for run_dir in sorted(p for p in self.runs_dir.glob("*") if p.is_dir()):
             log = next((run_dir / name for name in ("eval.log", "train.log") if self._fresh(run_dir / name)), None)
             if log is None:
                 continue
             status = self._status(log)
+            if self.progress is not None and run_dir.name in self.progress.steps and \
+                    run_dir.name not in self.progress.ran:  # the steps a running job has trained
+                step = re.match(r"training: iter (\d+)/", status)
+                running[run_dir.name] = self.progress.steps[run_dir.name] if log.name == "eval.log" else \
+                    int(step.group(1)) if step else 0
             if status and self.shown.get(run_dir) != status:
                 named = self.shown.get(("log", run_dir)) == log
                 self.shown[run_dir], self.shown[("log", run_dir)] = status, log
-                lines.append(f"[ablate] {run_dir.name}: {status}" + ("" if named else f" (log {log})"))
-        return lines
+                changed.append((run_dir.name, status, "" if named else f" (log {log})"))
+        if self.progress is None:
+            return [f"[ablate] {name}: {status}{log}" for name, status, log in changed]
+        note = self.progress.note(running)
+        return [f"[ablate] {self.progress.position(name)}, {name}: {status}{note}{log}" for name, status, log in changed
+                if name in self.progress.names]
 
     def _fresh(self, log: Path) -> bool:
         try:
@@ -114,8 +181,16 @@ def run_ablation(output: Path, settings: AblationSettings, data_dir: Path | None
     specs = ablation_runs(settings, data_dir)
     start = time.perf_counter()
     launcher = Launcher(output, Path(data_dir).resolve().parent if data_dir is not None else None, tp, threads, backend)
-    with LogWatcher(output / "runs", progress_every, lambda line: print(line, flush=True)):
-        jobs_done = launcher.run_all(specs, jobs=jobs, on_done=on_done)
+    progress = RunProgress(specs, jobs)
+
+    def done(result: JobResult) -> None:
+        progress.finish(result)
+        result.progress = (progress.position(result.spec.name), progress.note())
+        if on_done is not None:
+            on_done(result)
+
+    with LogWatcher(output / "runs", progress_every, lambda line: print(line, flush=True), progress):
+        jobs_done = launcher.run_all(specs, jobs=jobs, on_done=done)
     runs = [load_run(spec, output) for spec in specs]
     seconds = time.perf_counter() - start
     meta = {"command": command, "settings": {**dataclasses.asdict(settings), "tp": tp}, "seconds": seconds,

@@ -15,7 +15,10 @@ def test_capped_build_then_up_to_date(tmp_path: Path, capsys: pytest.CaptureFixt
     args = ["--output", str(tmp_path / "stdlib"), "--vocab-size", "400", "--seq-len", "64", "--max-bytes", "400000",
             "--workers", "2", "--quiet"]
     assert tool.main(args) == 0
-    summary = json.loads(capsys.readouterr().out)
+    out = capsys.readouterr().out
+    summary = json.loads((tmp_path / "stdlib" / "summary.json").read_text())
+    assert out.count("\n") == 1 and out.startswith(f"[stdlib corpus] built: {tmp_path / 'stdlib'} (vocabulary 400; "
+                                                   f"train {summary['train']['documents']:,} documents"), out
     assert summary["status"] == "built" and summary["tokenizer"]["vocab_size"] == 400
     train, val = (read_manifest(str(tmp_path / "stdlib" / part)) for part in ("train", "val"))
     assert train.seq_len == val.seq_len == 64 and train.tokenizer == val.tokenizer
@@ -30,5 +33,6 @@ def test_capped_build_then_up_to_date(tmp_path: Path, capsys: pytest.CaptureFixt
     moved = {m["file"] for m in split["moved_to_train"]}
     assert moved <= set(train.source_files)  # generated / near-duplicate files are training data
     assert tool.main(args) == 0
-    assert json.loads(capsys.readouterr().out)["status"] == "up to date"
+    assert capsys.readouterr().out.startswith(f"[stdlib corpus] up to date: {tmp_path / 'stdlib'} ")
+    assert json.loads((tmp_path / "stdlib" / "summary.json").read_text())["status"] == "up to date"
     assert read_manifest(str(tmp_path / "stdlib" / "train")) == train

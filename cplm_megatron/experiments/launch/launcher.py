@@ -152,14 +152,18 @@ class JobResult:
     eval_seconds: float = 0.0
     error: str | None = None
     reused: bool = False  # finished earlier with the same record: nothing ran now
+    progress: tuple[str, str] = ("", "")  # where a pipeline tracks it: ("run k of N", "; overall ETA H:MM:SS")
 
     def status_line(self) -> str:
-        """'NAME: done (train S s, eval S s)', 'NAME: reused' or 'NAME: FAILED (...)' for progress output."""
+        """'NAME: done (train S s, eval S s)', 'NAME: reused' or 'NAME: FAILED (...)' for progress output (with
+        `progress`: 'run k of N, NAME: ...; overall ETA ...')."""
+        where, eta = self.progress
+        name = f"{where}, {self.spec.name}" if where else self.spec.name
         if self.error:
-            return f"{self.spec.name}: FAILED ({self.error})"
+            return f"{name}: FAILED ({self.error})"
         if self.reused:
-            return f"{self.spec.name}: reused (finished earlier with the same commands)"
-        return f"{self.spec.name}: done (train {self.train_seconds:.0f} s, eval {self.eval_seconds:.0f} s)"
+            return f"{name}: reused (finished earlier with the same commands){eta}"
+        return f"{name}: done (train {self.train_seconds:.0f} s, eval {self.eval_seconds:.0f} s){eta}"
 
 
 def _tail(log: Path, lines: int = 8) -> str:

@@ -5,7 +5,14 @@ from pathlib import Path
 
 import pytest
 
-from cplm_megatron.experiments.ablation.report import first_reaching, pair_up, spamlang_claims, staying_from, write_report
+from cplm_megatron.experiments.ablation.report import (
+    first_reaching,
+    gradient_in_span,
+    pair_up,
+    spamlang_claims,
+    staying_from,
+    write_report,
+)
 from cplm_megatron.experiments.records import RunResults
 from cplm_megatron.experiments.run import Evaluation, Run
 from cplm_megatron.experiments.toolkit import table
@@ -58,11 +65,20 @@ def test_claims_and_report(tmp_path: Path):
     (tmp_path / "runs" / "spam-True" / "timing.json").write_text('{"train_seconds": 130.5, "eval_seconds": 250.0}')
     text = write_report(tmp_path, slow, {"seconds": 0.01, "runtimes": {"spam-True": (0.0, 0.0)}}).read_text()
     assert "the runs' recorded time 380 s" in text and "| spam-True | 130 | 250 |" in text  # a reused run's own time
-    assert "![Loss curves](loss_curves.png)" in text and "Passkey operating points" in text
+    assert "![Loss curves](loss_curves.png)" in text and "### Passkey: loss on the key tokens" in text
     assert "(no data for this plot)" in text  # no passkey results in SpamLang runs
     for name in ("loss_curves.png", "copy_accuracy.png", "gradient_retention.png"):
         assert (tmp_path / name).read_bytes()[:8] == PNG
     assert not (tmp_path / "passkey.png").exists()
+
+
+def test_the_gradient_plot_draws_the_complement_of_the_tables_outside_share():
+    """The table's outside share sits within 1e-3 of 1; the plot draws ||P G|| / ||G|| = sqrt(1 - outside^2) on a log
+    scale (recorded directly, or from the outside share where only that was recorded)."""
+    run = spamlang_run(True, {0: 0.5, 5: 0.9})
+    run.checkpoints[1]["tasks"]["gradient"]["metrics"] = {"logit_grad_outside_span": 0.998}
+    its, inside = gradient_in_span(run)
+    assert its == [0, 5] and inside[0] == 0.1 and inside[1] == pytest.approx((1 - 0.998**2) ** 0.5)
 
 
 def test_the_toolkit_table_aligns_columns_and_refuses_a_wrong_alignment():
