@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
+from tqdm import tqdm
 from transformers import (
     AutoTokenizer,
     GenerationConfig,
@@ -228,11 +229,17 @@ def write_safetensors(
         files = ["model.safetensors"]
     else:
         files = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
-    for index, (file_name, names) in enumerate(zip(files, shards)):
-        seen: set[int] = set()
-        save_file({name: _saveable(tensors[name], dtype, seen) for name in names}, out / file_name,
-                  metadata={"format": "pt"})
-        log.info("wrote %s (%d/%d, %d tensors)", file_name, index + 1, len(files), len(names))
+    # a bar on a terminal (tqdm's disable=None): the tensors converted to `dtype`, by bytes, then each file written
+    with tqdm(total=total_bytes, desc="convert tensors", unit="B", unit_scale=True, disable=None, leave=False) as bar:
+        for index, (file_name, names) in enumerate(zip(files, shards)):
+            seen: set[int] = set()
+            shard = {}
+            for name in names:
+                shard[name] = _saveable(tensors[name], dtype, seen)
+                bar.update(shard[name].numel() * shard[name].element_size())
+            bar.set_description(f"write {file_name}")
+            save_file(shard, out / file_name, metadata={"format": "pt"})
+            log.info("wrote %s (%d/%d, %d tensors)", file_name, index + 1, len(files), len(names))
     if len(files) > 1:
         weight_map = {name: file_name for file_name, names in zip(files, shards) for name in names}
         index_doc = {"metadata": {"total_size": total_bytes}, "weight_map": weight_map}
@@ -273,7 +280,7 @@ def with_legacy_rope_fields(config_dict: dict) -> dict:
 STANDARD_TOKENIZER_CLASS = "PreTrainedTokenizerFast"  # a tokenizer.json tokenizer in transformers 4 and 5
 
 
-def _copy_tokenizer_files(tokenizer_dir: Path, out: Path, max_positions: int | None) -> None:
+def _copy_tokenizer_files(tokenizer_dir: Path, out: Path, max_positions: int | None = None) -> None:
     """The tokenizer's files, its tokenizer_config.json naming a standard tokenizer class (loading the tokenizer
     never needs the model's code) and the model's `max_positions` as `model_max_length` (a trained tokenizer says
     1e30: no limit)."""

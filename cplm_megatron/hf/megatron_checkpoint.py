@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from tqdm import tqdm
 
 from cplm_megatron.checkpoint.lookup import (
     DIST_METADATA,
@@ -90,9 +91,14 @@ def read_tensors(iter_dir: Path, keys: list[str]) -> dict[str, torch.Tensor]:
         raise ConversionError(f"{iter_dir} lacks tensors the saved config implies: {missing}; the checkpoint "
                               "does not match its own config (or was written by another model)")
     tensors = {key: torch.empty(saved[key].size, dtype=saved[key].properties.dtype) for key in keys}
-    with warnings.catch_warnings():
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    # a bar on a terminal (tqdm's disable=None): one tensor at a time, by bytes
+    with warnings.catch_warnings(), tqdm(total=total, desc="read checkpoint", unit="B", unit_scale=True,
+                                         disable=None, leave=False) as bar:
         warnings.filterwarnings("ignore", message=".*assuming the intent is to load in a single process")
-        dcp.load(tensors, storage_reader=reader, no_dist=True)
+        for key, tensor in tensors.items():
+            dcp.load({key: tensor}, storage_reader=reader, no_dist=True)
+            bar.update(tensor.numel() * tensor.element_size())
     return tensors
 
 

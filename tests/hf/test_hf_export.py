@@ -311,3 +311,48 @@ def test_the_model_card_shows_the_runs_evaluation_of_the_exported_iteration(runs
     card = (tmp_path / "hf1" / "README.md").read_text()
     assert "these figures are of iteration 1, not of the exported iteration 2" in card
     assert f"| spamlang / spamlang_loss | {losses[0]:.4f} |" in card
+
+
+def test_conversion_shows_its_progress_on_a_terminal_only(runs: dict, tiny_corpus, tmp_path: Path, monkeypatch,
+                                                          capsys) -> None:
+    """convert_to_hf on a terminal: a bar while the checkpoint's tensors are read and while they are converted and
+    written (tqdm, by bytes); into a log (no terminal) no bar at all, the log lines only."""
+    import fcntl
+    import os
+    import struct
+    import termios
+    import threading
+    import time
+
+    from cplm_megatron.hf.convert import convert_to_hf
+
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # a terminal has a width
+    seen: list[bytes] = []
+
+    def drain() -> None:  # read the terminal while the bars are drawn (a full pty would block the writer)
+        while True:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:  # the terminal's other end closed
+                return
+            if not chunk:
+                return
+            seen.append(chunk)
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    with os.fdopen(slave, "w") as terminal:
+        monkeypatch.setattr(sys, "stderr", terminal)
+        convert_to_hf(runs["cplm"], tmp_path / "tty", tiny_corpus.tokenizer_dir)
+        terminal.flush()
+        monkeypatch.undo()
+        time.sleep(0.5)  # the reader takes what is left in the terminal
+    reader.join(timeout=10)
+    shown = b"".join(seen).decode(errors="replace")
+    assert "read checkpoint" in shown and "convert tensors" in shown and "write model.safetensors" in shown, shown
+    assert "100%" in shown
+    capsys.readouterr()
+    convert_to_hf(runs["cplm"], tmp_path / "log", tiny_corpus.tokenizer_dir)
+    err = capsys.readouterr().err
+    assert "read checkpoint" not in err and "convert tensors" not in err
