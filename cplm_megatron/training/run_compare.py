@@ -7,6 +7,7 @@ distribution: `record_nll`), the run record (`run_record`: throughput, MFU, peak
 resolved config.yaml the trainer wrote."""
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -122,7 +123,8 @@ def _status(record: RunRecord | None) -> str:
 
 
 def _cell(value: Any) -> str:
-    return "`null`" if value is None else f"`{value}`"
+    """A config value as the YAML of a `--set` override writes it (null, true, 3e-4, [a, b])."""
+    return f"`{value if isinstance(value, str) else json.dumps(value)}`"
 
 
 def comparison_markdown(a: RunCurves, b: RunCurves, plot: str | None = PLOT_NAME) -> str:
