@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""The end-to-end demo behind `make demo` (CPU, about 5 minutes on 2 cores after set-up).
+"""The end-to-end demo behind `make demo` (CPU, about 12 minutes on 2 cores after set-up; 20 on one).
 
 1. the embedded corpus (built by `make data`);
 2. a tiny CPLM and its baseline trained with TP=2 on 2 processes, identical settings, on the corpus

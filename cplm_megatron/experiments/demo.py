@@ -13,7 +13,9 @@ def generate_sample(hf_dir: Path, prompt: str, max_new_tokens: int = 64) -> str:
     """Sampled continuation (seeded: temperature 0.8, top-k 40) from the export; the KV cache holds the copy keys."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # a bar for loading a 1M-parameter model
     tok = AutoTokenizer.from_pretrained(hf_dir, trust_remote_code=True)
     model = AutoModelForCausalLM.from_pretrained(hf_dir, trust_remote_code=True, dtype=torch.float32)
     ids = tok(prompt, return_tensors="pt")

@@ -59,20 +59,21 @@ class RunProgress:
         if self.ran[name]:
             self.seconds[name] = (result.train_seconds, result.eval_seconds)
 
-    def _rates(self, kind: str) -> tuple[float, float]:
+    def _rates(self, seconds: dict[str, tuple[float, float]], kind: str) -> tuple[float, float]:
         """(seconds per training step, seconds per evaluated checkpoint) of the finished runs of `kind` (or all)."""
-        names = [n for n in self.seconds if self.kind[n] == kind] or list(self.seconds)
-        return (sum(self.seconds[n][0] for n in names) / sum(self.steps[n] for n in names),
-                sum(self.seconds[n][1] for n in names) / sum(self.evals[n] for n in names))
+        names = [n for n in seconds if self.kind[n] == kind] or list(seconds)
+        return (sum(seconds[n][0] for n in names) / sum(self.steps[n] for n in names),
+                sum(seconds[n][1] for n in names) / sum(self.evals[n] for n in names))
 
     def eta(self, running_steps: dict[str, int] | None = None) -> float | None:
         """Seconds left (None before a run finished in this invocation); `running_steps`: the steps the running
         runs logged."""
-        if not self.seconds:
+        seconds, finished = dict(self.seconds), set(self.ran)  # copies: the LogWatcher's thread reads them too
+        if not seconds:
             return None
         left = 0.0
-        for name in (n for n in self.names if n not in self.ran):
-            per_step, per_eval = self._rates(self.kind[name])
+        for name in (n for n in self.names if n not in finished):
+            per_step, per_eval = self._rates(seconds, self.kind[name])
             left += max(0, self.steps[name] - (running_steps or {}).get(name, 0)) * per_step
             left += self.evals[name] * per_eval
         return left / self.jobs

@@ -15,7 +15,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("isolated_streaming")]
 
 def test_demo_smoke_runs_every_step(stdlib_corpus, tmp_path):
     out = tmp_path / "demo"
-    proc = harness.run_tool("demo", "--smoke", "--data", str(stdlib_corpus.root), "--output", str(out), timeout=1200)
+    proc = harness.run_tool("demo", "--smoke", "--data", str(stdlib_corpus.root), "--output", str(out), timeout=1200,
+                            env={"PYTHONWARNINGS": ""})  # Python's default filters, as a user's shell has them
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert Path(summary["report"]).is_file() and (Path(summary["hf_model"]) / "config.json").is_file()
@@ -24,8 +25,13 @@ def test_demo_smoke_runs_every_step(stdlib_corpus, tmp_path):
     assert [r["model"] for r in summary["headline"]] == ["baseline", "CPLM"]
     assert all(r["val_loss"] > 0 and 0 <= r["copy_accuracy"] <= 1 for r in summary["headline"])
     log = out / "ablation" / "runs" / "corpus-baseline" / "train.log"  # progress names the log of the first run
-    assert re.search(rf"^\[ablate\] corpus-baseline: training: .*\(log {re.escape(str(log))}\)$", proc.stdout,
-                     flags=re.M), proc.stdout[-3000:]
+    assert re.search(rf"^\[ablate\] run 1 of 4, corpus-baseline: training: .*\(log {re.escape(str(log))}\)$",
+                     proc.stdout, flags=re.M), proc.stdout[-3000:]
+    done = re.findall(r"^\[ablate\] run (\d) of 4, \S+: done \(train \d+ s, eval \d+ s\)(; overall ETA \d:\d\d:\d\d)?$",
+                      proc.stdout, flags=re.M)
+    assert [k for k, _ in done] == ["1", "2", "3", "4"] and all(eta for _, eta in done), proc.stdout[-3000:]
+    # no JSON, no warnings, no progress bars, no [compat] line
+    assert not re.search(r"^\s*\{|Warning|it/s\]|^\[compat\]", proc.stdout + proc.stderr, flags=re.M), proc.stderr
     summary_part = proc.stdout[proc.stdout.index("=== 5. summary ==="):]
     assert summary_part.splitlines()[1].split() == ["model", "val", "loss", "copy", "acc.", "passkey", "(key", "tokens)"]
     report = Path(summary["report"]).read_text()

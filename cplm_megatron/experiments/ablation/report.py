@@ -3,7 +3,7 @@
 Input: finished runs (cplm_megatron.experiments.records.RunResults), grouped in baseline/CPLM pairs.
 Plots: loss_curves.png, copy_accuracy.png (copy and SpamLang accuracy vs steps), passkey.png
 (the loss on the key tokens at each operating point of the last checkpoints), gradient_retention.png (the logit
-gradient's share inside the LM head's span, log scale). A plot without data is skipped.
+gradient's share inside the LM head's span beside its chance value). A plot without data is skipped.
 """
 from __future__ import annotations
 
@@ -331,8 +331,8 @@ def plot_passkey(pairs: Sequence[PairSummary], path: Path) -> Path | None:
         ax.set(title=f"{NAMES[run.spec.copy_head]}" + (f" (chance: ln V = {math.log(vocab):.2f})" if vocab else ""),
                xlabel="needle depth (0: start, 1: end)", ylabel="context length (tokens)")
         fig.colorbar(image, ax=ax, label="loss on the key tokens (nats)")
-    fig.suptitle(f"Passkey at the last checkpoint: loss on the key tokens (lower: more probability on the key), "
-                 f"{details['samples_per_cell']} samples per cell; retrieval rates: the report's tables")
+    fig.suptitle(f"Passkey at the last checkpoint: loss on the key tokens, {details['samples_per_cell']} samples per "
+                 "cell\n(lower: more probability on the key; retrieval rates: the report's tables)")
     return save(fig, path)
 
 
@@ -352,8 +352,8 @@ def gradient_in_span(run: RunResults) -> tuple[list[int], list[float]]:
 
 def plot_gradients(pairs: Sequence[PairSummary], path: Path) -> Path | None:
     """Per pair: the share of the LM head's logit gradient inside its column span (the complement of the table's
-    outside share, which sits within 1e-3 of 1: readable on a log scale) beside its chance value sqrt(d/V), and the
-    copy head's share of dL/dh, vs step; one colour per model."""
+    outside share, which sits within 1e-3 of 1 and reads as noise) beside its chance value sqrt(d/V), and the copy
+    head's share of dL/dh, vs step; one colour per model."""
     pairs = [p for p in pairs if "gradient" in p.cplm.final["tasks"]]
     if not pairs:
         return None
@@ -368,10 +368,10 @@ def plot_gradients(pairs: Sequence[PairSummary], path: Path) -> Path | None:
             if outside_chance is not None:
                 chance = math.sqrt(1 - outside_chance**2)
                 ax.axhline(chance, **CHANCE, label=f"chance sqrt(d/V) = {chance:.4f}")
-            ax.set_yscale("log")
             ax.set(title=f"{pair_title(pair)}:\nlogit gradient inside the LM head's span\n"
                          "(the table's outside share is sqrt(1 - this²))",
-                   xlabel="training step", ylabel="||P G|| / ||G|| (log scale)")
+                   xlabel="training step", ylabel="||P G|| / ||G||")
+            ax.yaxis.set_major_formatter("{x:.4f}")
         else:
             its, vals = pair.cplm.eval_curve("gradient", "copy_grad_share")
             ax.plot(its, vals, "o-", ms=3, color=COLORS[True], label="CPLM")

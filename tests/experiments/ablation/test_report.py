@@ -73,8 +73,8 @@ def test_claims_and_report(tmp_path: Path):
 
 
 def test_the_gradient_plot_draws_the_complement_of_the_tables_outside_share():
-    """The table's outside share sits within 1e-3 of 1; the plot draws ||P G|| / ||G|| = sqrt(1 - outside^2) on a log
-    scale (recorded directly, or from the outside share where only that was recorded)."""
+    """The table's outside share sits within 1e-3 of 1; the plot draws ||P G|| / ||G|| = sqrt(1 - outside^2) beside its
+    chance value (recorded directly, or from the outside share where only that was recorded)."""
     run = spamlang_run(True, {0: 0.5, 5: 0.9})
     run.checkpoints[1]["tasks"]["gradient"]["metrics"] = {"logit_grad_outside_span": 0.998}
     its, inside = gradient_in_span(run)
