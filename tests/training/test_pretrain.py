@@ -360,7 +360,8 @@ def test_sigterm_to_a_torchrun_launch_exits_75_with_a_checkpoint(stdlib_corpus, 
 
     run_dir = tmp_path / "run"
     overrides = pu.tiny_overrides(stdlib_corpus, run_dir, 200, **{"checkpoint.interval": 0, "parallel.tp": 2})
-    proc = pu.start(2, overrides, tmp_path / "run.log", launcher=True)
+    # Python's default warning filters, as a user's shell has them (the harness's processes ignore warnings)
+    proc = pu.start(2, overrides, tmp_path / "run.log", launcher=True, extra_env={"PYTHONWARNINGS": ""})
     pu.wait_for(lambda: max(pu.losses(run_dir), default=0) >= 2, proc=proc)
     if target == "launcher":
         os.kill(proc.pid, signal.SIGTERM)
