@@ -51,6 +51,7 @@ EXTRAS = {
         "moto[server,s3]",
         "accelerate>=0.26",  # lm-eval's hf backend imports it
         "tensorboard",  # logging.tensorboard (torch.utils.tensorboard)
+        "datasets",  # tests of tools/prepare_data.py's saved-datasets input (save_to_disk, load_from_disk)
     ],
     # Full streaming install with every cloud SDK (for remote object stores other than S3).
     "cloud": ["mosaicml-streaming==0.13.0"],
