@@ -6,7 +6,9 @@
   task's repeats (evaluation/tasks/copy.py: a random span and its repeat, `probe_copy_length` tokens; the same
   `probe_sequences` samples every time, drawn with the evaluator's seed), beside `probe_copy_chance` = 1/(V-1);
 - `probe_in_context_score`: mean NLL at late minus early context positions on the run's validation batches
-  (evaluation/metrics.py ContextTally; negative: the model uses its context).
+  (evaluation/metrics.py ContextTally; negative: the model uses its context);
+- `probe_text_copy_accuracy`, `probe_text_copy_first_accuracy`, `probe_text_copy_gain`: held-out text repeated once
+  (evaluation/text_copy.py; a span of each validation batch row's longest document, `probe_copy_length` / 2 tokens).
 Copy samples are shared out over the data-parallel ranks and the sums reduced over them; tensor-parallel ranks
 compute the same gathered distribution. Needs pipeline and context parallel size 1 (run_config checks it).
 """
@@ -20,6 +22,7 @@ from cplm_megatron.data.synthetic import copy_task_sample, make_batch
 from cplm_megatron.evaluation.metrics import ContextTally, target_log_probs
 from cplm_megatron.evaluation.options import EVAL_SEED
 from cplm_megatron.evaluation.tasks.copy import repeat_mask
+from cplm_megatron.evaluation.text_copy import TextCopyTally, text_copy_batch, text_spans
 from cplm_megatron.model.inputs import model_inputs
 
 Batch = Dict[str, torch.Tensor]
@@ -35,6 +38,9 @@ class CopyProbe:
         self.copy_batches = [(make_batch([s.tokens for s in chunk]), repeat_mask(chunk, length))
                              for chunk in (samples[i:i + micro_batch] for i in range(0, len(samples), micro_batch))]
         self.val_batches = val_batches
+        self.half = length // 2
+        spans = text_spans(val_batches, self.half)
+        self.text_batches = [text_copy_batch(spans[i:i + micro_batch]) for i in range(0, len(spans), micro_batch)]
         self.document_masking = document_masking
         self.vocab_size = vocab_size
 
@@ -53,14 +59,20 @@ class CopyProbe:
             for batch in self.val_batches:
                 nll = -target_log_probs(self._log_probs(model, batch, device), batch["labels"])
                 context.add_nll(nll, batch["loss_mask"], batch["position_ids"])
+            text = TextCopyTally()
+            for batch in self.text_batches:
+                text.add(self._log_probs(model, batch, device), batch, self.half)
         finally:
             model.train()
-        totals = _dp_sum([correct, count, *context.sums, *context.counts], device)
+        totals = _dp_sum([correct, count, *context.sums, *context.counts, text.first, text.repeat, text.tokens],
+                         device)
         context.sums, context.counts = (totals[2], totals[3]), (int(totals[4]), int(totals[5]))
         out = {"probe_copy_accuracy": totals[0] / max(totals[1], 1.0), "probe_copy_tokens": int(totals[1]),
                "probe_copy_chance": 1.0 / (self.vocab_size - 1)}
         if self.val_batches:
             out["probe_in_context_score"] = context.score
+        if totals[8]:
+            out.update(TextCopyTally(int(totals[6]), int(totals[7]), int(totals[8])).metrics("probe_text_copy_"))
         return out
 
     def _log_probs(self, model: torch.nn.Module, batch: Batch, device: torch.device) -> torch.Tensor:
@@ -105,6 +117,9 @@ class ProbeCallback:
         line = f"[probe] iter {iteration} | copy acc {figures['probe_copy_accuracy']:.3f}"
         if "probe_in_context_score" in figures:
             line += f" | in-context score {figures['probe_in_context_score']:+.3f}"
+        if "probe_text_copy_accuracy" in figures:
+            line += (f" | text copy acc {figures['probe_text_copy_accuracy']:.3f} (first occurrence "
+                     f"{figures['probe_text_copy_first_accuracy']:.3f})")
         trainer.print(line)
         trainer.logger.log({"iteration": iteration, **figures})
 

@@ -85,6 +85,10 @@ def assert_probes_match(run_dir, reference_dir) -> None:
         assert tokens == want[it]["probe_copy_tokens"]
         assert abs(r["probe_copy_accuracy"] - want[it]["probe_copy_accuracy"]) * tokens <= 1.0, (it, r, want[it])
         assert r["probe_in_context_score"] == pytest.approx(want[it]["probe_in_context_score"], abs=1e-4)
+        text_tokens = r["probe_text_copy_tokens"]
+        assert text_tokens == want[it]["probe_text_copy_tokens"] > 0
+        for key in ("probe_text_copy_accuracy", "probe_text_copy_first_accuracy"):
+            assert abs(r[key] - want[it][key]) * text_tokens <= 1.0, (it, key, r, want[it])
 
 
 @pytest.mark.mcore_latest  # end-to-end training and resume on the newest megatron-core too

@@ -10,6 +10,7 @@ from cplm_megatron.evaluation.tasks import (
     lmeval,
     passkey,
     spamlang,
+    text_copy,
     val,
 )
 from cplm_megatron.evaluation.tasks.base import TaskResult
@@ -17,6 +18,7 @@ from cplm_megatron.evaluation.tasks.base import TaskResult
 TASKS: dict[str, Callable[..., TaskResult]] = {
     "val": val.run,
     "copy": copy.run,
+    "text_copy": text_copy.run,
     "passkey": passkey.run,
     "spamlang": spamlang.run,
     "gradient": gradient.run,

@@ -1,6 +1,7 @@
 """The emergence study's report: report.md (the pilot's table, per domain the arms with their intervals, where
-copying emerges, the verdicts) and one figure, emergence.png (per domain: validation loss, copy accuracy and the
-in-context score against training tokens, each arm's mean over seeds with its seeds' spread)."""
+copying emerges, the verdicts) and one figure, emergence.png (per domain: validation loss, held-out text copy
+accuracy beside its first-occurrence control, random-token copy accuracy and the in-context score against training
+tokens, one line per run)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -16,18 +17,27 @@ def _point(found: dict[str, Any] | None) -> str:
     return "not reached" if found is None else f"step {found['iteration']:,} ({found['tokens'] / 1e6:.1f}M tokens)"
 
 
+def _gain_curve(curve: list[dict[str, Any]]) -> str:
+    """'step/1000k: text copy gain (random-token copy accuracy)' per probe."""
+    return ", ".join(f"{p['iteration'] // 1000}k: " + (f"{p['text_copy_gain']:+.2f}" if p.get("text_copy_gain")
+                                                        is not None else "–") + f" ({p['copy_accuracy']:.3f})"
+                     for p in curve)
+
+
 def pilot_lines(rows: list[dict[str, Any]], threshold: float) -> list[str]:
-    """The pilot's table: shape, speed, copy accuracy at each probe, where it reached 0.1 and the threshold."""
+    """The pilot's table: shape, speed, final copy figures, where the text copy gain reached the threshold, the
+    probes."""
     lines = ["## The pilot (baselines only: where does copying emerge?)", ""]
     body = []
     for r in rows:
-        curve = ", ".join(f"{p['iteration'] // 1000}k: {p['copy_accuracy']:.2f}" for p in r["probe_curve"])
         body.append([r["name"], f"{r['hidden']} x {r['layers']}", str(r["global_batch"]), f"{r['repeat_span_share']:g}",
-                     fmt(r["tokens_per_sec"], 0), fmt(r["final_copy_accuracy"], 3), _point(r["emerges_at_0.1"]),
-                     _point(r["emerges_at_threshold"]), curve])
+                     fmt(r["tokens_per_sec"], 0), fmt(r["final_copy_accuracy"], 3),
+                     f"{fmt(r['final_text_copy_accuracy'], 3)} / {fmt(r['final_text_copy_first_accuracy'], 3)}",
+                     fmt(r["final_text_copy_gain"], 3), _point(r["text_copy_emerges"]), _gain_curve(r["probe_curve"])])
     lines += table(["run", "hidden x layers", "sequences/step", "repeat share", "tokens/s (one core)",
-                    "final copy acc.", "copy >= 0.1 at", f"copy >= {threshold:g} at", "probe copy accuracy by step"],
-                   body, "lllrrrlll")
+                    "random-token copy acc. (end)", "text copy acc. / first occurrence (end)", "text copy gain (end)",
+                    f"gain >= {threshold:g} at", "probes: text copy gain (random-token copy acc.) by step"],
+                   body, "lllrrrrrll")
     return lines + [""]
 
 
@@ -40,20 +50,22 @@ def domain_lines(name: str, scale: dict[str, Any], verdict: dict[str, Any], emer
     cache = scale.get("cache_control")
     if cache:
         body.append(["baseline+cache (control)", pm(cache["mean_std"]["val_loss"]),
-                     interval(cache["paired_vs_baseline"]["val_loss"]), "–", "–", "–"])
+                     interval(cache["paired_vs_baseline"]["val_loss"]), "–", "–", "–", "–"])
     for arm, data in scale["arms"].items():
-        runs = [emergence.get(f"{name}-{arm}-s{seed}") for seed in scale["seeds"]]
-        where = "; ".join(_point(r["emerges_at_threshold"]) if r else "–" for r in runs)
+        runs = [emergence.get(f"{name}-{arm}-s{seed}") or {} for seed in scale["seeds"]]
+        where = "; ".join(_point(r.get("text_copy_emerges")) for r in runs)
+        gains = "; ".join(fmt(r.get("final_text_copy_gain"), 3) for r in runs)
         vs_base = "–" if arm == "baseline" else interval(data["paired_vs_baseline"]["val_loss"])
         vs_cache = "–" if arm == "baseline" or not scale["vs_cache"] else interval(scale["vs_cache"][arm])
         body.append([arm, pm(data["mean_std"]["val_loss"]), vs_base, vs_cache, pm(data["mean_std"]["copy_accuracy"]),
-                     where])
+                     gains, where])
+    threshold = verdict["threshold"]
     lines += table(["arm", "val loss (mean ± std over seeds)", "Δ vs baseline [95% t over seeds]",
-                    "Δ vs baseline+cache [95% t]", "copy acc.", f"copy >= {verdict['threshold']:g} at (per seed)"],
-                   body, "lrrrrl")
+                    "Δ vs baseline+cache [95% t]", "random-token copy acc.", "text copy gain (per seed)",
+                    f"gain >= {threshold:g} at (per seed)"], body, "lrrrrll")
     lines += ["", *per_seed_lines(scale), ""]
-    lines += [f"- Baseline copy accuracy {pm(verdict['baseline_copy_accuracy'])} (threshold {verdict['threshold']:g}"
-              f"): **{verdict['verdict']}**.", f"- The rule applied as written: {verdict['rule_outcome']['reason']}.", ""]
+    lines += [f"- Baseline text copy gain {pm(verdict['baseline_text_copy_gain'])} (threshold {threshold:g}): "
+              f"**{verdict['verdict']}**.", f"- The rule applied as written: {verdict['rule_outcome']['reason']}.", ""]
     return lines
 
 
@@ -78,40 +90,46 @@ def per_seed_lines(scale: dict[str, Any]) -> list[str]:
     return table(header, body, "l" + "r" * (len(header) - 1))
 
 
+PANELS = (("validation loss (nats)", None), ("text copy accuracy (probe; dotted: first occurrence)",
+                                               "text_copy_accuracy"),
+          ("random-token copy accuracy (probe)", "copy_accuracy"), ("in-context score (nats)", "in_context_score"))
+
+
 def figure(summary: dict[str, Any], runs_by_name: dict[str, dict[str, Any]], path: Path) -> Path:
-    """emergence.png: a row per domain; validation loss, copy accuracy, in-context score against tokens."""
+    """emergence.png: a row per domain; validation loss, text copy accuracy, random-token copy accuracy and the
+    in-context score against training tokens, every seed's run."""
     domains = list(summary["scales"])
-    fig, axes = grid(3 * len(domains), cols=3)
+    fig, axes = grid(len(PANELS) * len(domains), cols=len(PANELS))
     for row, name in enumerate(domains):
         scale = summary["scales"][name]
-        panels = axes[3 * row:3 * row + 3]
+        panels = axes[len(PANELS) * row:len(PANELS) * (row + 1)]
         for arm, data in scale["arms"].items():
             color = ARM_COLORS.get(arm, "tab:gray")
             for i, seed in enumerate(scale["seeds"]):
-                fig_seed = data["per_seed"].get(str(seed))
-                curve = runs_by_name.get(f"{name}-{arm}-s{seed}", {}).get("probe_curve", [])
                 label = arm if i == 0 else None
-                if fig_seed:
-                    vc = fig_seed["val_curve"]
-                    panels[0].plot([p["tokens"] / 1e6 for p in vc], [p["val_loss"] for p in vc], color=color,
-                                   alpha=0.8, label=label)
-                panels[1].plot([p["tokens"] / 1e6 for p in curve], [p["copy_accuracy"] for p in curve], color=color,
-                               alpha=0.8, label=label)
-                panels[2].plot([p["tokens"] / 1e6 for p in curve], [p["in_context_score"] for p in curve],
-                               color=color, alpha=0.8, label=label)
-        for ax, what in zip(panels, ("validation loss (nats)", "copy accuracy (probe)", "in-context score (nats)")):
-            ax.set_title(f"{name}: {what}")
+                vc = (data["per_seed"].get(str(seed)) or {}).get("val_curve", [])
+                panels[0].plot([p["tokens"] / 1e6 for p in vc], [p["val_loss"] for p in vc], color=color, alpha=0.8,
+                               label=label)
+                curve = runs_by_name.get(f"{name}-{arm}-s{seed}", {}).get("probe_curve", [])
+                for ax, (_, key) in zip(panels[1:], PANELS[1:]):
+                    points = [p for p in curve if p.get(key) is not None]
+                    ax.plot([p["tokens"] / 1e6 for p in points], [p[key] for p in points], color=color, alpha=0.8,
+                            label=label)
+                first = [p for p in curve if p.get("text_copy_first_accuracy") is not None]
+                panels[1].plot([p["tokens"] / 1e6 for p in first], [p["text_copy_first_accuracy"] for p in first],
+                               color=color, alpha=0.8, linestyle=":")
+        for ax, (title, _) in zip(panels, PANELS):
+            ax.set_title(f"{name}: {title}", fontsize=9)
             ax.set_xlabel("training tokens (millions)")
             ax.legend(fontsize=8)
-        panels[1].axhline(summary["domains"][name]["threshold"], color="black", linestyle=":", linewidth=1)
-        panels[2].axhline(0.0, color="black", linewidth=0.5)
+        panels[3].axhline(0.0, color="black", linewidth=0.5)
     return save(fig, path)
 
 
 def write_report(output: Path, summary: dict[str, Any], pilot: list[dict[str, Any]] | None) -> Path:
     """OUTPUT/report.md and OUTPUT/emergence.png from the summary (and the pilot's rows, when it ran)."""
     output = Path(output)
-    threshold = next(iter(summary["domains"].values()))["threshold"] if summary["domains"] else 0.5
+    threshold = summary.get("settings", {}).get("copy_threshold", 0.1)
     lines = ["# Does the copy head help once the baseline copies? (CPU, tiny models)", "",
              f"Command: `{summary.get('command', '')}`", "", f"Rule: {summary['rule']}", "",
              f"Threshold: {summary['threshold_rule']}", ""]

@@ -67,7 +67,9 @@ def run_emergence(output: Path, settings: EmergenceSettings, data_root: Path, pi
     domains = tuple(dict.fromkeys(settings.domains + tuple(d for d, _, _ in (pilot.variants if pilot else ()))))
     corpora = ensure_corpora(domains, data_root, small_corpora, log)
     grid = emergence_runs(settings, corpora)
-    pilots = pilot_runs(pilot or PilotSettings(), corpora, settings)
+    known = pilot or PilotSettings()  # without --pilot: the pilot's runs that finished are reported with the grid
+    pilots = pilot_runs(PilotSettings(tuple(v for v in known.variants if v[0] in corpora), known.probe_interval),
+                        corpora, settings)
     launcher = Launcher(output, Path(data_root).resolve())
     if not summarize_only:
         todo = pilots if pilot is not None else grid

@@ -30,9 +30,11 @@ def test_smoke_grid_probes_evaluates_and_reports(tmp_path: Path, stdlib_corpus):
         curve = summary["emergence"][name]["probe_curve"]
         assert [p["iteration"] for p in curve] == [0, 3, 6] and [p["tokens"] for p in curve] == [0, 3072, 6144]
         assert all(0 <= p["copy_accuracy"] <= 1 and p["in_context_score"] is not None for p in curve)
-        assert summary["emergence"][name]["copy_accuracy_chance"] == 1 / 4095
+        assert all(p["text_copy_gain"] == pytest.approx(p["text_copy_accuracy"] - p["text_copy_first_accuracy"]) for p in curve)
+        found = summary["emergence"][name]
+        assert found["copy_accuracy_chance"] == 1 / 4095 and 0 <= found["final_text_copy_accuracy"] <= 1
     verdict = summary["domains"]["code"]
-    assert verdict["threshold"] == 0.5 and verdict["baseline_copies"] is False  # 6 steps: nothing copies yet
+    assert verdict["threshold"] == 0.1 and verdict["baseline_copies"] is False  # 6 steps: nothing copies yet
     assert verdict["verdict"].startswith("not judged") and verdict["credited"] == []
     report = (out / "report.md").read_text()
     assert "## code (hidden 64, 2 layers, V 4096" in report and summary["threshold_rule"] in report

@@ -23,27 +23,34 @@ def test_the_probe_curve_keeps_the_last_record_per_iteration_in_order():
 def test_emergence_is_the_first_probe_at_the_level():
     curve = probe_curve(run_with([(0, 0.0, 0.0), (1000, 0.05, 0.0), (2000, 0.12, 0.0), (3000, 0.55, 0.0),
                                   (4000, 0.4, 0.0)]))
-    assert emergence_point(curve, 0.1) == {"iteration": 2000, "tokens": 2048_000}
-    assert emergence_point(curve, 0.5) == {"iteration": 3000, "tokens": 3072_000}
-    assert emergence_point(curve, 0.95) is None
+    assert emergence_point(curve, "copy_accuracy", 0.1) == {"iteration": 2000, "tokens": 2048_000}
+    assert emergence_point(curve, "copy_accuracy", 0.5) == {"iteration": 3000, "tokens": 3072_000}
+    assert emergence_point(curve, "copy_accuracy", 0.95) is None
+    assert emergence_point(curve, "text_copy_gain", 0.0) is None  # not probed: never
 
 
-def _scale(baseline_copy: list[float], arm_loss: list[float], cache_loss: list[float]) -> dict:
-    base = {str(s): {"val_loss": 3.0, "copy_accuracy": c, "cache_val_loss": cl, "val_documents": None,
-                     "cache_documents": None} for s, c, cl in zip((1, 2, 3), baseline_copy, cache_loss)}
+def _scale(arm_loss: list[float], cache_loss: list[float]) -> dict:
+    base = {str(s): {"val_loss": 3.0, "copy_accuracy": 0.01, "cache_val_loss": cl, "val_documents": None,
+                     "cache_documents": None} for s, cl in zip((1, 2, 3), cache_loss)}
     arm = {str(s): {"val_loss": v, "copy_accuracy": 0.9, "val_documents": None} for s, v in zip((1, 2, 3), arm_loss)}
-    return {"arms": {"baseline": {"per_seed": base}, "aux1": {"per_seed": arm}}}
+    return {"arms": {"baseline": {"per_seed": base}, "aux1": {"per_seed": arm}}, "seeds": [1, 2, 3]}
+
+
+def _gains(domain: str, gains: list[float | None]) -> dict:
+    return {f"{domain}-baseline-s{s}": {"final_text_copy_gain": g} for s, g in zip((1, 2, 3), gains)}
 
 
 def test_a_domain_whose_baseline_copies_is_judged_by_the_rule():
-    verdict = domain_verdict(_scale([0.6, 0.7, 0.8], [2.8, 2.7, 2.9], [2.95, 2.9, 2.95]), "code", 0.5)
+    copies = _gains("code", [0.15, 0.2, 0.12])
+    verdict = domain_verdict(_scale([2.8, 2.7, 2.9], [2.95, 2.9, 2.95]), "code", 0.1, copies)
     assert verdict["baseline_copies"] and verdict["credited"] == ["aux1"]
-    verdict = domain_verdict(_scale([0.6, 0.7, 0.8], [2.8, 2.95, 2.9], [2.95, 2.9, 2.95]), "code", 0.5)
+    verdict = domain_verdict(_scale([2.8, 2.95, 2.9], [2.95, 2.9, 2.95]), "code", 0.1, copies)
     assert verdict["credited"] == [] and "not below the baseline + cache in seed 2" in verdict["verdict"]
 
 
 def test_a_domain_whose_baseline_does_not_copy_is_reported_not_judged():
-    verdict = domain_verdict(_scale([0.6, 0.2, 0.8], [2.8, 2.7, 2.9], [2.95, 2.9, 2.95]), "prose", 0.5)
-    assert not verdict["baseline_copies"] and verdict["credited"] == []
-    assert verdict["verdict"].startswith("not judged: the baseline's copy accuracy is below 0.5 in some seed")
-    assert verdict["rule_outcome"]["credited"] == ["aux1"]  # what the rule alone would say stays on record
+    for gains in ([0.15, 0.05, 0.12], [0.15, None, 0.12]):
+        verdict = domain_verdict(_scale([2.8, 2.7, 2.9], [2.95, 2.9, 2.95]), "prose", 0.1, _gains("prose", gains))
+        assert not verdict["baseline_copies"] and verdict["credited"] == []
+        assert verdict["verdict"].startswith("not judged: the baseline's text copy gain is below 0.1 in some seed")
+        assert verdict["rule_outcome"]["credited"] == ["aux1"]  # what the rule alone would say stays on record
