@@ -28,8 +28,9 @@ from cplm_megatron.experiments.study.plan import ACTIVE_ARMS, ARMS
 
 SCALES = ("135m", "360m", "1p7b")  # <slurm_dir>/pretrain_<scale>.sh
 # GPU-hours are estimated from the training FLOPs (model/accounting.py) at this fraction of an H100's dense
-# bf16 peak (989 TFLOP/s): what a well-tuned Megatron run reaches on a 135M-1.7B model, not a measurement.
-ASSUMED_MFU = 0.35
+# bf16 peak (989 TFLOP/s): the MFU measured at SmolLM2-135M (seq 2048, micro-batch 8) on one H200 of the same peak
+# (results/gpu/2026-12-04, 16.0%); larger models reach more (1.7B: 27-48%), so at 360M the hours are an upper bound.
+ASSUMED_MFU = 0.16
 H100_BF16_PEAK = 989e12
 
 

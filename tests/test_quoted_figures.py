@@ -1,0 +1,608 @@
+"""Every results figure README.md and docs/ quote is its committed record's: a registry with one entry per quoted
+passage (the page, the passage with format fields where its figures go, the records under results/ it comes from,
+a function computing the figures from them) asserts the page holds exactly the passage recomputed; the GPU tables
+are benchmarks/gpu/results_table.py's output, between their markers; in the sections listed in COVERED every
+token with a digit is a registered figure or named in NOT_FIGURES (a setting, a name, a citation), so a figure
+added there without an entry fails. Reading JSON only: no training.
+
+To tie a new figure: add a Quote (the passage as the page words it, `{}` or `{:.3f}` where a figure goes, the
+record paths, a function of the loaded records returning the figures in order)."""
+from __future__ import annotations
+
+import json
+import math
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks" / "gpu"))
+import results_table as gpu  # noqa: E402 - benchmarks/gpu/results_table.py
+
+GPU = "results/gpu/2026-12-04"
+STUDY = "results/study_cpu_v3/summary.json"
+STUDY_RUNS = "results/study_cpu_v3/runs"
+ABLATION = "results/ablation_cpu"
+
+
+@dataclass(frozen=True)
+class Quote:
+    """A passage of `page` whose format fields are `value(*records)` (one value, or a tuple in order)."""
+
+    page: str
+    text: str
+    records: tuple[str, ...]
+    value: Callable[..., Any]
+
+    def render(self) -> str:
+        """The passage with the figures computed from the records, whitespace collapsed."""
+        values = self.value(*(record(path) for path in self.records))
+        return normalized(self.text.format(*(values if isinstance(values, tuple) else (values,))))
+
+
+def normalized(text: str) -> str:
+    return " ".join(text.split())
+
+
+def sci(x: float, digits: int = 1) -> str:
+    """Scientific notation as the docs write it: 2.4e-4 (Python's 2.4e-04 without the exponent's zero)."""
+    mantissa, exponent = f"{x:.{digits}e}".split("e")
+    return f"{mantissa}e{int(exponent)}"
+
+
+@lru_cache(maxsize=None)
+def record(path: str) -> Any:
+    """A record by its path in the checkout: JSON, JSON lines (a list), or a folder (its Path)."""
+    full = REPO / path
+    if full.is_dir():
+        return full
+    if full.suffix == ".jsonl":
+        return [json.loads(line) for line in full.read_text().splitlines() if line.strip()]
+    return json.loads(full.read_text())
+
+
+@lru_cache(maxsize=None)
+def page(name: str) -> str:
+    return normalized((REPO / name).read_text())
+
+
+# --- figures from the GPU check (results/gpu/<date>/) -------------------------------------------------------------
+
+@lru_cache(maxsize=None)
+def gpu_runs(results: Path) -> dict:
+    return gpu.training_runs(results)
+
+
+def overheads_1p7b(results: Path) -> tuple:
+    """The copy head's step-time cost at 1.7B, least and most, in %."""
+    runs = gpu_runs(results)
+    costs = [gpu.overhead(runs, name) for name in ("1p7b_4k_cplm_g4", "1p7b_4k_cplm_g16", "1p7b_cplm_chunked")]
+    return 100 * min(costs), 100 * max(costs)
+
+
+def planner_ratios(results: Path) -> tuple:
+    """Peak over the current planner's estimate: the worst deviation in whole % (rounded up), least, most, runs."""
+    ratios = [run.peak_gib / run.estimate_gib for run in gpu_runs(results).values()]
+    return math.ceil(100 * max(abs(r - 1) for r in ratios)), min(ratios), max(ratios), len(ratios)
+
+
+def recorded_ratios(summary: dict) -> tuple:
+    """Peak over the estimate the check recorded, least and most."""
+    ratios = [run["peak_over_estimate"] for slot in summary["training"].values() for run in slot.values()
+              if isinstance(run, dict)]
+    return min(ratios), max(ratios)
+
+
+def kernel_vs_flash(summary: dict) -> tuple:
+    """The fused copy-score kernel over SDPA flash: least and most, and the lengths (k) it was timed at."""
+    rows = summary["copy_kernel"].values()
+    ratios, lengths = [r["fused_over_sdpa_flash"] for r in rows], [r["seq_len"] for r in rows]
+    return min(ratios), max(ratios), min(lengths) // 1024, max(lengths) // 1024
+
+
+def kernel_times(summary: dict) -> tuple:
+    rows = sorted(summary["copy_kernel"].values(), key=lambda r: r["seq_len"])
+    fused, flash = (r["fused_fwd_bwd_ms"] for r in rows), (r["sdpa_flash_fwd_bwd_ms"] for r in rows)
+    speed = [r["fp8_fwd_speedup"] for r in rows]
+    return (*(f"{t:.3g}" for t in fused), *(f"{t:.2f}" for t in flash),
+            *(f"{r['fused_over_sdpa_flash']:.1f}" for r in rows), min(speed), max(speed),
+            rows[-1]["fused_extra_mem_pct_of_naive"])
+
+
+def kernel_errors(summary: dict) -> tuple:
+    """The kernel check's length and head widths, and its largest logsumexp error (bf16 and fp32 together, then
+    FP8) over its cases, all passed."""
+    cases = summary["kernel_check"]["cases"]
+    assert all(c["ok"] for c in cases)
+    worst = {kind: max(max(c["errors"]["lse_all"], c["errors"]["lse_match"]) for c in cases if c["kind"] in kinds)
+             for kind, kinds in (("bf16/fp32", ("bf16", "fp32")), ("fp8", ("fp8",)))}
+    widths = sorted({c["d"] for c in cases})
+    return summary["kernel_check"]["T"], *widths, sci(worst["bf16/fp32"]), sci(worst["fp8"])
+
+
+def lm_head_rows(rerun: dict) -> tuple:
+    """The LM-head loss times (ms) by hidden/seq and path, and the working memory (MiB) at 576/2048."""
+    rows = {(r["hidden"], r["seq"], r["impl"]): r for r in rerun["lm_head_loss"]["rows"]}
+    order = ("megatron", "chunked", "fused")
+    times = [f"{1e3 * rows[(h, s, i)]['time_s']:.1f}" for h, s in ((576, 2048), (576, 8192), (2048, 2048))
+             for i in order]
+    memory = [f"{rows[(576, 2048, i)]['working_bytes'] / 2**20:.0f}" for i in order]
+    return (*times, *memory)
+
+
+def profile_135m(profile: dict) -> tuple:
+    """Kernel launches per step (both launch calls), each call's count per step, the matmul share of GPU time."""
+    ops = {op["name"]: op for op in profile["top_cpu_ops"]}
+    kernels = {k["name"]: k for k in profile["top_kernels"]}
+    steps = profile["active_steps"]
+    runtime, driver = ops["cudaLaunchKernel"]["count"] / steps, ops["cuLaunchKernelEx"]["count"] / steps
+    share = kernels["aten::mm"]["us"] / kernels["ProfilerStep*"]["us"]
+    return f"{round(runtime + driver, -3):,.0f}", f"{runtime:,.0f}", f"{driver:,.0f}", f"{100 * share:.0f}"
+
+
+def profile_1p7b(profile: dict) -> tuple:
+    step_ms = {k["name"]: k["us"] / profile["active_steps"] / 1e3 for k in profile["top_kernels"]}
+    return step_ms["Optimizer.step#AdamW.step"], 1e3 * profile["step_s"]
+
+
+# --- figures from the CPU recipe study (results/study_cpu_v3/) ----------------------------------------------------
+
+def interval(d: dict) -> str:
+    """A paired difference as the docs print it: '-0.641 [-0.671, -0.611]'."""
+    return f"{d['mean']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}]"
+
+
+def wins(d: dict) -> int:
+    return sum(v < 0 for v in d["per_seed"].values())
+
+
+def scale_label(s: dict, scale: str) -> tuple:
+    model = s["scales"][scale]["model"]
+    return model["hidden"], model["layers"], len(s["scales"][scale]["seeds"])
+
+
+def cache_share(s: dict) -> tuple:
+    """The cache control's gain over the baseline as a share of aux1's, tiny and small."""
+    return tuple(s["scales"][sc]["cache_control"]["paired_vs_baseline"]["val_loss"]["mean"]
+                 / s["scales"][sc]["vs_baseline"]["aux1"]["mean"] for sc in ("tiny", "small"))
+
+
+def baseline_copying(s: dict, runs: Path) -> tuple:
+    """How many baselines copy at 0.000; the one that does not: its accuracy, scale, seed, tokens right of scored."""
+    per_run = [(scale, seed, v["copy_accuracy"]) for scale in ("tiny", "small")
+               for seed, v in s["scales"][scale]["arms"]["baseline"]["per_seed"].items()]
+    zero = [r for r in per_run if round(r[2], 3) == 0]
+    [(scale, seed, accuracy)] = [r for r in per_run if round(r[2], 3) != 0]
+    scored = json.loads((runs / f"{scale}-baseline-s{seed}" / "eval.json").read_text())["tasks"]["copy"]
+    scored = scored["details"]["scored_tokens"]
+    return len(zero), len(per_run), accuracy, scale, seed, round(accuracy * scored), f"{scored:,}"
+
+
+def readme_row(s: dict, scale: str) -> tuple:
+    """The README's short table row of a scale: the study table's baseline, control and aux1 cells."""
+    from cplm_megatron.experiments.study.report import readme_block
+
+    rows = {(r[0].split(" (")[0], r[1]): r for r in
+            ([c.strip() for c in line.strip().strip("|").split(" | ")] for line in readme_block(s).splitlines()[3:-1])}
+    base, cache, aux1 = (rows[(scale, a)] for a in ("baseline", "baseline+cache (control)", "aux1 **(default)**"))
+    return (*scale_label(s, scale), base[2], cache[2], aux1[2], aux1[3], aux1[4])
+
+
+def passkey_counts(s: dict) -> tuple:
+    """First-key-token retrievals summed over seeds (count, samples) per (scale, arm), with rates and x chance."""
+    per_seed = len(s["settings"]["passkey_lengths"]) * len(s["settings"]["passkey_depths"]) * \
+        s["settings"]["eval_sequences"]
+
+    def count(scale: str, arm: str) -> tuple:
+        seeds = s["scales"][scale]["arms"][arm]["per_seed"].values()
+        return round(sum(v["passkey_first_token_accuracy"] for v in seeds) * per_seed), per_seed * len(seeds)
+
+    chance = s["scales"]["tiny"]["arms"]["baseline"]["per_seed"]["1"]["passkey_first_token_chance"]
+    counts = {(sc, arm): count(sc, arm) for sc in ("tiny", "small") for arm in ("baseline", "aux1", "sentinel+aux1")}
+    counts["tiny", "mixture"] = count("tiny", "mixture")
+    assert counts["tiny", "baseline"] == counts["tiny", "aux1"] and counts["small", "baseline"] == counts["small", "aux1"]
+    lows = [n / total / chance for n, total in (counts["tiny", "aux1"], counts["small", "aux1"])]
+    sent_t, sent_s, mix = counts["tiny", "sentinel+aux1"], counts["small", "sentinel+aux1"], counts["tiny", "mixture"]
+    return (sci(chance), *counts["tiny", "aux1"], *counts["small", "aux1"], math.floor(min(lows)),
+            math.ceil(max(lows)), sent_t[0], f"{sent_t[1]:,}", sent_s[0], f"{sent_s[1]:,}", sent_t[0] / sent_t[1],
+            sent_s[0] / sent_s[1], mix[0], f"{mix[1]:,}", mix[0] / mix[1], mix[0] / mix[1] / chance)
+
+
+def copy_means(s: dict) -> tuple:
+    acc = {(sc, arm): a["mean_std"]["copy_accuracy"]["mean"] for sc in ("tiny", "small")
+           for arm, a in s["scales"][sc]["arms"].items()}
+    controls = s["scales"]["tiny"]["copy_controls"]
+    return (acc["tiny", "aux1"], acc["small", "aux1"], acc["tiny", "sentinel+aux1"], acc["small", "sentinel+aux1"],
+            acc["tiny", "mixture"], sci(controls['copy_accuracy_chance']),
+            max(acc["tiny", "baseline"], acc["small", "baseline"], 0.001), controls["copy_accuracy_one_token_match"])
+
+
+def spamlang_600(s: dict) -> tuple:
+    """The 600-step SpamLang run of summary.json: accuracy, p(target), the copiers, the baseline's loss and p."""
+    [run] = s["spamlang"]
+    assert set(run["cplm_accuracy"].values()) == {run["cplm_accuracy"]["0"]}
+    assert set(run["baseline_cache_accuracy"].values()) == {run["baseline_cache_accuracy"]["0"]}
+    assert set(run["baseline_accuracy"].values()) == {0.0}
+    return (f"{run['vocab']:,}", run["hidden"], run["seed"], run["iters"], run["cplm_accuracy"]["0"],
+            run["cplm_final_target_prob"], run["iters"], run["previous_token_accuracy"],
+            run["baseline_cache_accuracy"]["0"], run["baseline_final_loss"], run["ln_vocab"],
+            sci(run['baseline_final_target_prob']), sci(1 / run['vocab']), run["iters"])
+
+
+def spamlang_60(h64: dict, h128: dict) -> tuple:
+    runs = [r["spamlang"][0] for r in (h64, h128)]
+    assert all(r["cplm_steps_to_99"] == 0 and r["baseline_steps_to_99"] is None for r in runs)
+    p = {round(r["cplm_final_target_prob"], 2) for r in runs}
+    assert len(p) == 1
+    return (p.pop(), runs[0]["iters"], *(sci(r['baseline_final_target_prob']) for r in runs))
+
+
+def gradient_share(h64: dict, h128: dict) -> tuple:
+    """The LM head's logit gradient outside its column span, the baseline's at hidden 64 and 128, at its chance."""
+    grads = [r["runs"]["spamlang-v131072-untied-baseline"]["evaluations"][-1]["tasks"]["gradient"]["metrics"]
+             for r in (h64, h128)]
+    assert all(abs(g["logit_grad_outside_span"] - g["logit_grad_outside_span_chance"]) < 1e-4 for g in grads)
+    return tuple(g["logit_grad_outside_span"] for g in grads)
+
+
+def study_cost(runs: Path, s: dict) -> tuple:
+    """Train and evaluation seconds (least, most) by scale from each run's timing.json, tokens/s, the grid's total."""
+    timing = {p.parent.name: json.loads(p.read_text()) for p in runs.glob("*/timing.json")}
+
+    def span(scale: str, key: str) -> tuple:
+        values = [t[key] for name, t in timing.items() if name.startswith(scale + "-")]
+        return min(values), max(values)
+
+    tokens = s["scales"]["tiny"]["tokens"]
+    tiny_train, small_train = span("tiny", "train_seconds"), span("small", "train_seconds")
+    total = s["run_seconds_total"]
+    assert len(timing) == s["runs_with_timing"]
+    return (*(f"{round(v):,}" for v in tiny_train), f"{round(tokens / tiny_train[1], -2):,.0f}",
+            f"{round(tokens / tiny_train[0], -2):,.0f}", *(round(v) for v in span("tiny", "eval_seconds")),
+            *(f"{round(v):,}" for v in small_train), *(round(v) for v in span("small", "eval_seconds")),
+            f"{round(total):,}", total / 3600)
+
+
+def grid_counts(s: dict) -> tuple:
+    d, st = s["decision"], s["settings"]
+    return (d["planned_runs"] - d["planned_runs_missing"], d["planned_runs"], len(s["scales"]["tiny"]["seeds"]),
+            len(st["arms"]), len(st["scale_seeds"]["small"]), len(st["scale_arms"]["small"]))
+
+
+def tiny_results(s: dict) -> tuple:
+    t = s["scales"]["tiny"]
+    vb, vc, between = t["vs_baseline"], t["vs_cache"], t["between_arms"]["sentinel+aux1 - aux1"]
+    assert all(wins(vb[arm]) == len(t["seeds"]) for arm in vb)
+    return (t["arms"]["baseline"]["mean_std"]["val_loss"]["mean"], t["cache_control"]["mean_std"]["val_loss"]["mean"],
+            interval(vb["aux1"]), interval(vb["sentinel+aux1"]), interval(vb["mixture"]), wins(vc["aux1"]),
+            len(t["seeds"]), interval(vc["aux1"]), interval(vc["sentinel+aux1"]),
+            len(t["seeds"]) - wins(vc["mixture"]), len(t["seeds"]), interval(vc["mixture"]), interval(between),
+            wins(between), len(t["seeds"]))
+
+
+def small_results(s: dict) -> tuple:
+    sm, t = s["scales"]["small"], s["scales"]["tiny"]
+    vb, vc, between = sm["vs_baseline"], sm["vs_cache"], sm["between_arms"]["sentinel+aux1 - aux1"]
+    flops = [next(iter(x["arms"]["baseline"]["per_seed"].values()))["train_flops_per_token"] for x in (sm, t)]
+    assert wins(vb["aux1"]) == wins(vc["aux1"]) == len(sm["seeds"])
+    lm = {arm: sm["arms"][arm]["mean_std"]["lm_val_loss"]["mean"] for arm in ("sentinel+aux1", "baseline", "aux1")}
+    return (flops[0] / flops[1], sm["arms"]["baseline"]["mean_std"]["val_loss"]["mean"],
+            sm["cache_control"]["mean_std"]["val_loss"]["mean"], interval(vb["aux1"]), interval(vc["aux1"]),
+            len(sm["seeds"]), len(sm["seeds"]), interval(vb["sentinel+aux1"]), interval(vc["sentinel+aux1"]),
+            vc["sentinel+aux1"]["per_seed"]["1"], interval(between), lm["sentinel+aux1"], lm["baseline"], lm["aux1"])
+
+
+def v2_retirements(runs: Path) -> tuple:
+    """The v2 study's seed 1 against its cache control: aux1+copy, aux1, sentinel (nats)."""
+    def val(name: str, task: str = "val", key: str = "val_loss") -> float:
+        return json.loads((runs / name / "eval.json").read_text())["tasks"][task]["metrics"][key]
+
+    cache = val("tiny-baseline-s1", "cache", "cache_val_loss")
+    return tuple(val(f"tiny-{arm}-s1") - cache for arm in ("aux1+copy", "aux1", "sentinel"))
+
+
+# --- figures from the first ablation (results/ablation_cpu/) ------------------------------------------------------
+
+def ablation_runs(root: Path) -> dict:
+    """The corpus comparison's three seeds: pure mixture (the folder and corpus_seed*) and aux1 (corpus_auxlm*)."""
+    load = {name: json.loads((root / name / "results.json").read_text())
+            for name in (".", "corpus_seed1", "corpus_seed2", "corpus_auxlm", "corpus_auxlm_seed1", "corpus_auxlm_seed2")}
+    return {"mixture": [load[n] for n in (".", "corpus_seed1", "corpus_seed2")],
+            "aux1": [load[n] for n in ("corpus_auxlm", "corpus_auxlm_seed1", "corpus_auxlm_seed2")]}
+
+
+def final_val(results: dict, run: str) -> float:
+    return results["runs"][run]["evaluations"][-1]["tasks"]["val"]["metrics"]["val_loss"]
+
+
+def corpus_comparison(root: Path) -> tuple:
+    runs = ablation_runs(root)
+    gates = [sum(g) / len(g) for g in ([m["gate_mean"] for m in r["runs"]["corpus-cplm"]["metrics"]
+                                        if "gate_mean" in m and m["iteration"] >= 50] for r in runs["mixture"])]
+    lm = {arm: [[m for m in r["runs"][arm]["metrics"] if m.get("iteration") == 600 and "val_lm_loss" in m][0]
+                ["val_lm_loss"] for r in runs["mixture"]] for arm in ("corpus-cplm", "corpus-baseline")}
+    mixture = [final_val(r, "corpus-cplm") for r in runs["mixture"]]
+    base = [final_val(r, "corpus-baseline") for r in runs["mixture"]]
+    aux_gain = [final_val(m, "corpus-baseline") - final_val(a, "corpus-cplm")
+                for m, a in zip(runs["mixture"], runs["aux1"])]
+    assert min(aux_gain) > 0
+    return (min(gates), max(gates), min(lm["corpus-cplm"]), max(lm["corpus-cplm"]), min(lm["corpus-baseline"]),
+            max(lm["corpus-baseline"]), sum(m > b for m, b in zip(mixture, base)), len(mixture),
+            "/".join(f"{v:.2f}" for v in mixture), "/".join(f"{v:.2f}" for v in base), min(aux_gain), max(aux_gain))
+
+
+def spamlang_ablation(results: dict) -> tuple:
+    """The 60-step SpamLang table's cells: untied and tied, CPLM and baseline."""
+    runs = {(r["vocab"], r["tied"]): r for r in results["spamlang"]}
+    untied, tied = [runs[v, False] for v in (4096, 8192, 16384)], [runs[v, True] for v in (4096, 8192, 16384)]
+    assert all(r["cplm_steps_to_99"] == 0 and round(r["cplm_accuracy"]["60"], 3) == 0.992 for r in untied + tied)
+    assert all(r["baseline_steps_to_99"] is None and r["baseline_accuracy"]["60"] == 0 for r in untied)
+    assert all(r["baseline_steps_to_99"] == 0 for r in tied)
+    p = [r["baseline_final_target_prob"] for r in untied]
+    acc = [r["baseline_accuracy"]["60"] for r in tied]
+    start = [r["cplm_target_prob"]["0"] for r in untied + tied]
+    return (span([r["cplm_final_target_prob"] for r in untied]), sci(min(p), 0), sci(max(p)),
+            span([r["cplm_final_target_prob"] for r in tied]), min(acc), max(acc), min(start), max(start),
+            round(results["meta"]["seconds"]))
+
+
+def span(values: list, digits: int = 3) -> str:
+    """'0.984' when the values round alike, else '0.984–0.985' (least–most)."""
+    low, high = (f"{v:.{digits}f}" for v in (min(values), max(values)))
+    return low if low == high else f"{low}–{high}"
+
+
+def tiny_flops(s: dict) -> float:
+    return s["scales"]["tiny"]["arms"]["baseline"]["per_seed"]["1"]["train_flops_per_token"]
+
+
+def small_flops(s: dict) -> float:
+    return s["scales"]["small"]["arms"]["baseline"]["per_seed"]["1"]["train_flops_per_token"]
+
+
+def cluster_estimate(summary: dict) -> tuple:
+    """The GPU-hours `tools/study_cluster.py submit` prints by scale, its MFU tied to the 135M run it names."""
+    from cplm_megatron.experiments.study import cluster
+
+    assert round(summary["training"]["small"]["base_megatron"]["mfu_full_attention"], 2) == cluster.ASSUMED_MFU
+    hours = cluster_hours()
+    return hours["135m"], hours["360m"], sum(hours.values()), cluster.ASSUMED_MFU
+
+
+@lru_cache(maxsize=None)
+def cluster_hours() -> dict:
+    """The default cluster study's GPU-hours per scale, planned against an empty prepared-corpus layout."""
+    import tempfile
+
+    from cplm_megatron.experiments.study.cluster import ClusterStudySettings, plan
+
+    with tempfile.TemporaryDirectory() as tmp:
+        for split in ("train", "dev", "val"):
+            (Path(tmp) / split).mkdir()
+            (Path(tmp) / split / "manifest.json").write_text("{}")
+        settings = ClusterStudySettings(data=tmp, slurm_dir=str(REPO / "slurm"))
+        hours: dict = {}
+        for _, run in plan(settings, Path(tmp) / "out"):
+            hours[run.scale] = hours.get(run.scale, 0.0) + run.gpu_hours
+    return hours
+
+
+def aux_terms(s: dict) -> tuple:
+    t = s["scales"]["tiny"]
+    n, mix, aux1 = len(t["seeds"]), t["vs_baseline"]["mixture"], t["arms"]["aux1"]
+    assert wins(t["vs_baseline"]["aux1"]) == wins(t["vs_cache"]["aux1"]) == n
+    return (wins(mix), n, mix["mean"], n - wins(t["vs_cache"]["mixture"]), n, t["vs_cache"]["mixture"]["mean"],
+            t["arms"]["mixture"]["mean_std"]["lm_val_loss"]["mean"], t["arms"]["baseline"]["mean_std"]["val_loss"]["mean"],
+            n, n, aux1["mean_std"]["lm_val_loss"]["mean"])
+
+
+# --- the registry -------------------------------------------------------------------------------------------------
+
+SUMMARY_GPU = f"{GPU}/check_summary.json"
+QUOTES = [
+    # README.md, ## Results
+    Quote("README.md", "tokens/s: the mean over the steps after the first {}", (SUMMARY_GPU,),
+          lambda s: s["training"]["small"]["base_megatron"]["warmup_steps_excluded"]),
+    Quote("README.md", "At 1.7B the copy head costs {:.1f}-{:.1f}% of the step time, and {:.0f}% MFU", (GPU, GPU),
+          lambda r, _: (*overheads_1p7b(r), 100 * gpu_runs(r)["1p7b_4k_base_g16"].mfu_full)),
+    Quote("README.md", "took {:.1f}-{:.1f}x SDPA flash attention's time at the same shape (T {}k-{}k)",
+          (SUMMARY_GPU,), kernel_vs_flash),
+    Quote("README.md", "within {}% of every measured peak (peak/estimate {:.3f}-{:.3f} over {} runs)", (GPU,),
+          planner_ratios),
+    Quote("README.md", "the estimates the check recorded, from the planner it ran, were low (peak/estimate "
+          "{:.2f}-{:.2f})", (SUMMARY_GPU,), recorded_ratios),
+    Quote("README.md", "{:.1f}M training tokens per run", (STUDY,), lambda s: s["scales"]["tiny"]["tokens"] / 1e6),
+    Quote("README.md", "| tiny (hidden {}, {} layers, {} seeds) | {} | {} | {} | {} | {} |", (STUDY,),
+          lambda s: readme_row(s, "tiny")),
+    Quote("README.md", "| small (hidden {}, {} layers, {} seeds) | {} | {} | {} | {} | {} |", (STUDY,),
+          lambda s: readme_row(s, "small")),
+    Quote("README.md", "The cache alone buys {:.0%} (tiny) and {:.0%} (small) of the CPLM's gain", (STUDY,),
+          cache_share),
+    Quote("README.md", "(copy accuracy 0.000 in {} of {} runs, {:.3f} in {} seed {}: {} of {} tokens)",
+          (STUDY, STUDY_RUNS), baseline_copying),
+    # docs/evaluation.md: the first ablation
+    Quote("docs/evaluation.md", "| untied (V = 4096, 8192, 16384) | 0 (already at init) | 0.992 / {} (all three) | "
+          "not within 60 | 0.000 / ≈ 1/V ({} – {}) | | tied (V = 4096, 8192, 16384) | 0 | 0.992 / {} | 0 (tied "
+          "embeddings make e_v·e_v the top logit) | {:.2f}–{:.2f}, falling / ≈ 2/V | The copy head is right from "
+          "initialization because every candidate proposes the repeated symbol; training raises its gate so "
+          "p(target) climbs from {:.2f}-{:.2f} to 0.98 within 60 steps", (f"{ABLATION}/results.json",),
+          lambda r: spamlang_ablation(r)[:8]),
+    Quote("docs/evaluation.md", "(`tools/ablate.py --output results/ablation_cpu`, {} s)", (f"{ABLATION}/results.json",),
+          lambda r: spamlang_ablation(r)[8]),
+    Quote("docs/evaluation.md", "the gate averaged {:.2f}-{:.2f} from step 50 on, the LM head received little gradient "
+          "(its own validation cross entropy at step 600 was {:.2f}-{:.2f} nats where the baseline's was "
+          "{:.2f}-{:.2f}) and in {} of {} seeds the CPLM ended worse than the baseline (val loss {} vs {}), while "
+          "the auxiliary LM-only cross entropy at weight 1 won in every seed by {:.2f}–{:.2f} nats", (ABLATION,),
+          corpus_comparison),
+    # docs/evaluation.md: the recipe study
+    Quote("docs/evaluation.md", "`aux1+copy` (beat the cache control by only {:.3f} where `aux1` won by {:.3f}) and "
+          "`sentinel` (lost to the cache control, {:+.3f})", ("results/study_cpu_v2/runs",), v2_retirements),
+    Quote("docs/evaluation.md", "for {} steps of 8 × 256 tokens ({:.1f}M)", (STUDY,),
+          lambda s: (s["scales"]["tiny"]["model"]["iters"], s["scales"]["tiny"]["tokens"] / 1e6)),
+    Quote("docs/evaluation.md", "tiny (hidden 64, 4 layers, {:.1f}M training FLOPs per token)", (STUDY,),
+          lambda s: s["scales"]["tiny"]["arms"]["baseline"]["per_seed"]["1"]["train_flops_per_token"] / 1e6),
+    Quote("docs/evaluation.md", "small (hidden 128, 8 layers, {:.1f}M FLOPs per token: {:.1f}×)", (STUDY,),
+          lambda s: (small_flops(s) / 1e6, small_flops(s) / tiny_flops(s))),
+    Quote("docs/evaluation.md", "a tiny run trained in {}-{} s ({}-{} tokens/s) and evaluated in {}-{} s (every "
+          "validation sample, copy, passkey to 1024 tokens, gradient; the cache control on the baselines); a small run "
+          "trained in {}-{} s and evaluated in {}-{} s. The grid took {} s, {:.1f} core-hours.", (STUDY_RUNS, STUDY),
+          study_cost),
+    Quote("docs/evaluation.md", "**The grid is complete** ({} of {} runs: tiny {} seeds x {} arms, small {} seeds x {} "
+          "arms;", (STUDY,), grid_counts),
+    Quote("docs/evaluation.md", "- **Tiny** (baseline {:.2f} nats, baseline + cache control {:.2f}): every trained arm "
+          "is below the baseline in every seed (`aux1` {}, `sentinel+aux1` {}, `mixture` {}); against the cache control "
+          "`aux1` wins in {} of {} seeds ({}) and so does `sentinel+aux1` ({}), while `mixture` loses in {} of {} ({}); "
+          "`sentinel+aux1` - `aux1` = {} ({} of {} seeds: the interval includes 0).", (STUDY,), tiny_results),
+    Quote("docs/evaluation.md", "- **Small** ({:.1f}x the FLOPs per token, the same tokenizer and validation set; "
+          "baseline {:.3f}, cache control {:.3f}): `aux1` {} vs the baseline and {} vs the cache control, {} of {} "
+          "seeds each; `sentinel+aux1` {} vs the baseline but {} vs the cache control, losing to it in seed 1 ({:+.3f}) "
+          "and winning in seeds 2 and 3, and {} vs `aux1` (its LM head alone {:.2f} vs the baseline's {:.2f} and "
+          "`aux1`'s {:.2f}).", (STUDY,), small_results),
+    Quote("docs/evaluation.md", "Passkey accuracy on the first key token is low but not at chance ({}) for every arm: "
+          "`aux1` and the baseline retrieve {} of {:,} samples at tiny and {} of {:,} at small ({}-{}x chance), "
+          "`sentinel+aux1` {} of {} and {} of {} ({:.3f} / {:.3f}), `mixture` {} of {} at tiny ({:.3f}, {:.0f}x "
+          "chance).", (STUDY,), passkey_counts),
+    Quote("docs/evaluation.md", "Copy accuracy (mean, tiny / small) {:.2f} / {:.2f} (`aux1`), {:.2f} / {:.2f} "
+          "(`sentinel+aux1`), {:.2f} (`mixture`, tiny) vs chance {}, the baseline's <= {:.3f} and the "
+          "one-token-match copier's {:.3f} on the same samples", (STUDY,), copy_means),
+    Quote("docs/evaluation.md", "- **SpamLang at vocabulary {}** (`aux1` vs the baseline, untied LM head; "
+          "`spamlang_h64_s1/`: hidden {}, seed {}, {} steps, and `summary.json`'s `spamlang`): the CPLM is at {:.3f} "
+          "accuracy from step 0 (p(target) {:.3f} at step {}), the (L-1)/L ceiling that the trivial copiers reach too: "
+          "the previous-token copier {:.3f} and the untrained baseline + a continuous cache {:.3f} at every step; the "
+          "baseline stays at 0.000 with its loss at ln V ({:.3f} vs {:.3f}; p(target) {}, 1/V = {}): an untied LM "
+          "head sees each symbol a few times in {} steps.", (STUDY,), spamlang_600),
+    Quote("docs/evaluation.md", "agree (CPLM 0.992 from step 0, p(target) {:.2f} at step {}; baseline 0.000, "
+          "p(target) {} and {})", ("results/study_cpu_v3/spamlang_h64/results.json",
+                                   "results/study_cpu_v3/spamlang_h128/results.json"), spamlang_60),
+    Quote("docs/evaluation.md", "logit gradient outside its column span is {:.5f} and {:.5f} at hidden 64 and 128, its "
+          "chance value sqrt(1 - d/V) at both widths", ("results/study_cpu_v3/spamlang_h64/results.json",
+                                                        "results/study_cpu_v3/spamlang_h128/results.json"),
+          gradient_share),
+    Quote("docs/evaluation.md", "no baseline learned to copy in context (copy accuracy 0.000 in {} of {} runs, {:.3f} in "
+          "{} seed {}: {} of {} tokens)", (STUDY, STUDY_RUNS), baseline_copying),
+    Quote("docs/evaluation.md", "the test-time cache alone buys {:.0%} (tiny) and {:.0%} (small) of `aux1`'s gain",
+          (STUDY,), cache_share),
+    Quote("docs/evaluation.md", "~{:.0f} GPU-hours at 135M and ~{:.0f} at 360M (~{:.0f} in all: training FLOPs from "
+          "`model/accounting.py` at {:.0%} of an H100's bf16 peak, the MFU measured at 135M on one H200",
+          (SUMMARY_GPU,), cluster_estimate),
+    # docs/design.md: the recipe defaults and the auxiliary terms
+    Quote("docs/design.md", "**The grid is complete** ({} of {} runs: tiny {} seeds x {} arms, small {} seeds x {} "
+          "arms;", (STUDY,), grid_counts),
+    Quote("docs/design.md", "below the baseline (tiny {}, small {} nats, 95% t intervals over seeds) and below the "
+          "baseline + cache control ({} and {}) in every seed", (STUDY,),
+          lambda s: tuple(interval(s["scales"][sc][kind]["aux1"]) for kind in ("vs_baseline", "vs_cache")
+                          for sc in ("tiny", "small"))),
+    Quote("docs/design.md", "the pure mixture beat the bare baseline in {} of {} seeds ({:.3f} nats) but lost to the "
+          "baseline + cache control in {} of {} ({:+.3f}), and its LM head alone fell to {:.2f} nats against the "
+          "baseline's {:.2f}: the starved LM head. `lm_loss_weight: 1` beat both controls in {} of {} seeds with its "
+          "LM head alone at {:.2f}.", (STUDY,), aux_terms),
+    # results/gpu/2026-12-04/README.md
+    Quote(f"{GPU}/README.md", "first pass ({} s of its {} s of budgets)", (SUMMARY_GPU,),
+          lambda s: (s["wall_s"], s["budget_limit_s"])),
+    Quote(f"{GPU}/README.md", "recorded (the planner at 1661af4, low: peak/estimate {:.2f}-{:.2f}) and the current "
+          "planner's (peak/estimate {:.3f}-{:.3f})", (SUMMARY_GPU, GPU),
+          lambda s, r: (*recorded_ratios(s), *planner_ratios(r)[1:3])),
+    Quote(f"{GPU}/README.md", "fused forward+backward {} / {} / {} ms at T = 4k / 16k / 32k against SDPA flash {} / {} / "
+          "{} ms ({}x / {}x / {}x); the FP8 forward {:.2f}-{:.2f}x bf16; extra memory {:.2f}% of the naive path's at "
+          "32k", (SUMMARY_GPU,), kernel_times),
+    Quote(f"{GPU}/README.md", "The fused kernels pass the CPU reference at T={} in bf16, fp32 and FP8, d {} and {} "
+          "(logsumexp error <= {} in bf16/fp32, <= {} in FP8)", (SUMMARY_GPU,), kernel_errors),
+    Quote(f"{GPU}/README.md", "Copy-score kernel (d {}, {} heads)", (SUMMARY_GPU,),
+          lambda s: next((r["head_dim"], r["heads"]) for r in s["copy_kernel"].values())),
+    Quote(f"{GPU}/README.md", "MFU: matrix-multiply FLOPs at the H200's dense bf16 peak ({:.0f} TFLOP/s)",
+          (SUMMARY_GPU,), lambda s: s["training"]["small"]["base_megatron"]["peak_tflops"]),
+    Quote(f"{GPU}/README.md", "ran faster per step than its chunked baseline, one {}-step run each", (SUMMARY_GPU,),
+          lambda s: s["training"]["small"]["cplm_chunked"]["iterations"]),
+    Quote(f"{GPU}/README.md", "LM-head loss (V {:,}, the rerun)", (f"{GPU}/check_rerun_summary.json",),
+          lambda r: r["lm_head_loss"]["rows"][0]["vocab"]),
+    Quote(f"{GPU}/README.md", "Megatron's path {} ms, chunked {} ms, fused {} ms at hidden 576 / seq 2048; {} / {} / {} "
+          "ms at seq 8192; {} / {} / {} ms at hidden 2048 (working memory {} / {} / {} MiB at 576)",
+          (f"{GPU}/check_rerun_summary.json",), lm_head_rows),
+    Quote(f"{GPU}/README.md", "at 135M ~{} kernel launches per step ({} cudaLaunchKernel and {} cuLaunchKernelEx "
+          "calls), matrix multiplies ~{}% of the step's GPU time", (f"{GPU}/profile_135m_megatron_loss.json",),
+          profile_135m),
+    Quote(f"{GPU}/README.md", "the optimizer step takes {:.1f} ms of {:.0f} ms", (f"{GPU}/profile_1p7b_chunked.json",),
+          profile_1p7b),
+]
+
+
+@pytest.mark.parametrize("quote", QUOTES, ids=lambda q: f"{q.page}:{normalized(q.text)[:48]}")
+def test_each_quoted_figure_is_its_records(quote: Quote):
+    rendered = quote.render()
+    assert rendered in page(quote.page), f"{quote.page} should say: {rendered}"
+
+
+# --- the generated GPU tables -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("target, args", [("README.md", []), (f"{GPU}/README.md", ["--results-readme"])])
+def test_the_gpu_tables_are_printed_from_the_records(target: str, args: list):
+    """README.md's and the lease README's tables are what benchmarks/gpu/results_table.py prints, run as users do."""
+    printed = subprocess.run([sys.executable, str(REPO / "benchmarks/gpu/results_table.py"), GPU, *args],
+                             capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert printed.returncode == 0, printed.stderr[-2000:]
+    expected = gpu.readme_table(REPO / GPU) if not args else gpu.results_table(REPO / GPU)
+    assert printed.stdout.strip() == expected
+    assert expected in (REPO / target).read_text()
+
+
+def test_the_table_generator_refuses_a_folder_without_a_check():
+    printed = subprocess.run([sys.executable, str(REPO / "benchmarks/gpu/results_table.py"), "results"],
+                             capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert printed.returncode == 2 and printed.stderr.startswith("error: results has no check_summary.json")
+
+
+def test_the_tables_step_rule_is_the_checks_and_differs_from_the_logged_average():
+    """The 1.7B seq-4096 runs' tokens/s: per-step times are differences of `time`; the mean of steps 4..N equals
+    (t_N - t_3)/(N - 3) by hand, and the trainer's logged running average (which counts the first steps) is slower."""
+    lines = record(f"{GPU}/1p7b_seq4096_base_g16.metrics.jsonl")
+    times = [line["time"] for line in lines]
+    per_step = [b - a for a, b in zip(times, times[1:])][2:]  # steps 4..8
+    run = gpu_runs(REPO / GPU)["1p7b_4k_base_g16"]
+    assert run.step_time == pytest.approx(sum(per_step) / len(per_step), rel=1e-12)
+    assert run.tokens_per_sec == pytest.approx(16 * 4096 / run.step_time) and run.tokens_per_sec > lines[-1]["tokens_per_sec"]
+
+
+# --- coverage: every figure of these sections is registered -------------------------------------------------------
+
+COVERED = {  # page: (the first line of the section, the first line after it)
+    "README.md": ("## Results", "## Quick start on a GPU cluster"),
+    f"{GPU}/README.md": ("## The figures", None),
+}
+NOT_FIGURES = {
+    "README.md": {"H200": "the device", "H100s": "the device", "41-48%": "Megatron-LM's published MFU",
+                  "25%": "lm_head_choice's threshold, a setting", "sm_90": "an architecture", "2017": "a citation",
+                  "95%": "the interval's level", "135M": "a model", "FP8": "a number format", "bf16": "a number format"},
+    f"{GPU}/README.md": {"H200's": "the device", "1.7B": "a model"},
+}
+
+
+def section(name: str) -> str:
+    text = (REPO / name).read_text()
+    first, after = COVERED[name]
+    text = text[text.index(first):]
+    return text[:text.index(after)] if after else text
+
+
+def figures_in(text: str) -> list[str]:
+    """The tokens with a digit, outside generated blocks, code spans, link targets and image lines."""
+    text = re.sub(r"<!-- ([\w-]+):begin.*?<!-- \1:end -->", " ", text, flags=re.S)
+    text = re.sub(r"`[^`]*`", " ", text)
+    text = re.sub(r"\]\([^)]*\)", "]", text)
+    text = re.sub(r"^!\[.*$", " ", text, flags=re.M)
+    tokens = (t.strip("()[],;:.*!?|/") for t in text.split())
+    return [t for t in tokens if re.search(r"\d", t)]
+
+
+@pytest.mark.parametrize("name", sorted(COVERED))
+def test_every_figure_of_a_covered_section_is_registered(name: str):
+    quoted = " ".join(q.render() for q in QUOTES if q.page == name)
+    allowed = NOT_FIGURES.get(name, {})
+    loose = [t for t in figures_in(section(name))
+             if t not in allowed and not re.search(rf"(?<![\w.]){re.escape(t)}(?![\w])", quoted)]
+    assert not loose, f"{name}: figures without a Quote in tests/test_quoted_figures.py: {sorted(set(loose))}"
