@@ -29,6 +29,7 @@ GPU = "results/gpu/2026-12-04"
 STUDY = "results/study_cpu_v3/summary.json"
 STUDY_RUNS = "results/study_cpu_v3/runs"
 ABLATION = "results/ablation_cpu"
+H64, H128 = (f"results/study_cpu_v3/spamlang_h{h}/results.json" for h in (64, 128))
 
 
 @dataclass(frozen=True)
@@ -151,6 +152,46 @@ def profile_1p7b(profile: dict) -> tuple:
     return step_ms["Optimizer.step#AdamW.step"], 1e3 * profile["step_s"]
 
 
+def performance_table(results: Path) -> tuple:
+    runs, peer = gpu_runs(results), gpu.peer_runs(results)
+    cells = []
+    for name in ("135m_base_megatron", "135m_base_chunked", "1p7b_4k_base_g16"):
+        run = runs[name]
+        cells += [gpu.k(run.tokens_per_sec), gpu.pct(run.mfu_full), gpu.pct(run.mfu_causal), run.peak_gib]
+    cplm = runs["1p7b_4k_cplm_g16"]
+    cells += [gpu.k(cplm.tokens_per_sec), gpu.pct(gpu.overhead(runs, "1p7b_4k_cplm_g16"), True), cplm.peak_gib]
+    eager, compiled = peer["smollm2-135m"], peer["smollm2-135m+compile"]
+    return (*cells, gpu.k(eager["tokens_per_s"]), gpu.k(compiled["tokens_per_s"]), eager["peak_memory_gib"],
+            compiled["peak_memory_gib"])
+
+
+def versus_peer_135m(results: Path) -> tuple:
+    """Our 135M tokens/s over the peer's, eager and compiled."""
+    ours, peer = gpu_runs(results)["135m_base_megatron"].tokens_per_sec, gpu.peer_runs(results)
+    return ours / peer["smollm2-135m"]["tokens_per_s"], ours / peer["smollm2-135m+compile"]["tokens_per_s"]
+
+
+def chunked_cost(rerun: dict, summary: dict) -> tuple:
+    """The LM-head loss paths at 576/2048 (ms), the 135M step's chunked slowdown, and the chunked loss's extra time
+    at 1.7B (two sequences of 2048 at hidden 2048) as a share of the 1.7B seq-2048 step."""
+    times = lm_head_rows(rerun)
+    megatron, chunked = (float(times[i]) for i in (6, 7))
+    step = summary["training"]["large"]["base_chunked"]["step_time"]
+    micro = summary["training"]["large"]["base_chunked"]["micro_batch"]
+    share = micro * (chunked - megatron) / 1e3 / step
+    return (times[0], times[2], times[1], summary["training"]["small"]["base_chunked_over_megatron_loss_step_time"],
+            times[7], times[6], 100 * share, 1e3 * step)
+
+
+def planner_examples(results: Path) -> tuple:
+    """The current planner's error (estimate over peak, less 1, in %: least, most, runs) and four runs' figures."""
+    runs = gpu_runs(results)
+    errors = [100 * (run.estimate_gib / run.peak_gib - 1) for run in runs.values()]
+    pairs = [(runs[n].estimate_gib, runs[n].peak_gib) for n in ("135m_base_megatron", "135m_base_chunked",
+                                                               "1p7b_base_chunked", "1p7b_4k_base_g16")]
+    return (min(errors), max(errors), len(errors), *(v for pair in pairs for v in pair))
+
+
 # --- figures from the CPU recipe study (results/study_cpu_v3/) ----------------------------------------------------
 
 def interval(d: dict) -> str:
@@ -240,7 +281,7 @@ def spamlang_60(h64: dict, h128: dict) -> tuple:
     assert all(r["cplm_steps_to_99"] == 0 and r["baseline_steps_to_99"] is None for r in runs)
     p = {round(r["cplm_final_target_prob"], 2) for r in runs}
     assert len(p) == 1
-    return (p.pop(), runs[0]["iters"], *(sci(r['baseline_final_target_prob']) for r in runs))
+    return (runs[0]["iters"], p.pop(), runs[0]["iters"], *(sci(r["baseline_final_target_prob"]) for r in runs))
 
 
 def gradient_share(h64: dict, h128: dict) -> tuple:
@@ -376,8 +417,8 @@ def cluster_estimate(summary: dict) -> tuple:
 
 
 @lru_cache(maxsize=None)
-def cluster_hours() -> dict:
-    """The default cluster study's GPU-hours per scale, planned against an empty prepared-corpus layout."""
+def cluster_runs() -> tuple:
+    """The default cluster study's runs as `tools/study_cluster.py submit` plans them (an empty corpus layout)."""
     import tempfile
 
     from cplm_megatron.experiments.study.cluster import ClusterStudySettings, plan
@@ -387,10 +428,30 @@ def cluster_hours() -> dict:
             (Path(tmp) / split).mkdir()
             (Path(tmp) / split / "manifest.json").write_text("{}")
         settings = ClusterStudySettings(data=tmp, slurm_dir=str(REPO / "slurm"))
-        hours: dict = {}
-        for _, run in plan(settings, Path(tmp) / "out"):
-            hours[run.scale] = hours.get(run.scale, 0.0) + run.gpu_hours
+        return tuple(run for _, run in plan(settings, Path(tmp) / "out"))
+
+
+def cluster_hours() -> dict:
+    """The default cluster study's GPU-hours per scale."""
+    hours: dict = {}
+    for run in cluster_runs():
+        hours[run.scale] = hours.get(run.scale, 0.0) + run.gpu_hours
     return hours
+
+
+def cluster_plan() -> tuple:
+    """The default cluster study's runs, steps, and tokens per run (billions) at 135M and 360M."""
+    from cplm_megatron.experiments.study.cluster import ClusterStudySettings
+
+    settings, runs = ClusterStudySettings(), cluster_runs()
+    tokens = {run.scale: run.labels["tokens_per_step"] * run.labels["iters"] / 1e9 for run in runs}
+    return len(runs), settings.iters, tokens["135m"], tokens["360m"]
+
+
+def first_study_baseline(s: dict) -> float:
+    stats = s["scales"]["tiny"]["arms"]["baseline"]["mean_std"]
+    assert stats["copy_accuracy"]["mean"] == stats["passkey_accuracy"]["mean"]
+    return stats["copy_accuracy"]["mean"]
 
 
 def aux_terms(s: dict) -> tuple:
@@ -477,13 +538,10 @@ QUOTES = [
           "the previous-token copier {:.3f} and the untrained baseline + a continuous cache {:.3f} at every step; the "
           "baseline stays at 0.000 with its loss at ln V ({:.3f} vs {:.3f}; p(target) {}, 1/V = {}): an untied LM "
           "head sees each symbol a few times in {} steps.", (STUDY,), spamlang_600),
-    Quote("docs/evaluation.md", "agree (CPLM 0.992 from step 0, p(target) {:.2f} at step {}; baseline 0.000, "
-          "p(target) {} and {})", ("results/study_cpu_v3/spamlang_h64/results.json",
-                                   "results/study_cpu_v3/spamlang_h128/results.json"), spamlang_60),
+    Quote("docs/evaluation.md", "The earlier {}-step runs (`spamlang_h64/`, `spamlang_h128/`, one seed) agree (CPLM "
+          "0.992 from step 0, p(target) {:.2f} at step {}; baseline 0.000, p(target) {} and {})", (H64, H128), spamlang_60),
     Quote("docs/evaluation.md", "logit gradient outside its column span is {:.5f} and {:.5f} at hidden 64 and 128, its "
-          "chance value sqrt(1 - d/V) at both widths", ("results/study_cpu_v3/spamlang_h64/results.json",
-                                                        "results/study_cpu_v3/spamlang_h128/results.json"),
-          gradient_share),
+          "chance value sqrt(1 - d/V) at both widths", (H64, H128), gradient_share),
     Quote("docs/evaluation.md", "no baseline learned to copy in context (copy accuracy 0.000 in {} of {} runs, {:.3f} in "
           "{} seed {}: {} of {} tokens)", (STUDY, STUDY_RUNS), baseline_copying),
     Quote("docs/evaluation.md", "the test-time cache alone buys {:.0%} (tiny) and {:.0%} (small) of `aux1`'s gain",
@@ -491,7 +549,22 @@ QUOTES = [
     Quote("docs/evaluation.md", "~{:.0f} GPU-hours at 135M and ~{:.0f} at 360M (~{:.0f} in all: training FLOPs from "
           "`model/accounting.py` at {:.0%} of an H100's bf16 peak, the MFU measured at 135M on one H200",
           (SUMMARY_GPU,), cluster_estimate),
+    Quote("docs/evaluation.md", "the two scales is {} runs of {} steps at the recipes' batches ({:.1f}B tokens per run "
+          "at 135M, {:.1f}B at 360M)", (), cluster_plan),
+    Quote("docs/evaluation.md", "## The ablation on CPU (tiny scale: hidden {}, 4 layers, {} steps of 8 × 256 tokens",
+          (f"{ABLATION}/results.json",),
+          lambda r: (r["meta"]["settings"]["hidden_size"], r["meta"]["settings"]["corpus_iters"])),
+    Quote("docs/evaluation.md", "the hidden size, {} steps (`tools/ablate.py --output results/ablation_cpu`",
+          (f"{ABLATION}/results.json",), lambda r: r["meta"]["settings"]["spamlang_iters"]),
+    Quote("docs/evaluation.md", "**Embedded corpus, the first comparison** ({} steps, vocabulary {} = 64× hidden",
+          (f"{ABLATION}/results.json",), lambda r: (r["meta"]["settings"]["corpus_iters"],
+                                                   r["runs"]["corpus-baseline"]["label"]["vocab"])),
     # docs/design.md: the recipe defaults and the auxiliary terms
+    Quote("docs/design.md", "the SpamLang runs at vocabulary {:,} ({} and {} steps)",
+          (STUDY, H64),
+          lambda s, h64: (s["spamlang"][0]["vocab"], h64["spamlang"][0]["iters"], s["spamlang"][0]["iters"])),
+    Quote("docs/design.md", "at the first study's tiny scale the baseline's copy and passkey accuracy were {:.3f}",
+          ("results/study_cpu/summary.json",), first_study_baseline),
     Quote("docs/design.md", "**The grid is complete** ({} of {} runs: tiny {} seeds x {} arms, small {} seeds x {} "
           "arms;", (STUDY,), grid_counts),
     Quote("docs/design.md", "below the baseline (tiny {}, small {} nats, 95% t intervals over seeds) and below the "
@@ -502,6 +575,23 @@ QUOTES = [
           "baseline + cache control in {} of {} ({:+.3f}), and its LM head alone fell to {:.2f} nats against the "
           "baseline's {:.2f}: the starved LM head. `lm_loss_weight: 1` beat both controls in {} of {} seeds with its "
           "LM head alone at {:.2f}.", (STUDY,), aux_terms),
+    # docs/performance.md
+    Quote("docs/performance.md", "| SmolLM2-135M, seq 2048, micro 8, Megatron's LM-head loss | {} | {} / {} | {:.1f} | "
+          "| the same with the chunked LM-head loss | {} | {} / {} | {:.1f} | | SmolLM2-1.7B, seq 4096, micro 4, four "
+          "micro-batches per step | {} | {} / {} | {:.1f} | | the same with the copy head | {} ({} step time) | | {:.1f} "
+          "| | transformers Llama 135M (fp32 weights + bf16 autocast, fused AdamW), eager / torch.compile | {} / {} | | "
+          "{:.1f} / {:.1f} |", (GPU,), performance_table),
+    Quote("docs/performance.md", "the copy head costs {:.1f}-{:.1f}% of the step time. At 135M we trained at {:.2f}x "
+          "transformers eager and {:.2f}x transformers with torch.compile: a 135M step launches ~{} kernels and spends "
+          "only ~{}% of its GPU time in matrix multiplies", (GPU, f"{GPU}/profile_135m_megatron_loss.json"),
+          lambda r, prof: (*overheads_1p7b(r), *versus_peer_135m(r), *(profile_135m(prof)[i] for i in (0, 3)))),
+    Quote("docs/performance.md", "the loss itself took {} ms with Megatron's path, {} ms fused and {} ms chunked, which "
+          "made a whole 135M step {:.2f}x slower with `chunked`; at 1.7B (seq 2048, micro-batch 2) the chunked loss's "
+          "extra time over Megatron's path, 2 x ({} - {}) ms at hidden 2048, is ~{:.0f}% of the {:.0f} ms step.",
+          (f"{GPU}/check_rerun_summary.json", SUMMARY_GPU), chunked_cost),
+    Quote("docs/performance.md", "it is within {:+.1f}% to {:+.1f}% over {} runs (135M: {:.2f} estimated vs {:.2f} "
+          "measured with Megatron's loss, {:.2f} vs {:.2f} chunked; 1.7B seq 2048: {:.2f} vs {:.2f}; 1.7B seq 4096 "
+          "micro 4: {:.2f} vs {:.2f})", (GPU,), planner_examples),
     # results/gpu/2026-12-04/README.md
     Quote(f"{GPU}/README.md", "first pass ({} s of its {} s of budgets)", (SUMMARY_GPU,),
           lambda s: (s["wall_s"], s["budget_limit_s"])),
@@ -570,23 +660,44 @@ def test_the_tables_step_rule_is_the_checks_and_differs_from_the_logged_average(
 
 # --- coverage: every figure of these sections is registered -------------------------------------------------------
 
-COVERED = {  # page: (the first line of the section, the first line after it)
-    "README.md": ("## Results", "## Quick start on a GPU cluster"),
-    f"{GPU}/README.md": ("## The figures", None),
+SPLIT = "the validation split's figures (data/stdlib/split.json, built by make data, not a record under results/)"
+COVERED = {  # page: its sections, each (its first line, the first line after it)
+    "README.md": [("## Results", "## Quick start on a GPU cluster")],
+    "docs/evaluation.md": [("## The ablation on CPU", "## Reproducing at 135M"),
+                           ("Every active arm (baseline", "Throughput and scaling")],
+    "docs/performance.md": [("## Measured on one H200", "## `model.lm_head_loss: auto`")],
+    "docs/design.md": [("Why the auxiliary terms exist", "`decouple_lm` removes"),
+                       ("**The grid is complete**", "`decouple_lm` stops")],
+    f"{GPU}/README.md": [("## The figures", None)],
 }
+NAMES = {"aux1": "an arm", "sentinel+aux1": "an arm", "v1": "a study", "v2": "a study", "v2's": "a study",
+         "v3": "a study", "H200": "the device", "H200's": "the device", "H100s": "the device", "sm_90": "an architecture",
+         "135M": "a model", "1.7B": "a model", "135M–1.7B": "models", "hidden-64/128": "models",
+         "SmolLM2-style": "a model", "FP8": "a number format", "bf16": "a number format", "2017": "a citation",
+         "95%": "an interval's level"}
 NOT_FIGURES = {
-    "README.md": {"H200": "the device", "H100s": "the device", "41-48%": "Megatron-LM's published MFU",
-                  "25%": "lm_head_choice's threshold, a setting", "sm_90": "an architecture", "2017": "a citation",
-                  "95%": "the interval's level", "135M": "a model", "FP8": "a number format", "bf16": "a number format"},
-    f"{GPU}/README.md": {"H200's": "the device", "1.7B": "a model"},
+    "README.md": {**NAMES, "41-48%": "Megatron-LM's published MFU", "25%": "lm_head_choice's threshold, a setting"},
+    "docs/evaluation.md": {**NAMES, **dict.fromkeys(("125", "284k", "1–24", "30%", "2.4%", "1.2%", "32-token", "3.11",
+                                                     "106k", "42%", "23-document", "24%"), SPLIT),
+                           "2-core": "the machine", "99%": "a threshold", "4096–16384": "settings",
+                           "64–256×": "settings", "1–5": "seeds (settings)", "1–3": "seeds (settings)",
+                           "75": "an exit code"},
+    "docs/design.md": {**NAMES, **dict.fromkeys(("32-token", "24%", "23", "42%"), SPLIT),
+                       "128": "the first study's scored samples (a setting)", "1/(V-1": "a formula",
+                       "1/(V-3": "a formula"},
+    f"{GPU}/README.md": NAMES,
+    "docs/performance.md": {**NAMES, "H100": "the device", "41-48%": "Megatron-LM's published MFU",
+                            "2026-12-04": "the lease's date"},
 }
 
 
 def section(name: str) -> str:
-    text = (REPO / name).read_text()
-    first, after = COVERED[name]
-    text = text[text.index(first):]
-    return text[:text.index(after)] if after else text
+    """The covered sections of a page, fenced code blocks left out (commands, not figures)."""
+    text, parts = (REPO / name).read_text(), []
+    for first, after in COVERED[name]:
+        part = text[text.index(first):]
+        parts.append(part[:part.index(after)] if after else part)
+    return re.sub(r"```.*?```", " ", "\n".join(parts), flags=re.S)
 
 
 def figures_in(text: str) -> list[str]:
