@@ -192,6 +192,93 @@ def planner_examples(results: Path) -> tuple:
     return (min(errors), max(errors), len(errors), *(v for pair in pairs for v in pair))
 
 
+# --- figures from the CPU benchmarks (results/*_cpu.json, results/long_context/) --------------------------------
+
+def overhead_rows(bench: dict) -> tuple:
+    """The copy-head overhead table's number cells, row by row."""
+    return tuple(cell for r in bench["rows"] for cell in (
+        r["seq_len"], f"{r['baseline_step_s']:.3f}", f"{r['cplm_step_s']:.3f}", f"{r['time_ratio']:.2f}",
+        f"{r['baseline_peak_mem_mib']:.1f}", f"{r['cplm_peak_mem_mib']:.1f}", f"{r['memory_ratio']:.2f}"))
+
+
+def mib(n: float) -> str:
+    """Bytes as the kernel table prints them: MiB below 1 GiB (no decimals), else GiB with one."""
+    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
+
+
+def copy_kernel_rows(bench: dict) -> tuple:
+    """The CPU copy-kernel table's rows (T, d_c, naive and chunked fwd+bwd time and extra memory, their ratios)."""
+    rows = {(r["impl"], r["T"], r["d"], r["mode"]): r for r in bench["rows"]}
+    cells = []
+    for t, d in ((1024, 64), (4096, 64), (4096, 128)):
+        naive, chunked = rows["naive", t, d, "fwd+bwd"], rows["chunked", t, d, "fwd+bwd"]
+        memory = chunked["extra_mem_bytes"] / naive["extra_mem_bytes"]
+        cells += [t, d, f"{naive['time_ms']:.0f}", f"{chunked['time_ms']:.0f}",
+                  f"{chunked['time_ms'] / naive['time_ms']:.2f}", mib(naive["extra_mem_bytes"]),
+                  mib(chunked["extra_mem_bytes"]), f"{memory:.2g}" if memory < 0.1 else f"{memory:.2f}"]
+    fused = next(r for r in bench["rows"] if r["impl"].startswith("fused") and r["T"] == 64 and r["mode"] == "fwd")
+    return (*cells, fused["extra_mem_bytes"] / 1024)
+
+
+def lm_head_cpu_rows(bench: dict) -> tuple:
+    rows = {(r["impl"], r["hidden"], r["seq"]): r for r in bench["rows"]}
+    cells = []
+    for hidden, seq in ((576, 2048), (576, 8192), (2048, 2048), (2048, 8192)):
+        megatron, chunked = rows["megatron", hidden, seq], rows["chunked", hidden, seq]
+        ratios = bench["ratios"][f"chunked[h={hidden},seq={seq},V=49152,float32]"]
+        cells += [hidden, seq, f"{megatron['time_s']:.2f}", f"{megatron['working_bytes'] / 2**20:.0f}",
+                  f"{chunked['time_s']:.2f}", f"{chunked['working_bytes'] / 2**20:.1f}",
+                  f"{100 * ratios['memory_ratio']:.2f}", f"{ratios['time_ratio']:.2f}"]
+    return tuple(cells)
+
+
+def long_context_table(bench: dict) -> tuple:
+    """The long-context table: per length (the short phase's, then the 8k phase's) each row's cells."""
+    def by_length(arm: str) -> list:
+        run = bench["runs"][arm]
+        return run["phases"][0]["by_length"] + run["by_length"]
+
+    cplm, base = by_length("cplm"), by_length("baseline")
+    samples = [3 * r["passkey_samples_per_depth"] for r in cplm]
+    rows = [[str(r["length"]) for r in cplm],
+            [f"{r['copy_accuracy']:.3f}" for r in cplm], [f"{r['copy_accuracy_one_token_match']:.3f}" for r in cplm],
+            [f"{r['copy_accuracy']:.3f}" for r in base],
+            [f"{round(r['passkey_first_token_accuracy'] * n)}/{n}" for r, n in zip(cplm, samples)],
+            [f"{round(r['passkey_first_token_accuracy'] * n)}/{n}" for r, n in zip(base, samples)],
+            [f"{r['copy_mean_gate']:.2f}" for r in cplm]]
+    chance = bench["runs"]["cplm"]["chance"]
+    return (*(" | ".join(row) for row in rows), f"{chance['copy_accuracy']:.4f}",
+            f"{chance['passkey_first_token_accuracy']:.4f}", round(1 / chance["passkey_first_token_accuracy"]))
+
+
+def long_context_prose(bench: dict) -> tuple:
+    """The losses against ln V, the copy scores quoted by length, the passkey counts, the cost."""
+    runs, vocab = bench["runs"], bench["settings"]["vocab"]
+    rows = {arm: {r["length"]: r for r in runs[arm]["phases"][0]["by_length"] + runs[arm]["by_length"]}
+            for arm in runs}
+    c = rows["cplm"]
+
+    def pair(length: int) -> str:
+        return f"{c[length]['copy_accuracy']:.3f} vs {c[length]['copy_accuracy_one_token_match']:.3f}"
+
+    def found(length: int) -> int:
+        return round(c[length]["passkey_first_token_accuracy"] * 3 * c[length]["passkey_samples_per_depth"])
+
+    base, cplm = runs["baseline"], runs["cplm"]
+    assert found(4096) == found(8192) and found(32768) == 0
+    return (vocab, math.log(vocab), base["phases"][0]["final_loss"], base["final_loss"], pair(256), pair(512),
+            pair(4096), pair(8192), pair(16384), pair(32768), found(4096), found(16384),
+            round(base["phases"][0]["train_seconds"]), round(base["train_seconds"]),
+            round(cplm["phases"][0]["train_seconds"]), round(cplm["train_seconds"]), round(base["eval_seconds"]),
+            round(cplm["eval_seconds"]), round(c[32768]["seconds"]))
+
+
+def copy_task_run(bench: dict) -> tuple:
+    run = bench["runs"]["cplm"]
+    by = {r["length"]: r["copy_accuracy"] for r in run["phases"][0]["by_length"]}
+    return run["phases"][0]["iterations"], by[256], by[128], by[512]
+
+
 # --- figures from the CPU recipe study (results/study_cpu_v3/) ----------------------------------------------------
 
 def interval(d: dict) -> str:
@@ -592,6 +679,46 @@ QUOTES = [
     Quote("docs/performance.md", "it is within {:+.1f}% to {:+.1f}% over {} runs (135M: {:.2f} estimated vs {:.2f} "
           "measured with Megatron's loss, {:.2f} vs {:.2f} chunked; 1.7B seq 2048: {:.2f} vs {:.2f}; 1.7B seq 4096 "
           "micro 4: {:.2f} vs {:.2f})", (GPU,), planner_examples),
+    # docs/benchmarks.md
+    Quote("docs/benchmarks.md", "| tiny (hidden 128, 4 layers, vocab 4096) | {} | {} | {} | {} | {} | {} | {} | | tiny | "
+          "{} | {} | {} | {} | {} | {} | {} | | SmolLM2-135M shape, 2 layers (vocab 49152) | {} | {} | {} | {} | {} | {} "
+          "| {} | | SmolLM2-135M shape, 2 layers | {} | {} | {} | {} | {} | {} | {} |",
+          ("results/copy_head_overhead_cpu.json",), overhead_rows),
+    Quote("docs/benchmarks.md", "The head costs {:.0f}% of a step at 135M width and seq 2048",
+          ("results/copy_head_overhead_cpu.json",), lambda b: 100 * (b["rows"][3]["time_ratio"] - 1)),
+    Quote("docs/benchmarks.md", "| {} | {} | {} ms | {} ms | {} | {} | {} | {} | | {} | {} | {} ms | {} ms | {} | {} | "
+          "{} | {} | | {} | {} | {} ms | {} ms | {} | {} | {} | {} | The fused Triton kernels run on CPU only in the "
+          "interpreter (correctness, not speed; its extra memory at T = 64 is {:.1f} KiB forward",
+          ("results/copy_kernel_cpu.json",), copy_kernel_rows),
+    Quote("docs/benchmarks.md", "the fused forward+backward takes {} / {} / {} ms at T = 4k / 16k / 32k (d 64, 4 heads) "
+          "against SDPA flash attention's {} / {} / {} ms at the same shape ({}x / {}x / {}x), the FP8 forward "
+          "{:.2f}-{:.2f}x the bf16 one (FP8 is a precision option, not a speed one, at this width), and the extra "
+          "memory is {:.2f}% of the naive path's at 32k", (SUMMARY_GPU,), kernel_times),
+    Quote("docs/benchmarks.md", "| {} | {} | {} s, {} MiB | {} s, {} MiB | {}% | {}x | (seq 2048: not the rule) | | {} | "
+          "{} | {} s, {} MiB | {} s, {} MiB | {}% | {}x | met | | {} | {} | {} s, {} MiB | {} s, {} MiB | {}% | {}x | "
+          "(seq 2048: not the rule) | | {} | {} | {} s, {} MiB | {} s, {} MiB | {}% | {}x | met |",
+          ("results/lm_head_loss_cpu.json",), lm_head_cpu_rows),
+    Quote("docs/benchmarks.md", "(on one H200 at hidden 576 / seq 2048: Megatron's path {} ms, `fused` {} ms, `chunked` "
+          "{} ms)", (f"{GPU}/check_rerun_summary.json",), lambda r: tuple(lm_head_rows(r)[i] for i in (0, 2, 1))),
+    Quote("docs/benchmarks.md", "| context length | {} | |---|---:|---:|---:|---:|---:|---:|---:|---:| | model scored | "
+          "short phase | short phase | short phase | short phase | 8k phase | 8k phase | 8k phase | 8k phase | | CPLM copy "
+          "accuracy | {} | | one-token match (no model) | {} | | baseline copy accuracy | {} | | CPLM passkey, first key "
+          "token | {} | | baseline passkey, first key token | {} | | CPLM mean gate on the repeat | {} | Chance: copy {}, "
+          "passkey first token {} (1 in {}).", ("results/long_context/long_context_cpu.json",), long_context_table),
+    Quote("docs/benchmarks.md", "its loss stays at ln {} = {:.3f} ({:.3f} after the short phase, {:.3f} after the long "
+          "one) and every score is at chance. The CPLM's copy head finds copies by content: at its training length "
+          "(256) it beats the one-token match ({}: it matches more than the current token), beyond it it falls below "
+          "({} at 512); after 30 steps at 8k with CP=2 it is at about the one-token match at 4k-16k ({}, {}, {}) and "
+          "below it at 32k ({}).", ("results/long_context/long_context_cpu.json",),
+          lambda b: long_context_prose(b)[:10]),
+    Quote("docs/benchmarks.md", "{} of 6 at 4k and 8k, {} of 6 at 16k, none at 32k", (
+          "results/long_context/long_context_cpu.json",), lambda b: long_context_prose(b)[10:12]),
+    Quote("docs/benchmarks.md", "Cost on one core: training {} + {} s (baseline) and {} + {} s (CPLM), scoring {} s and "
+          "{} s (CPLM at 32k: {} s)", ("results/long_context/long_context_cpu.json",),
+          lambda b: long_context_prose(b)[12:]),
+    Quote("docs/benchmarks.md", "span; {} short steps), kept as `long_context_cpu_copy.{{json,png}}`, is the reason for "
+          "`copy_random`: that CPLM copied at exactly 256 ({:.3f}) and at neither 128 ({:.3f}) nor 512 ({:.3f})",
+          ("results/long_context/long_context_cpu_copy.json",), copy_task_run),
     # results/gpu/2026-12-04/README.md
     Quote(f"{GPU}/README.md", "first pass ({} s of its {} s of budgets)", (SUMMARY_GPU,),
           lambda s: (s["wall_s"], s["budget_limit_s"])),
