@@ -279,6 +279,29 @@ def copy_task_run(bench: dict) -> tuple:
     return run["phases"][0]["iterations"], by[256], by[128], by[512]
 
 
+def data_prep(bench: dict) -> tuple:
+    """The data-preparation throughput: the corpus, each stage's tokens per core-second, core-hours per 100B tokens
+    (the median and the repetitions' range), and what that is on 64-core nodes."""
+    st, env = bench["stages"], bench["environment"]
+    tokens = st["read"]["tokens"]
+    mb = st["read"]["mb_per_core_s"] * st["read"]["cpu_s_median"]
+    hours = [1e11 * s / tokens / 3600 for s in st["prepare"]["cpu_s_all"]]
+    per_100b = st["prepare"]["core_hours_per_100b_tokens"]
+    return (env["files"], mb, tokens / 1e6, st["tokenize"]["tokens_per_core_s"] / 1e3,
+            f"{st['write']['tokens_per_core_s'] / 1e3:,.0f}",
+            math.floor(min(st["read"]["tokens_per_core_s"], st["read_jsonl_zst"]["tokens_per_core_s"]) / 1e6 + 0.5),
+            st["prepare"]["tokens_per_core_s"] / 1e3, per_100b, min(hours), max(hours), env["reps"], per_100b / 64,
+            60 * per_100b / 64 / 16, st["write"]["tokens_per_core_s"] / st["tokenize"]["tokens_per_core_s"])
+
+
+def code_corpus(build: dict) -> tuple:
+    sp, overlap = build["splits"], build["held_out_overlap"]["val"]
+    return (len(build["distributions"]), sum(d["bytes"] for d in build["distributions"]) / 1e6, build["wall_seconds"],
+            sp["train"]["tokens"] / 1e6, f"{sp['val']['documents']:,}", sp["val"]["tokens"] / 1e6,
+            100 * sp["val"]["largest_document_share"], sp["dev"]["documents"], sp["dev"]["tokens"] / 1e6,
+            100 * overlap["fraction_in_train"])
+
+
 # --- figures from the CPU recipe study (results/study_cpu_v3/) ----------------------------------------------------
 
 def interval(d: dict) -> str:
@@ -719,6 +742,18 @@ QUOTES = [
     Quote("docs/benchmarks.md", "span; {} short steps), kept as `long_context_cpu_copy.{{json,png}}`, is the reason for "
           "`copy_random`: that CPLM copied at exactly 256 ({:.3f}) and at neither 128 ({:.3f}) nor 512 ({:.3f})",
           ("results/long_context/long_context_cpu_copy.json",), copy_task_run),
+    # docs/data.md
+    Quote("docs/data.md", "corpus's training split, {} files, {:.1f} MB, {:.2f}M tokens of its 4096-token BPE, one thread "
+          "on one core of a shared 2-core AMD EPYC VM, process CPU time, median of 5. Tokenizing {:.0f}k tokens/s per "
+          "core, packing and writing zstd MDS shards with hashes {}k tokens/s, reading {}M+ tokens/s (`.py` or "
+          "`.jsonl.zst`); the whole `prepare_dataset` (one `--part` with `--workers 1`) {:.0f}k tokens/s, i.e. "
+          "**{:.0f} core-hours** per 100B tokens ({:.0f}-{:.0f} across the {} repetitions: the core was shared with "
+          "other jobs), about {:.1f} h on one 64-core node or {:.0f} min on 16. The tokenizer is the cost: the writing "
+          "stage alone is ~{:.0f}x faster", ("results/data_prep_cpu.json",), data_prep),
+    Quote("docs/data.md", "Built from the test environment's `.venv` ({} distributions, {:.1f} MB of sources) on one core "
+          "in {:.0f} s: {:.2f}M training tokens; {} validation documents, {:.2f}M tokens, the largest {:.2f}%; dev {} "
+          "documents, {:.2f}M tokens; {:.2f}% of the validation shingles occur in train",
+          ("results/code_corpus/build_cpu_2026-12-04.json",), code_corpus),
     # results/gpu/2026-12-04/README.md
     Quote(f"{GPU}/README.md", "first pass ({} s of its {} s of budgets)", (SUMMARY_GPU,),
           lambda s: (s["wall_s"], s["budget_limit_s"])),
