@@ -754,6 +754,13 @@ QUOTES = [
           "in {:.0f} s: {:.2f}M training tokens; {} validation documents, {:.2f}M tokens, the largest {:.2f}%; dev {} "
           "documents, {:.2f}M tokens; {:.2f}% of the validation shingles occur in train",
           ("results/code_corpus/build_cpu_2026-12-04.json",), code_corpus),
+    # docs/gpu-check.md, docs/troubleshooting.md
+    Quote("docs/gpu-check.md", "three steps stopped by budgets that were too short (install {} s, compat {} s, "
+          "lm_head_loss {} s", (SUMMARY_GPU,), lambda s: tuple(
+              next(st["budget_s"] for st in s["steps"] if st["name"] == name and st["rc"] == 124)
+              for name in ("install", "compat", "lm_head_loss"))),
+    Quote("docs/troubleshooting.md", "the estimate is within about {}% of the peaks measured on an H200", (GPU,),
+          lambda r: planner_ratios(r)[0]),
     # results/gpu/2026-12-04/README.md
     Quote(f"{GPU}/README.md", "first pass ({} s of its {} s of budgets)", (SUMMARY_GPU,),
           lambda s: (s["wall_s"], s["budget_limit_s"])),
