@@ -294,6 +294,22 @@ def data_prep(bench: dict) -> tuple:
             60 * per_100b / 64 / 16, st["write"]["tokens_per_core_s"] / st["tokenize"]["tokens_per_core_s"])
 
 
+def checksum_rows(bench: dict) -> tuple:
+    """The checksums' cost table: per preset, the size and each timing's range over the repetitions (tiny's short
+    ones in ms) with the checksums' and the check's share of the median save and load."""
+    tiny, small = bench["results"]
+
+    def spread(result: dict, key: str, unit: str, digits: int) -> str:
+        values = [r[key] * (1e3 if unit == "ms" else 1) for r in result["repeats"]]
+        return f"{min(values):.{digits}f}-{max(values):.{digits}f} {unit}"
+
+    return (tiny["parameters"] / 1e6, tiny["bytes"] / 1e6, spread(tiny, "save_s", "s", 2),
+            spread(tiny, "checksum_s", "ms", 0), 100 * tiny["checksum_share_of_save"], spread(tiny, "load_s", "s", 2),
+            spread(tiny, "verify_s", "ms", 0), 100 * tiny["verify_share_of_load"], small["bytes"] / 1e9,
+            spread(small, "save_s", "s", 0), spread(small, "checksum_s", "s", 1), 100 * small["checksum_share_of_save"],
+            spread(small, "load_s", "s", 1), spread(small, "verify_s", "s", 1), 100 * small["verify_share_of_load"])
+
+
 def code_corpus(build: dict) -> tuple:
     sp, overlap = build["splits"], build["held_out_overlap"]["val"]
     return (len(build["distributions"]), sum(d["bytes"] for d in build["distributions"]) / 1e6, build["wall_seconds"],
@@ -754,6 +770,10 @@ QUOTES = [
           "in {:.0f} s: {:.2f}M training tokens; {} validation documents, {:.2f}M tokens, the largest {:.2f}%; dev {} "
           "documents, {:.2f}M tokens; {:.2f}% of the validation shingles occur in train",
           ("results/code_corpus/build_cpu_2026-12-04.json",), code_corpus),
+    # docs/checkpoints.md
+    Quote("docs/checkpoints.md", "| tiny ({:.1f}M parameters, Adam state) | {:.1f} MB | {} | {} ({:.0f}%) | {} | {} "
+          "({:.0f}%) | | SmolLM2-135M (Adam state) | {:.2f} GB | {} | {} ({:.0f}%) | {} | {} ({:.0f}%) |",
+          ("results/checkpoint_checksums_cpu.json",), checksum_rows),
     # docs/gpu-check.md, docs/troubleshooting.md
     Quote("docs/gpu-check.md", "three steps stopped by budgets that were too short (install {} s, compat {} s, "
           "lm_head_loss {} s", (SUMMARY_GPU,), lambda s: tuple(
