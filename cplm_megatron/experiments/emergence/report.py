@@ -34,7 +34,8 @@ def pilot_lines(rows: list[dict[str, Any]], threshold: float) -> list[str]:
                      fmt(r["tokens_per_sec"], 0), fmt(r["final_copy_accuracy"], 3),
                      f"{fmt(r['final_text_copy_accuracy'], 3)} / {fmt(r['final_text_copy_first_accuracy'], 3)}",
                      fmt(r["final_text_copy_gain"], 3), _point(r["text_copy_emerges"]), _gain_curve(r["probe_curve"])])
-    lines += table(["run", "hidden x layers", "sequences/step", "repeat share", "tokens/s (one core)",
+    lines += table(["run", "hidden x layers", "sequences/step", "repeat share",
+                    "tokens/s (one core; median of the logged intervals)",
                     "random-token copy acc. (end)", "text copy acc. / first occurrence (end)", "text copy gain (end)",
                     f"gain >= {threshold:g} at", "probes: text copy gain (random-token copy acc.) by step"],
                    body, "lllrrrrrll")

@@ -51,7 +51,14 @@ def run_emergence(run: RunResults, threshold: float) -> dict[str, Any]:
             "final_text_copy_accuracy": text.get("text_copy_accuracy"),
             "final_text_copy_first_accuracy": text.get("text_copy_first_accuracy"),
             "final_text_copy_gain": text.get("text_copy_gain"),
-            "tokens_per_sec": run.record.tokens_per_sec if run.record is not None else None}
+            "tokens_per_sec": median_tokens_per_sec(run)}
+
+
+def median_tokens_per_sec(run: RunResults) -> float | None:
+    """The median of the run's logged interval throughputs (every launch of it: a resumed run's record holds only its
+    last launch, and a window the core was shared moves a median little)."""
+    values = sorted(r["tokens_per_sec"] for r in run.metrics if r.get("tokens_per_sec"))
+    return values[len(values) // 2] if values else None
 
 
 def domain_verdict(scale: dict[str, Any], domain: str, threshold: float, emergence: dict[str, Any]) -> dict[str, Any]:

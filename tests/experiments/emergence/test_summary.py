@@ -54,3 +54,11 @@ def test_a_domain_whose_baseline_does_not_copy_is_reported_not_judged():
         assert not verdict["baseline_copies"] and verdict["credited"] == []
         assert verdict["verdict"].startswith("not judged: the baseline's text copy gain is below 0.1 in some seed")
         assert verdict["rule_outcome"]["credited"] == ["aux1"]  # what the rule alone would say stays on record
+
+
+def test_throughput_is_the_median_of_the_logged_intervals():
+    from cplm_megatron.experiments.emergence.summary import median_tokens_per_sec
+
+    logged = [{"iteration": i, "tokens_per_sec": t} for i, t in enumerate([7500, 7400, 3100, 7600, 7450])]
+    assert median_tokens_per_sec(SimpleNamespace(metrics=logged + [{"iteration": 5, "val_loss": 3.0}])) == 7450
+    assert median_tokens_per_sec(SimpleNamespace(metrics=[])) is None
