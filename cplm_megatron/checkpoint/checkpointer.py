@@ -25,6 +25,7 @@ states are restored only under the saving layout. Finding and checking checkpoin
 """
 from __future__ import annotations
 
+import logging
 import os
 import random
 import shutil
@@ -59,6 +60,24 @@ from cplm_megatron.durable_files import write_atomic
 from cplm_megatron.errors import CheckpointError
 
 OPTIM_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
+# megatron-core logs a failed file writer ("Local process 0 encountered an error: ...") before it raises that error:
+# the raised one is reported (one line for a full disk or the file-size limit, else with its traceback)
+_WRITER_LOG = "megatron.core.dist_checkpointing.strategies.filesystem_async"
+
+
+class _RaisedAnyway(logging.Filter):
+    """Drops megatron-core's log line of a writer's failure, which the save raises."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "encountered an error" not in record.getMessage()
+
+
+def _quiet_writer_failures() -> None:
+    writer_log = logging.getLogger(_WRITER_LOG)
+    if not any(isinstance(f, _RaisedAnyway) for f in writer_log.filters):
+        writer_log.addFilter(_RaisedAnyway())
+
+
 def _become_subreaper() -> None:
     """Orphaned descendants (the workers of a writer that died) reparent to this process instead of init, so a
     failing trainer can stop them (`signals.kill_descendants`) rather than leave them running."""
@@ -157,6 +176,7 @@ class Checkpointer:
         self._own = {p.name for p in list_checkpoints(self.root)
                      if resumed_from is not None and iteration_of(p) <= resumed_from}
         self._queue = None
+        _quiet_writer_failures()
         # megatron's Manager (started by the first save, sync or async) and the writers must not outlive a killed
         # trainer
         ensure_orphan_watchdog()

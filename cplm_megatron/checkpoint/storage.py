@@ -1,6 +1,6 @@
-"""Where checkpoints are written: the checkpoint dir is writable and has room for a save (checked before a launch
-builds anything), and a save that failed for lack of space or permission explained in one line naming the fix
-(the previous checkpoint is intact)."""
+"""Where checkpoints are written: the checkpoint dir is writable, has room for a save and the process may write
+files that large (`ulimit -f`; checked before a launch builds anything), and a save that failed for lack of space,
+the file-size limit or permission explained in one line naming the fix (the previous checkpoint is intact)."""
 from __future__ import annotations
 
 import errno
@@ -61,12 +61,70 @@ def check_free_space(ckpt_dir: Path, needed: float, reclaimed: float = 0.0) -> N
             f"filesystem, or set checkpoint.enabled=false")
 
 
+# megatron-core's torch_dist writes each rank's shards in at most this many files (its save thread_count: 2 in
+# 0.16, 1 in 0.19), so a save's largest file holds at least 1/(2 x ranks) of the checkpoint
+FILES_PER_RANK = 2
+
+
+def file_size_limit() -> Optional[int]:
+    """This process's file-size limit in bytes (`ulimit -f`, RLIMIT_FSIZE); None when unlimited."""
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
+def check_file_size_limit(ckpt_dir: Path, needed: float, ranks: int) -> None:
+    """The file-size limit can hold a save's files: refused when it is below the smallest the largest file of a
+    save of `needed` bytes by `ranks` processes can be (with a 10% margin for the planner's estimate)."""
+    limit = file_size_limit()
+    files = FILES_PER_RANK * max(1, ranks)
+    if limit is not None and limit < 0.9 * needed / files:
+        raise CheckpointError(
+            f"checkpoints cannot be written in {ckpt_dir}: this process's file-size limit ({format_bytes(limit)}, "
+            f"ulimit -f) is below the ~{format_bytes(needed / files)} of a save's largest file (~"
+            f"{format_bytes(needed)} a checkpoint, planner: tools/model_info.py); raise the limit (ulimit -f "
+            f"unlimited) and relaunch, or set checkpoint.enabled=false")
+
+
+def _file_at_limit(ckpt_dir: Path, limit: int) -> Optional[Path]:
+    """A file of an unfinished save under `ckpt_dir` that reached the file-size limit (the write cut short)."""
+    for save in Path(ckpt_dir).glob("iter_*"):
+        if not save.is_dir() or (save / "cplm_state.json").exists():  # committed: written whole
+            continue
+        for file in save.iterdir():
+            try:
+                if file.is_file() and file.stat().st_size >= limit:
+                    return file
+            except OSError:
+                continue
+    return None
+
+
+def _size_limit_message(ckpt_dir: Path, error: BaseException, codes: set, text: str) -> Optional[str]:
+    """A save cut short by the file-size limit (EFBIG, or torch's zip writer's 'unexpected pos' with a file at
+    the limit), explained; None otherwise."""
+    limit = file_size_limit()
+    if limit is None:
+        return None
+    file = _file_at_limit(ckpt_dir, limit)
+    if file is None and errno.EFBIG not in codes and "File too large" not in text:
+        return None
+    return (f"saving a checkpoint in {ckpt_dir} failed: {file or 'a file'} reached this process's file-size limit "
+            f"({format_bytes(limit)}, ulimit -f); the previous checkpoint is intact: raise the limit (ulimit -f "
+            f"unlimited) and relaunch to resume from it")
+
+
 def save_failure_message(ckpt_dir: Path, needed: float, error: BaseException) -> Optional[str]:
-    """A save's failure explained as a full disk or an unwritable checkpoint dir (None: neither)."""
+    """A save's failure explained as the file-size limit, a full disk or an unwritable checkpoint dir (None:
+    none of them)."""
     where = _existing_ancestor(ckpt_dir)
     free = shutil.disk_usage(where).free
     text = " ".join(_error_texts(error))
     codes = {getattr(e, "errno", None) for e in _error_chain(error)}
+    limited = _size_limit_message(ckpt_dir, error, codes, text)
+    if limited is not None:
+        return limited
     full = (codes & {errno.ENOSPC, errno.EDQUOT} or "No space left on device" in text
             or "Disk quota exceeded" in text or free < needed)
     if full:

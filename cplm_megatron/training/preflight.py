@@ -1,14 +1,15 @@
 """Checks of the machine a launch runs on, before anything is built or written: the run dir and the
 checkpoint dir are writable, their filesystem has room for two checkpoints (the planner's size: the new
-save is written beside the previous one), and the planner's memory estimate (tools/model_info.py) fits the
-device (GPU) or the host's available memory (CPU). Each refusal is a UserError naming the figures and the fix.
+save is written beside the previous one) and the file-size limit (`ulimit -f`) can hold a save's files, and the
+planner's memory estimate (tools/model_info.py) fits the device (GPU) or the host's available memory (CPU). Each
+refusal is a UserError naming the figures and the fix.
 """
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
-from cplm_megatron.checkpoint.storage import check_free_space, check_writable, format_bytes
+from cplm_megatron.checkpoint.storage import check_file_size_limit, check_free_space, check_writable, format_bytes
 from cplm_megatron.errors import ConfigError
 from cplm_megatron.model.accounting import GIB, CopyHeadShape, checkpoint_bytes, memory_estimate
 from cplm_megatron.run_config import RunConfig
@@ -76,4 +77,6 @@ def preflight(cfg: RunConfig, dp: int, local_processes: int, reclaimed: float = 
     if cfg.checkpoint.enabled:
         check_writable(run_dir / "checkpoints", "checkpoint dir")
         check_free_space(run_dir / "checkpoints", checkpoint_size(cfg), reclaimed)
+        p = cfg.parallel
+        check_file_size_limit(run_dir / "checkpoints", checkpoint_size(cfg), dp * p.tp * p.pp * p.cp)
     check_memory(cfg, dp, local_processes)
