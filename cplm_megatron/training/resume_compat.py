@@ -29,7 +29,8 @@ RESUME_CHANGEABLE: Dict[str, Any] = {
     "checkpoint": ALL,
     "schedule": ALL,  # the LR scheduler follows the new values (build_scheduler overrides the saved ones)
     "train": {"iters", "tokens", "micro_batch", "global_batch", "lr", "min_lr", "log_interval", "eval_interval",
-              "eval_iters", "max_nonfinite_steps", "exit_after_iters", "profile_steps"},
+              "eval_iters", "max_nonfinite_steps", "exit_after_iters", "profile_steps", "probe_interval",
+              "probe_sequences", "probe_copy_length"},  # probes read the model, they change no step
     # beta1/beta2/eps are restored from the optimizer state, `distributed` decides its format: must match
     "optimizer": {"weight_decay", "clip_grad", "overlap_grad_reduce", "overlap_param_gather", "bucket_size",
                   "fused"},  # fused: the same update, another kernel (the state loads into either)

@@ -184,7 +184,8 @@ def test_baseline_and_cplm_differ_only_in_the_head(stdlib_corpus, tmp_path, refe
     base_cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
     cplm_cfg = yaml.safe_load((reference["dir"] / "config.yaml").read_text())
     diff = {(s, k) for s in cplm_cfg for k in cplm_cfg[s] if cplm_cfg[s][k] != base_cfg[s][k]}
-    assert diff <= {("copy_head", "enabled"), ("run", "dir"), ("train", "iters")}, diff
+    probes = {("train", k) for k in ("probe_interval", "probe_sequences", "probe_copy_length")}  # read, not trained
+    assert diff <= {("copy_head", "enabled"), ("run", "dir"), ("train", "iters")} | probes, diff
     base = pu.metrics(run_dir)[0]
     cplm = pu.metrics(reference["dir"])[0]
     assert base["lm_loss"] == cplm["lm_loss"]  # same backbone init, same first batch

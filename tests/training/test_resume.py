@@ -52,11 +52,13 @@ def test_architecture_head_loss_and_data_format_must_match(tmp_path: Path) -> No
 def test_schedule_batch_layout_and_logging_may_change(tmp_path: Path) -> None:
     saved = tiny_config(tmp_path).to_dict()
     new = tiny_config(tmp_path / "moved", "train.iters=80", "train.lr=1e-3", "train.global_batch=8",
-                      "parallel.tp=2", "schedule.warmup_iters=3", "logging.wandb_project=x", "copy_head.impl=naive")
+                      "parallel.tp=2", "schedule.warmup_iters=3", "logging.wandb_project=x", "copy_head.impl=naive",
+                      "train.probe_interval=5")
     mismatched, changed = compare_configs(saved, new)
     assert mismatched == []
     assert {k for k, _, _ in changed} == {"run.dir", "train.iters", "train.lr", "train.global_batch", "parallel.tp",
-                                         "schedule.warmup_iters", "logging.wandb_project", "copy_head.impl"}
+                                         "schedule.warmup_iters", "logging.wandb_project", "copy_head.impl",
+                                         "train.probe_interval"}
 
 
 def test_a_key_missing_from_an_old_saved_config_counts_as_its_default(tmp_path: Path) -> None:
