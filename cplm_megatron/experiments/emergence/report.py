@@ -14,14 +14,20 @@ FIGURE = "emergence.png"
 
 
 def _point(found: dict[str, Any] | None) -> str:
-    return "not reached" if found is None else f"step {found['iteration']:,} ({found['tokens'] / 1e6:.1f}M tokens)"
+    if found is None:
+        return "not reached"
+    at = f"step {found['iteration']:,} ({found['tokens'] / 1e6:.1f}M tokens)"
+    return f"by {at}, its first probe measuring it" if found.get("first_measured") else at
+
+
+def _signed(value: float | None) -> str:
+    return "–" if value is None else f"{value:+.2f}"
 
 
 def _gain_curve(curve: list[dict[str, Any]]) -> str:
-    """'step/1000k: text copy gain (random-token copy accuracy)' per probe."""
-    return ", ".join(f"{p['iteration'] // 1000}k: " + (f"{p['text_copy_gain']:+.2f}" if p.get("text_copy_gain")
-                                                        is not None else "–") + f" ({p['copy_accuracy']:.3f})"
-                     for p in curve)
+    """'step/1000k: in-context score / text copy gain / random-token copy accuracy' per probe."""
+    return ", ".join(f"{p['iteration'] // 1000}k: {_signed(p.get('in_context_score'))} / "
+                     f"{_signed(p.get('text_copy_gain'))} / {p['copy_accuracy']:.3f}" for p in curve)
 
 
 def pilot_lines(rows: list[dict[str, Any]], threshold: float) -> list[str]:
@@ -37,7 +43,7 @@ def pilot_lines(rows: list[dict[str, Any]], threshold: float) -> list[str]:
     lines += table(["run", "hidden x layers", "sequences/step", "repeat share",
                     "tokens/s (one core; median of the logged intervals)",
                     "random-token copy acc. (end)", "text copy acc. / first occurrence (end)", "text copy gain (end)",
-                    f"gain >= {threshold:g} at", "probes: text copy gain (random-token copy acc.) by step"],
+                    f"gain >= {threshold:g} at", "probes by step: in-context score / text copy gain / random-token copy acc."],
                    body, "lllrrrrrll")
     return lines + [""]
 

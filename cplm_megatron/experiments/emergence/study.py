@@ -21,9 +21,10 @@ from cplm_megatron.experiments.emergence.plan import (
     pilot_runs,
 )
 from cplm_megatron.experiments.emergence.report import write_report
-from cplm_megatron.experiments.emergence.summary import pilot_table, summarize_emergence
+from cplm_megatron.experiments.emergence.summary import THRESHOLD_RULE, pilot_table, summarize_emergence
 from cplm_megatron.experiments.launch.launcher import JobResult, Launcher
 from cplm_megatron.experiments.records import load_run, write_study_summary_json
+from cplm_megatron.experiments.study.decision import DECISION_RULE
 
 
 @dataclass
@@ -84,7 +85,7 @@ def run_emergence(output: Path, settings: EmergenceSettings, data_root: Path, pi
         summary = summarize_emergence([load_run(spec, output) for spec in finished], settings.planned(),
                                       settings.copy_threshold)
     else:
-        summary = {"scales": {}, "domains": {}, "emergence": {}, "rule": "", "threshold_rule": "",
+        summary = {"scales": {}, "domains": {}, "emergence": {}, "rule": DECISION_RULE, "threshold_rule": THRESHOLD_RULE,
                    "decision": {"missing_runs": [s.name for s in grid]}}
     summary.update(command=command, settings=json.loads(json.dumps(asdict(settings), default=str)),
                    pilot=pilot_rows, seconds_this_invocation=time.perf_counter() - start)

@@ -33,9 +33,11 @@ def probe_curve(run: RunResults) -> list[dict[str, Any]]:
 
 
 def emergence_point(curve: Sequence[dict[str, Any]], key: str, level: float) -> dict[str, Any] | None:
-    """The first probe at which `key` reaches `level` (None: never)."""
-    return next(({"iteration": p["iteration"], "tokens": p["tokens"]} for p in curve
-                 if p.get(key) is not None and p[key] >= level), None)
+    """The first probe at which `key` reaches `level` (None: never); `first_measured`: no earlier probe measured
+    `key` (a run whose probes gained it late), so it was reached by then, not there."""
+    measured = [p for p in curve if p.get(key) is not None]
+    return next(({"iteration": p["iteration"], "tokens": p["tokens"], "first_measured": i == 0 and p is not curve[0]}
+                 for i, p in enumerate(measured) if p[key] >= level), None)
 
 
 def run_emergence(run: RunResults, threshold: float) -> dict[str, Any]:

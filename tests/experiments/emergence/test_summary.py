@@ -23,10 +23,19 @@ def test_the_probe_curve_keeps_the_last_record_per_iteration_in_order():
 def test_emergence_is_the_first_probe_at_the_level():
     curve = probe_curve(run_with([(0, 0.0, 0.0), (1000, 0.05, 0.0), (2000, 0.12, 0.0), (3000, 0.55, 0.0),
                                   (4000, 0.4, 0.0)]))
-    assert emergence_point(curve, "copy_accuracy", 0.1) == {"iteration": 2000, "tokens": 2048_000}
-    assert emergence_point(curve, "copy_accuracy", 0.5) == {"iteration": 3000, "tokens": 3072_000}
+    assert emergence_point(curve, "copy_accuracy", 0.1) == {"iteration": 2000, "tokens": 2048_000,
+                                                            "first_measured": False}
+    assert emergence_point(curve, "copy_accuracy", 0.5) == {"iteration": 3000, "tokens": 3072_000,
+                                                            "first_measured": False}
     assert emergence_point(curve, "copy_accuracy", 0.95) is None
     assert emergence_point(curve, "text_copy_gain", 0.0) is None  # not probed: never
+
+
+def test_a_level_met_at_the_first_probe_measuring_it_is_marked_reached_by_then():
+    """The pilot's probes gained the text copy figures at step 23,000: its gain was reached by then, not there."""
+    curve = [{"iteration": it, "tokens": it, "text_copy_gain": gain} for it, gain in ((0, None), (1000, 0.3), (2000, 0.4))]
+    assert emergence_point(curve, "text_copy_gain", 0.1)["first_measured"] is True
+    assert emergence_point(curve[1:], "text_copy_gain", 0.1)["first_measured"] is False  # probed from the start
 
 
 def _scale(arm_loss: list[float], cache_loss: list[float]) -> dict:
