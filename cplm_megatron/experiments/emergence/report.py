@@ -48,8 +48,9 @@ def pilot_lines(rows: list[dict[str, Any]], threshold: float) -> list[str]:
     return lines + [""]
 
 
-def domain_lines(name: str, scale: dict[str, Any], verdict: dict[str, Any], emergence: dict[str, Any]) -> list[str]:
-    """One domain's table and verdict."""
+def domain_lines(name: str, scale: dict[str, Any], verdict: dict[str, Any], emergence: dict[str, Any],
+                 missing: list[str] = ()) -> list[str]:
+    """One domain's table and verdict (provisional while runs of the domain are `missing`)."""
     m = scale["model"]
     lines = [f"## {name} (hidden {m['hidden']}, {m['layers']} layers, V {m['vocab']}, {scale['tokens'] / 1e6:.1f}M "
              f"training tokens per run, seeds {', '.join(map(str, scale['seeds']))})", ""]
@@ -71,8 +72,11 @@ def domain_lines(name: str, scale: dict[str, Any], verdict: dict[str, Any], emer
                     "Δ vs baseline+cache [95% t]", "random-token copy acc.", "text copy gain (per seed)",
                     f"gain >= {threshold:g} at (per seed)"], body, "lrrrrll")
     lines += ["", *per_seed_lines(scale), ""]
+    provisional = (f" Provisional: {len(missing)} run(s) of this domain have not finished ({', '.join(missing)})."
+                   if missing else "")
     lines += [f"- Baseline text copy gain {pm(verdict['baseline_text_copy_gain'])} (threshold {threshold:g}): "
-              f"**{verdict['verdict']}**.", f"- The rule applied as written: {verdict['rule_outcome']['reason']}.", ""]
+              f"**{verdict['verdict']}**.{provisional}",
+              f"- The rule applied as written: {verdict['rule_outcome']['reason']}.", ""]
     return lines
 
 
@@ -142,12 +146,13 @@ def write_report(output: Path, summary: dict[str, Any], pilot: list[dict[str, An
              f"Threshold: {summary['threshold_rule']}", ""]
     if pilot:
         lines += pilot_lines(pilot, threshold)
+    missing = summary["decision"]["missing_runs"]
     for name, scale in summary["scales"].items():
-        lines += domain_lines(name, scale, summary["domains"][name], summary["emergence"])
+        lines += domain_lines(name, scale, summary["domains"][name], summary["emergence"],
+                              [run for run in missing if run.startswith(f"{name}-")])
     if summary["scales"]:
         figure(summary, summary["emergence"], output / FIGURE)
         lines += [f"![validation loss, copy accuracy and in-context score against tokens]({FIGURE})", ""]
-    missing = summary["decision"]["missing_runs"]
     lines += [f"Runs missing from the planned grid: {', '.join(missing) if missing else 'none'}.", ""]
     path = output / "report.md"
     path.write_text("\n".join(lines))
