@@ -304,3 +304,107 @@ def test_ctrl_c_cancels_the_queue_stops_the_running_job_with_a_checkpoint_and_a_
     [done] = Launcher(tmp_path, backend="warm").run_all(runs[:1], jobs=1)
     assert done.error is None and (first / "eval.json").is_file()
     assert f"resumed from {first}/checkpoints/iter_{iteration:07d}" in (first / "train.log").read_text()
+
+
+def _running(process) -> bool:
+    """Whether a psutil process still runs (a zombie does not)."""
+    import psutil
+
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _background_runner(output: Path):
+    """tools/ablate.py as a script's `setsid ... &` starts it (its own process group, SIGINT ignored), once its
+    first run trains: the process and that run's dir."""
+    import signal
+    import subprocess
+
+    from tests import harness
+    from tests.training.pretrain_utils import wait_for
+
+    command = harness.tool_command("ablate", "--output", str(output), "--quick", "--experiments", "spamlang",
+                                   "--vocab-sizes", "4096", "--spamlang-iters", "200", "--spamlang-interval", "50",
+                                   "--jobs", "1", "--progress-every", "0")
+    proc = subprocess.Popen(command, cwd=harness.REPO, env=harness.process_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
+        wait_for(lambda: any(len(m.read_text().splitlines()) >= 3 for m in output.glob("runs/*/metrics.jsonl")),
+                 timeout=harness.PROCESS_TIMEOUT_S, proc=proc)
+    except BaseException:
+        harness.kill_group(proc)
+        raise
+    [first] = [p.parent for p in output.glob("runs/*/metrics.jsonl")]
+    return proc, first
+
+
+@pytest.mark.slow
+def test_a_runner_started_in_the_background_stops_its_queue_on_ctrl_c(tmp_path: Path):
+    """Started in the background of a script (`setsid tools/ablate.py ... &`: SIGINT arrives ignored) and sent Ctrl-C
+    as `kill -INT -- -PGID`, the runner ignored it while its trainers obeyed (exit 75), marked them FAILED, ran the
+    queued jobs anyway and exited 1 with a multi-line error. Its own handling no longer depends on what it
+    inherited: the queue is cancelled, the running job checkpoints, one line, exit 75."""
+    import os
+    import signal
+
+    from cplm_megatron.checkpoint.lookup import read_latest
+    from tests import harness
+
+    output = tmp_path / "ablation"
+    proc, first = _background_runner(output)
+    try:
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        harness.kill_group(proc)
+    assert proc.returncode == 75, out[-3000:] + err[-3000:]
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert lines == [f"[jobs] interrupted: 1 queued job(s) cancelled; running: {first.name} (stopped with a "
+                     f"checkpoint); relaunch the same command to continue (finished runs are reused, stopped ones "
+                     f"resume)"], err[-3000:]
+    assert "FAILED" not in out, out[-3000:]
+    assert [p.name for p in (output / "runs").iterdir()] == [first.name]  # the queued run never started
+    assert read_latest(first / "checkpoints") is not None and not (first / "eval.json").exists()
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_runner_and_its_forkserver_stops_the_trainer_with_a_checkpoint(tmp_path: Path):
+    """`kill <runner pid> <forkserver pid>` (SIGTERM) left the running trainer training on with ppid 1, writing into
+    its run dir. Now the runner's SIGTERM cancels the queue and stops its trainer, a trainer whose forkserver died
+    stops as on SIGTERM, and the runner waits for it: when the runner has exited, the trainer has checkpointed
+    and no process of the runner's group is left."""
+    import os
+    import signal
+
+    import psutil
+
+    from cplm_megatron.checkpoint.lookup import read_latest
+    from tests import harness
+
+    output = tmp_path / "ablation"
+    proc, first = _background_runner(output)
+    try:
+        group = psutil.Process(proc.pid).children(recursive=True)
+        [forkserver] = [c for c in psutil.Process(proc.pid).children() if "forkserver" in " ".join(c.cmdline())]
+        os.kill(proc.pid, signal.SIGTERM)
+        os.kill(forkserver.pid, signal.SIGTERM)
+        out, err = proc.communicate(timeout=300)
+        deadline = time.monotonic() + 30  # the trainer's helpers (its watchdog, the resource tracker) follow it
+        while (left := [c for c in group if _running(c)]) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        harness.kill_group(proc)
+    assert proc.returncode in (75, 130), out[-3000:] + err[-3000:]
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("[jobs] interrupted by SIGTERM: 1 queued job(s) cancelled; "
+                                                   f"running: {first.name}"), err[-3000:]
+    assert not left, [(c.pid, c.cmdline()) for c in left]
+    log = (first / "train.log").read_text()
+    stopped = read_latest(first / "checkpoints")
+    assert stopped is not None, log[-3000:]
+    iteration = json.loads((stopped / "cplm_state.json").read_text())["iteration"]
+    assert f"[train] stopping at iteration {iteration} (signal " in log and "exit code 75" in log, log[-3000:]
+    assert [p.name for p in (output / "runs").iterdir()] == [first.name]

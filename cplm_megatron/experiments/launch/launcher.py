@@ -20,6 +20,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,7 +35,7 @@ from cplm_megatron.experiments.records import (
     write_job_record,
 )
 from cplm_megatron.experiments.run import Run
-from cplm_megatron.training.signals import RESUME_EXIT_CODE
+from cplm_megatron.training.signals import RESUME_EXIT_CODE, WATCH_LAUNCHER_ENV
 
 PRETRAIN = "cplm_megatron.pretrain"
 EVALUATE = "cplm_megatron.evaluate"
@@ -111,9 +112,11 @@ def recipe_of(script: Path, error: type[Exception] = ValueError) -> str:
 
 
 def subprocess_env(threads: int) -> dict[str, str]:
-    """Each job's environment: `threads` intra-op threads (tiny models run fastest single-threaded)."""
+    """Each job's environment: `threads` intra-op threads (tiny models run fastest single-threaded); a trainer whose
+    launcher dies (the runner killed, its forkserver with it) stops as on SIGTERM instead of training on alone."""
     return {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
-            "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": "offline", "PYTHONWARNINGS": "ignore"}
+            "TOKENIZERS_PARALLELISM": "false", "WANDB_MODE": "offline", "PYTHONWARNINGS": "ignore",
+            WATCH_LAUNCHER_ENV: "1"}
 
 
 def run_command(command: Command, log: Path, env: dict[str, str], backend: str = "warm",
@@ -218,6 +221,33 @@ class _JobClock:
         return seconds
 
 
+# What stops a runner (its queue cancelled, its running jobs asked to checkpoint): Ctrl-C, a SIGTERM (scancel, a
+# supervisor) or SIGHUP (the terminal or ssh session closed; left ignored under nohup)
+RUNNER_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@contextmanager
+def stop_signals_interrupt(on_signal: Callable[[int], None] = lambda signum: None):
+    """While the block runs in the main thread: RUNNER_STOP_SIGNALS call `on_signal(signum)`, then raise
+    KeyboardInterrupt, whatever the process inherited. A runner started in the background of a script inherits
+    SIGINT ignored: it ran its whole queue through a Ctrl-C its jobs obeyed. SIGHUP stays ignored when it was."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum: int, frame: object) -> None:  # noqa: ARG001 - signal handler signature
+        on_signal(signum)
+        raise KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, interrupt) for sig in RUNNER_STOP_SIGNALS
+                if not (sig == signal.SIGHUP and signal.getsignal(sig) == signal.SIG_IGN)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
 class RunsInterrupted(Exception):
     """Ctrl-C (SIGINT) stopped `run_all`: queued jobs cancelled, running ones stopped (their trainers checkpoint);
     the message is the one line to print, `exit_code` 75 (every stopped run can resume) or 130."""
@@ -239,6 +269,7 @@ class Launcher:
     backend: str = "warm"
     _stopping: threading.Event = field(default_factory=threading.Event, compare=False, repr=False)
     _running: dict = field(default_factory=dict, compare=False, repr=False)  # run name -> its running job
+    _signals: list = field(default_factory=list, compare=False, repr=False)  # the stop signals received
 
     def run_dir(self, run: Run) -> Path:
         return Path(self.output).resolve() / "runs" / run.name
@@ -319,27 +350,34 @@ class Launcher:
         """Run every job, `jobs` at a time; RuntimeError naming the failed ones' logs; RunsInterrupted on Ctrl-C."""
         Path(self.output).mkdir(parents=True, exist_ok=True)
         self._stopping.clear()  # a launcher interrupted before runs again
+        self._signals.clear()
         results: list[JobResult] = []
-        pool = ThreadPoolExecutor(max_workers=max(1, jobs))
-        futures = [pool.submit(self.run_job, run) for run in runs]
-        try:
-            for future in futures:
-                result = future.result()
-                results.append(result)
-                if on_done is not None:
-                    on_done(result)
-        except KeyboardInterrupt:
-            raise self._interrupted(pool, futures) from None
-        pool.shutdown()
+        with stop_signals_interrupt(self._stop_requested):
+            pool = ThreadPoolExecutor(max_workers=max(1, jobs))
+            futures = [pool.submit(self.run_job, run) for run in runs]
+            try:
+                for future in futures:
+                    result = future.result()
+                    results.append(result)
+                    if on_done is not None:
+                        on_done(result)
+                pool.shutdown()
+            except KeyboardInterrupt:
+                raise self._interrupted(pool, futures) from None
         failed = [r.error for r in results if r.error]
         if failed:
             raise RuntimeError("jobs failed:\n  " + "\n  ".join(failed))
         return results
 
+    def _stop_requested(self, signum: int) -> None:
+        """A stop signal (in the main thread, before its KeyboardInterrupt): no job starts from now on."""
+        self._signals.append(signum)
+        self._stopping.set()
+
     def _interrupted(self, pool: ThreadPoolExecutor, futures: list) -> RunsInterrupted:
-        """After a Ctrl-C: cancel the queued jobs, ask the running ones to stop (their trainers checkpoint at the
-        next step; a terminal's Ctrl-C reached them already, a repeat within a second counts once) and wait for
-        them (a second Ctrl-C stops waiting); the one line to print and the exit code."""
+        """After a Ctrl-C (or another stop signal): cancel the queued jobs, ask the running ones to stop (their
+        trainers checkpoint at the next step; a terminal's Ctrl-C reached them already, a repeat within a second
+        counts once) and wait for them (a second signal stops waiting); the one line to print and the exit code."""
         self._stopping.set()
         cancelled = sum(f.cancel() for f in futures)
         stopping = list(self._running.items())
@@ -348,6 +386,7 @@ class Launcher:
                 job.send_signal(signal.SIGINT)
             except (ProcessLookupError, OSError):
                 pass
+        how = f"interrupted{_by(self._signals[:1])}"
         try:
             pool.shutdown(wait=True)
         except KeyboardInterrupt:
@@ -358,6 +397,11 @@ class Launcher:
         clean = all(code in (0, RESUME_EXIT_CODE) for code in codes.values())
         names = ", ".join(codes) or "none was running"
         return RunsInterrupted(
-            f"[jobs] interrupted: {cancelled} queued job(s) cancelled; running: {names}"
+            f"[jobs] {how}: {cancelled} queued job(s) cancelled; running: {names}"
             f"{' (stopped with a checkpoint)' if clean and codes else ''}; relaunch the same command to continue "
             f"(finished runs are reused, stopped ones resume)", RESUME_EXIT_CODE if clean else 130)
+
+
+def _by(signals: list) -> str:
+    """' by SIGTERM' for a stop signal other than Ctrl-C; '' for Ctrl-C (or none recorded)."""
+    return f" by {signal.Signals(signals[0]).name}" if signals and signals[0] != signal.SIGINT else ""
