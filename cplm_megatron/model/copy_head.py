@@ -19,11 +19,15 @@ from torch import nn
 import cplm_kernels
 from cplm_kernels.configs import SUPPORTED_HEAD_DIMS
 from cplm_megatron.errors import ConfigError
-from cplm_megatron.model.mixing import MIXING_RULES, CopyStats, MixtureWeights, mix_log_probs, mixing_rule
+from cplm_megatron.model.mixing import CopyStats, MixtureWeights, mix_log_probs, mixing_rule
 from cplm_megatron.parallel.context import gather_sequence, max_over_cp, this_rank_positions
 
 NEG_INF = float("-inf")
 log = logging.getLogger(__name__)
+
+
+# The names of the mixing rules (model/mixing.py's MIXING_RULES, which imports torch), for the config's check
+MIXING_VARIANTS = ("gate", "constant", "sentinel")
 
 
 @dataclass
@@ -59,38 +63,35 @@ class CopyHeadConfig:
         if self.decouple_lm and self.lm_loss_weight <= 0:
             raise ConfigError("copy_head.decouple_lm=true trains the LM head only through its own cross entropy: "
                               "set copy_head.lm_loss_weight > 0 (e.g. 1)")
-        if self.mixing not in MIXING_RULES:
-            raise ConfigError(f"copy_head.mixing={self.mixing!r} is not one of {sorted(MIXING_RULES)} "
+        if self.mixing not in MIXING_VARIANTS:
+            raise ConfigError(f"copy_head.mixing={self.mixing!r} is not one of {sorted(MIXING_VARIANTS)} "
                               "(the variants of cplm_megatron/model/mixing.py)")
         if self.fp8 and self.impl not in ("fused", "auto"):
             raise ConfigError(f"copy_head.fp8=true needs copy_head.impl=fused (got {self.impl!r})")
-        if self.head_dim not in SUPPORTED_HEAD_DIMS and self.fused_possible():
-            via = "copy_head.impl=fused" if self.impl == "fused" else "copy_head.impl=auto picks it on this CUDA machine"
-            raise ConfigError(
-                f"copy_head.head_dim={self.head_dim}: the fused copy kernel ({via}) supports head_dim "
-                f"{'/'.join(map(str, SUPPORTED_HEAD_DIMS))}; choose one of them or set copy_head.impl=chunked"
-            )
-
-    def fused_possible(self) -> bool:
-        """Whether this config can run the fused kernel here: impl=fused, or impl=auto on a CUDA machine."""
-        return self.impl == "fused" or (self.impl == "auto" and torch.cuda.is_available() and _fused_available())
 
 
 LseFn = Callable[..., Tuple[torch.Tensor, torch.Tensor]]
 
 
 def resolve_impl(cfg: CopyHeadConfig, device: torch.device) -> str:
-    """`auto` -> fused on CUDA when the Triton kernel is importable, else chunked."""
+    """`auto` -> fused on CUDA when the Triton kernel is importable, else chunked; the kernel's needs (triton, a
+    device, a head dim it supports) are checked here, where the head is built, not when the config loads."""
     if cfg.impl != "auto":
         if cfg.impl == "fused" and not _fused_available():
             raise ConfigError(
                 "copy_head.impl=fused needs triton and a CUDA device (or TRITON_INTERPRET=1); "
                 "use copy_head.impl=chunked on CPU"
             )
-        return cfg.impl
-    if device.type == "cuda" and _fused_available():
-        return "fused"
-    return "chunked"
+        impl = cfg.impl
+    else:
+        impl = "fused" if device.type == "cuda" and _fused_available() else "chunked"
+    if impl == "fused" and cfg.head_dim not in SUPPORTED_HEAD_DIMS:
+        via = "copy_head.impl=fused" if cfg.impl == "fused" else "copy_head.impl=auto picks it on this CUDA machine"
+        raise ConfigError(
+            f"copy_head.head_dim={cfg.head_dim}: the fused copy kernel ({via}) supports head_dim "
+            f"{'/'.join(map(str, SUPPORTED_HEAD_DIMS))}; choose one of them or set copy_head.impl=chunked"
+        )
+    return impl
 
 
 def _fused_available() -> bool:

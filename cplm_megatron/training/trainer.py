@@ -111,6 +111,7 @@ class Trainer:
         position), then the first write to run.dir (checkpoint.overwrite's delete, a rollback's set-aside,
         config.yaml): a refused launch leaves run.dir as it was."""
         from cplm_megatron.model.builder import build_run, use_te_spec
+        from cplm_megatron.model.copy_head import resolve_impl
         from cplm_megatron.model.layout import init_distributed
         from cplm_megatron.parallel.distributed import detect_env
         from cplm_megatron.training.optimizer import build_optimizer, build_scheduler, wrap_ddp
@@ -124,6 +125,8 @@ class Trainer:
         if note:
             rank0_print(note, rank=env.rank)
         use_te_spec(cfg.model, cfg.precision)
+        if cfg.copy_head.enabled:  # the copy kernel's needs (triton, a device, its head dims), as the head runs
+            resolve_impl(cfg.copy_head, torch.device("cuda" if torch.cuda.is_available() else "cpu"))
         plan = plan_start(cfg)
         reclaimed = _tree_bytes(self.run_dir / "checkpoints") if plan.delete_existing else 0.0
         preflight(cfg, dp, env.local_world_size, reclaimed)

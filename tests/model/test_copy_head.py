@@ -167,18 +167,23 @@ def test_candidates_never_come_from_an_earlier_document(impl):
     assert no_docs.has_candidate[0, n + 1]  # the EOD (label: document 1's first token) and all of doc 0
 
 
-def test_fused_head_dim_is_checked_at_config_validation(monkeypatch):
+def test_fused_head_dim_is_checked_where_the_head_is_built():
+    """The kernel's head dims are the machine's business: the config loads (no torch, no kernels), the head's
+    implementation refuses them when it resolves to the fused kernel (the trainer resolves it before any process
+    group; TRITON_INTERPRET=1 makes the kernel available on this CPU)."""
     from cplm_megatron.errors import ConfigError
+    from cplm_megatron.model.copy_head import resolve_impl
 
+    for impl in ("fused", "auto", "chunked"):
+        CopyHeadConfig(head_dim=48, impl=impl).validate()
     with pytest.raises(ConfigError, match=r"copy_head.head_dim=48: the fused copy kernel \(copy_head.impl=fused\) "
                                           r"supports head_dim 32/64/128; .* copy_head.impl=chunked"):
-        CopyHeadConfig(head_dim=48, impl="fused").validate()
-    CopyHeadConfig(head_dim=48, impl="chunked").validate()
-    if not torch.cuda.is_available():
-        CopyHeadConfig(head_dim=48, impl="auto").validate()  # auto resolves to chunked without CUDA
-        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # the check as it runs on a GPU node
+        resolve_impl(CopyHeadConfig(head_dim=48, impl="fused"), torch.device("cpu"))
+    assert resolve_impl(CopyHeadConfig(head_dim=48, impl="auto"), torch.device("cpu")) == "chunked"
+    assert resolve_impl(CopyHeadConfig(head_dim=48, impl="chunked"), torch.device("cuda")) == "chunked"
     with pytest.raises(ConfigError, match="impl=auto picks it on this CUDA machine"):
-        CopyHeadConfig(head_dim=48, impl="auto").validate()
+        resolve_impl(CopyHeadConfig(head_dim=48, impl="auto"), torch.device("cuda"))  # no tensor: no GPU needed
+    assert resolve_impl(CopyHeadConfig(head_dim=64, impl="auto"), torch.device("cuda")) == "fused"
 
 
 def test_fp8_that_cannot_apply_is_stated_in_the_log(caplog):
