@@ -30,10 +30,14 @@ from cplm_megatron.config.loader import (
 )
 from cplm_megatron.data.config import BatchShape, DataConfig
 from cplm_megatron.errors import ConfigError
-from cplm_megatron.model.builder import PrecisionConfig, RecomputeConfig
 from cplm_megatron.model.compile import check_compile
-from cplm_megatron.model.config import ModelConfig, resolve_model_section
-from cplm_megatron.model.copy_head import CopyHeadConfig
+from cplm_megatron.model.config import (
+    CopyHeadConfig,
+    ModelConfig,
+    PrecisionConfig,
+    RecomputeConfig,
+    resolve_model_section,
+)
 from cplm_megatron.model.layout import check_context_parallel, validate_layout
 from cplm_megatron.parallel.config import ParallelConfig
 

@@ -10,47 +10,23 @@ from __future__ import annotations
 
 import importlib.util
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, List, Literal, Optional, Protocol
+from typing import TYPE_CHECKING, Any, List, Optional, Protocol
 
 import torch
 import torch.nn.functional as F
 
 from cplm_megatron.errors import ConfigError
 from cplm_megatron.model.backbones import backbone
-from cplm_megatron.model.config import ModelConfig
-from cplm_megatron.model.copy_head import CopyHeadConfig
+from cplm_megatron.model.config import (  # noqa: F401 - Precision/RecomputeConfig re-exported
+    CopyHeadConfig,
+    ModelConfig,
+    PrecisionConfig,
+    RecomputeConfig,
+)
 from cplm_megatron.parallel.config import ParallelConfig
 
 if TYPE_CHECKING:
     from cplm_megatron.parallel.distributed import RankLayout
-
-
-@dataclass
-class PrecisionConfig:
-    """The `precision.*` section: parameter/compute dtype and FP8 (Transformer Engine only)."""
-
-    dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
-    fp8: Optional[Literal["hybrid", "e4m3"]] = None
-    fp8_recipe: Literal["delayed", "tensorwise", "mxfp8", "blockwise"] = "tensorwise"
-    fp8_amax_history_len: int = 1024
-    fp8_amax_compute_algo: Literal["max", "most_recent"] = "max"
-
-    @property
-    def torch_dtype(self) -> torch.dtype:
-        return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[self.dtype]
-
-    def validate(self) -> None:
-        if self.fp8 and self.dtype == "fp32":
-            raise ConfigError("precision.fp8 needs precision.dtype=bf16 (FP8 GEMMs run inside bf16 training)")
-
-
-@dataclass
-class RecomputeConfig:
-    """The `recompute.*` section: activation recomputation (Megatron's granularity/method)."""
-
-    granularity: Literal["none", "selective", "full"] = "none"
-    method: Literal["uniform", "block"] = "uniform"
-    num_layers: int = 1
 
 
 def te_available() -> bool:

@@ -1,13 +1,18 @@
-"""Backbone shape and recipe: the `model.*` config section and the named presets in configs/models/ (installed
-as `cplm_megatron.recipes`' package data)."""
+"""The model's config sections, importable without torch, megatron-core or Triton: `model.*` (the backbone's shape
+and recipe, with the named presets in configs/models/, installed as `cplm_megatron.recipes`' package data),
+`copy_head.*`, `precision.*` and `recompute.*`. Their checks read the values only; what depends on the machine (CUDA,
+Transformer Engine, the copy kernel's head dims) is checked where the model is built (builder.py, copy_head.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, List, Literal, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Literal, Optional
 
 from cplm_megatron.config.loader import RECIPE_DIR, deep_merge, read_yaml
 from cplm_megatron.errors import ConfigError
 from cplm_megatron.model.backbones import backbone
+
+if TYPE_CHECKING:
+    import torch
 
 PRESET_DIR = RECIPE_DIR / "models"
 
@@ -99,6 +104,81 @@ class ModelConfig:
                               "set model.fused_swiglu=false")
         if self.vocab_pad_multiple <= 0:
             raise ConfigError(f"model.vocab_pad_multiple must be positive, got {self.vocab_pad_multiple}")
+
+
+# The names of the mixing rules (model/mixing.py's MIXING_RULES, which imports torch), for the config's check
+MIXING_VARIANTS = ("gate", "constant", "sentinel")
+
+
+@dataclass
+class CopyHeadConfig:
+    """The `copy_head.*` section."""
+
+    enabled: bool = True
+    heads: int = 4
+    head_dim: int = 64
+    qk_norm: bool = False
+    norm_eps: float = 1e-5
+    gate_bias_init: float = -2.0
+    # a variant of cplm_megatron/model/mixing.py: gate (g = sigmoid(w.h + b)), constant (g = sigmoid(b)),
+    # sentinel (g = mean_c sigmoid(lse_c - w_c.h - b_c): a pointer sentinel per copy head)
+    mixing: str = "gate"
+    lm_loss_weight: float = 0.0  # auxiliary LM-only cross entropy
+    # true: the mixture loss treats log p_LM as a constant, so the LM head (and the backbone through it)
+    # learns from its own cross entropy (lm_loss_weight) exactly as a baseline does; the mixture trains
+    # the gate and the copy head. Addresses the LM head starving where the copy head explains the token.
+    decouple_lm: bool = False
+    copy_loss_weight: float = 0.0  # auxiliary copy-only NLL on positions with a matching candidate
+    impl: Literal["auto", "naive", "chunked", "fused"] = "auto"
+    block_size: int = 128  # query block of the chunked implementation
+    fp8: bool = False  # fused impl only: quantize q/k to float8_e4m3fn (current amax scaling)
+
+    def validate(self) -> None:
+        if self.heads < 1 or self.head_dim < 1:
+            raise ConfigError(f"copy_head.heads/head_dim must be >= 1, got {self.heads}/{self.head_dim}")
+        if self.block_size < 1:
+            raise ConfigError(f"copy_head.block_size must be >= 1, got {self.block_size}")
+        if self.lm_loss_weight < 0 or self.copy_loss_weight < 0:
+            raise ConfigError("copy_head.lm_loss_weight and copy_head.copy_loss_weight must be >= 0")
+        if self.decouple_lm and self.lm_loss_weight <= 0:
+            raise ConfigError("copy_head.decouple_lm=true trains the LM head only through its own cross entropy: "
+                              "set copy_head.lm_loss_weight > 0 (e.g. 1)")
+        if self.mixing not in MIXING_VARIANTS:
+            raise ConfigError(f"copy_head.mixing={self.mixing!r} is not one of {sorted(MIXING_VARIANTS)} "
+                              "(the variants of cplm_megatron/model/mixing.py)")
+        if self.fp8 and self.impl not in ("fused", "auto"):
+            raise ConfigError(f"copy_head.fp8=true needs copy_head.impl=fused (got {self.impl!r})")
+
+
+@dataclass
+class PrecisionConfig:
+    """The `precision.*` section: parameter/compute dtype and FP8 (Transformer Engine only)."""
+
+    dtype: Literal["fp32", "bf16", "fp16"] = "fp32"
+    fp8: Optional[Literal["hybrid", "e4m3"]] = None
+    fp8_recipe: Literal["delayed", "tensorwise", "mxfp8", "blockwise"] = "tensorwise"
+    fp8_amax_history_len: int = 1024
+    fp8_amax_compute_algo: Literal["max", "most_recent"] = "max"
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        """The dtype as torch names it (imports torch: for the builders)."""
+        import torch
+
+        return {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[self.dtype]
+
+    def validate(self) -> None:
+        if self.fp8 and self.dtype == "fp32":
+            raise ConfigError("precision.fp8 needs precision.dtype=bf16 (FP8 GEMMs run inside bf16 training)")
+
+
+@dataclass
+class RecomputeConfig:
+    """The `recompute.*` section: activation recomputation (Megatron's granularity/method)."""
+
+    granularity: Literal["none", "selective", "full"] = "none"
+    method: Literal["uniform", "block"] = "uniform"
+    num_layers: int = 1
 
 
 def available_presets() -> List[str]:

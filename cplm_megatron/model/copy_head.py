@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from typing import Callable, Dict, Literal, Optional, Tuple
+from typing import Callable, Dict, Optional, Tuple
 
 import torch
 from torch import nn
@@ -19,55 +19,12 @@ from torch import nn
 import cplm_kernels
 from cplm_kernels.configs import SUPPORTED_HEAD_DIMS
 from cplm_megatron.errors import ConfigError
+from cplm_megatron.model.config import CopyHeadConfig  # noqa: F401 - re-exported: its home is model/config.py
 from cplm_megatron.model.mixing import CopyStats, MixtureWeights, mix_log_probs, mixing_rule
 from cplm_megatron.parallel.context import gather_sequence, max_over_cp, this_rank_positions
 
 NEG_INF = float("-inf")
 log = logging.getLogger(__name__)
-
-
-# The names of the mixing rules (model/mixing.py's MIXING_RULES, which imports torch), for the config's check
-MIXING_VARIANTS = ("gate", "constant", "sentinel")
-
-
-@dataclass
-class CopyHeadConfig:
-    """The `copy_head.*` section."""
-
-    enabled: bool = True
-    heads: int = 4
-    head_dim: int = 64
-    qk_norm: bool = False
-    norm_eps: float = 1e-5
-    gate_bias_init: float = -2.0
-    # a variant of cplm_megatron/model/mixing.py: gate (g = sigmoid(w.h + b)), constant (g = sigmoid(b)),
-    # sentinel (g = mean_c sigmoid(lse_c - w_c.h - b_c): a pointer sentinel per copy head)
-    mixing: str = "gate"
-    lm_loss_weight: float = 0.0  # auxiliary LM-only cross entropy
-    # true: the mixture loss treats log p_LM as a constant, so the LM head (and the backbone through it)
-    # learns from its own cross entropy (lm_loss_weight) exactly as a baseline does; the mixture trains
-    # the gate and the copy head. Addresses the LM head starving where the copy head explains the token.
-    decouple_lm: bool = False
-    copy_loss_weight: float = 0.0  # auxiliary copy-only NLL on positions with a matching candidate
-    impl: Literal["auto", "naive", "chunked", "fused"] = "auto"
-    block_size: int = 128  # query block of the chunked implementation
-    fp8: bool = False  # fused impl only: quantize q/k to float8_e4m3fn (current amax scaling)
-
-    def validate(self) -> None:
-        if self.heads < 1 or self.head_dim < 1:
-            raise ConfigError(f"copy_head.heads/head_dim must be >= 1, got {self.heads}/{self.head_dim}")
-        if self.block_size < 1:
-            raise ConfigError(f"copy_head.block_size must be >= 1, got {self.block_size}")
-        if self.lm_loss_weight < 0 or self.copy_loss_weight < 0:
-            raise ConfigError("copy_head.lm_loss_weight and copy_head.copy_loss_weight must be >= 0")
-        if self.decouple_lm and self.lm_loss_weight <= 0:
-            raise ConfigError("copy_head.decouple_lm=true trains the LM head only through its own cross entropy: "
-                              "set copy_head.lm_loss_weight > 0 (e.g. 1)")
-        if self.mixing not in MIXING_VARIANTS:
-            raise ConfigError(f"copy_head.mixing={self.mixing!r} is not one of {sorted(MIXING_VARIANTS)} "
-                              "(the variants of cplm_megatron/model/mixing.py)")
-        if self.fp8 and self.impl not in ("fused", "auto"):
-            raise ConfigError(f"copy_head.fp8=true needs copy_head.impl=fused (got {self.impl!r})")
 
 
 LseFn = Callable[..., Tuple[torch.Tensor, torch.Tensor]]

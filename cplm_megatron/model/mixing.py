@@ -18,7 +18,7 @@ Where t has no copy candidate, g_t = 0 exactly whatever the variant. The trainin
 Adding a variant: write ``def my_logit(hidden, weight, bias) -> logits`` and add
 ``"my": MixingRule(my_logit)`` to ``MIXING_RULES`` (or, for a rule that reads the copy statistics,
 ``MixingRule(weights_fn=my_weights, ...)`` with ``my_weights(hidden, weight, bias, stats, has_candidate)
--> MixtureWeights``), and its name to ``MIXING_VARIANTS`` beside the copy head's config (the check of
+-> MixtureWeights``), and its name to ``MIXING_VARIANTS`` in model/config.py (the check of
 ``copy_head.mixing`` that imports no torch; a test keeps the two lists equal); ``copy_head.mixing: my``
 selects it in training and the HF config's ``copy_mixing`` carries it into exports.
 

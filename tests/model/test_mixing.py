@@ -8,7 +8,8 @@ random parameters.
 import pytest
 import torch
 
-from cplm_megatron.model import copy_head, mixing
+from cplm_megatron.model import config as model_config
+from cplm_megatron.model import mixing
 from cplm_megatron.model.copy_head import CopyHeadConfig, CopyPasteHead
 
 pytestmark = pytest.mark.mcore  # the outcome depends on megatron-core (both CI legs)
@@ -24,13 +25,13 @@ def half(monkeypatch: pytest.MonkeyPatch) -> str:
         return hidden.new_zeros(hidden.shape[:-1])
 
     monkeypatch.setitem(mixing.MIXING_RULES, "half", mixing.MixingRule(zero_logit, uses_gate_weight=False))
-    monkeypatch.setattr(copy_head, "MIXING_VARIANTS", (*copy_head.MIXING_VARIANTS, "half"))
+    monkeypatch.setattr(model_config, "MIXING_VARIANTS", (*model_config.MIXING_VARIANTS, "half"))
     return "half"
 
 
 def test_the_config_knows_every_registered_rule() -> None:
     """The config checks copy_head.mixing against names it holds without torch: the same as the rules."""
-    assert sorted(copy_head.MIXING_VARIANTS) == sorted(mixing.MIXING_RULES)
+    assert sorted(model_config.MIXING_VARIANTS) == sorted(mixing.MIXING_RULES)
 
 
 def _inputs(seed: int = 0, b: int = 2, s: int = 24):
