@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 
 from cplm_megatron.experiments.launch.launcher import JobResult
-from cplm_megatron.experiments.pipeline import LogWatcher, RunProgress
+from cplm_megatron.experiments.progress import LogWatcher, RunProgress
 from cplm_megatron.experiments.run import Evaluation, Run
 
 LINE = ("iter {it}/200 | loss {loss} | lm-head 6.3609 | objective 12.5712 (loss + 1×lm-head) | gate 0.123 | "

@@ -54,7 +54,7 @@ def test_the_committed_study_runs_are_migrated_and_reused(data_root, study_copy)
 
 
 def test_the_committed_study_summary_and_report_come_out_byte_for_byte(data_root, study_copy):
-    from cplm_megatron.experiments.pipeline import write_study_summary
+    from cplm_megatron.experiments.study.pipeline import write_study_summary
     from cplm_megatron.experiments.study.report import write_study_report
 
     committed = (STUDY / "summary.json").read_text()

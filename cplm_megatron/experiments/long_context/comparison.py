@@ -315,11 +315,16 @@ def _run_torchrun(cmd: List[str], log_path: Path, run_dir: Path, base: Optional[
         _add_timing(run_dir, time.perf_counter() - start, _children_cpu() - cpu, base)
 
 
-def train_phase(args: argparse.Namespace, name: str, copy_head: bool, phase: Phase, run_dir: Path) -> Dict[str, Any]:
-    """Train (or finish) one phase of one model; its directory, training time (every attempt) and losses."""
+def train_phase(args: argparse.Namespace, name: str, copy_head: bool, phase: Phase, run_dir: Path,
+                train: bool = True) -> Dict[str, Any]:
+    """Train (or finish) one phase of one model; its directory, training time (every attempt) and losses.
+    `train` False: FileNotFoundError where the phase has not finished."""
     totals = _timing(run_dir)
     wanted = phase_settings(args, phase, run_dir, copy_head)
     check_settings(run_dir, wanted)
+    if _last_iteration(run_dir) < phase.iters and not train:
+        raise FileNotFoundError(f"{run_dir}: {name}'s {phase.name} phase has not finished (iteration "
+                                f"{_last_iteration(run_dir)} of {phase.iters}); run without --report-only")
     if _last_iteration(run_dir) < phase.iters:
         run_dir.mkdir(parents=True, exist_ok=True)
         if not (run_dir / SETTINGS).is_file():
@@ -343,9 +348,9 @@ def train_phase(args: argparse.Namespace, name: str, copy_head: bool, phase: Pha
             "command": portable(train_command(args, phase, run_dir, copy_head))}
 
 
-def train(args: argparse.Namespace, name: str, copy_head: bool) -> Dict[str, Any]:
+def train(args: argparse.Namespace, name: str, copy_head: bool, train: bool = True) -> Dict[str, Any]:
     """Every phase of one model; the long (last, scored) phase's figures at the top, all phases under 'phases'."""
-    done = [train_phase(args, name, copy_head, phase, run_dir) for phase, run_dir in phases(args, name)]
+    done = [train_phase(args, name, copy_head, phase, run_dir, train) for phase, run_dir in phases(args, name)]
     return {**{k: v for k, v in done[-1].items() if k not in ("phase", "command")}, "phases": done}
 
 
@@ -404,26 +409,20 @@ def plot(report: Dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    args = parse_args(argv)
+def run_comparison(args: argparse.Namespace, command: str, train_runs: bool = True) -> Path:
+    """Train what has not finished (`train_runs` False: FileNotFoundError naming it), score every model by length,
+    write OUT/NAME.json and OUT/NAME.png and print the table; SettingsDiffer or Stopped as train_phase raises them."""
     import torch
 
     from cplm_megatron.entry_points import quiet_known_warnings
 
     quiet_known_warnings()
-    try:
-        runs = {name: train(args, name, copy_head) for name, copy_head in MODELS.items()}
-    except SettingsDiffer as e:
-        print(f"error: {e}", file=sys.stderr, flush=True)
-        return 2
-    except Stopped as e:
-        print(e, file=sys.stderr, flush=True)
-        return 75
+    runs = {name: train(args, name, copy_head, train_runs) for name, copy_head in MODELS.items()}
     evaluate(args, runs)
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     report = {
         "benchmark": "long_context",
-        "command": portable([sys.executable, "benchmarks/long_context.py", *(sys.argv[1:] if argv is None else argv)]),
+        "command": command,
         "settings": settings,
         "environment": {"torch": torch.__version__, "threads": torch.get_num_threads(), "machine": platform.machine(),
                         "cpu_affinity": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None},
@@ -433,6 +432,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"{args.name}.json").write_text(json.dumps(report, indent=2) + "\n")
     plot(report, args.out / f"{args.name}.png")
+    print_table(runs)
+    print(f"results: {args.out / (args.name + '.json')}, {args.out / (args.name + '.png')}")
+    return args.out / f"{args.name}.json"
+
+
+def print_table(runs: Dict[str, Dict[str, Any]]) -> None:
+    """Passkey and copy accuracy by length, every model side by side; then each earlier phase scored."""
     for length_rows in zip(*(run["by_length"] for run in runs.values())):
         cells = "  ".join(f"{name}: passkey@1 {row['passkey_first_token_accuracy']:.3f} copy {row['copy_accuracy']:.3f}"
                           for name, row in zip(runs, length_rows))
@@ -444,9 +450,22 @@ def main(argv: Optional[List[str]] = None) -> int:
                 print(f"{name} {phase['phase']} phase, length {row['length']:>6}: passkey@1 "
                       f"{row['passkey_first_token_accuracy']:.3f} copy {row['copy_accuracy']:.3f} "
                       f"(one-token match {row['copy_accuracy_one_token_match']:.3f})")
-    print(f"results: {args.out / (args.name + '.json')}, {args.out / (args.name + '.png')}")
-    return 0
 
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """benchmarks/long_context.py: settings that differ from a run dir's are one line and exit 2, a stopped phase one
+    line and exit 75."""
+    args = parse_args(argv)
+    command = portable([sys.executable, "benchmarks/long_context.py", *(sys.argv[1:] if argv is None else argv)])
+    try:
+        run_comparison(args, command)
+    except SettingsDiffer as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return 2
+    except Stopped as e:
+        print(e, file=sys.stderr, flush=True)
+        return 75
+    return 0
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -97,7 +97,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def run_sweep(argv: Sequence[str] | None, slurm_dir: Path) -> int:
     """Plan, submit (or print with --dry-run) and optionally wait for the sweep; `slurm_dir`: the checkout's slurm/."""
-    args = parse_args(argv)
+    return submit_sweep(parse_args(argv), slurm_dir)
+
+
+def sweep_plan(args: argparse.Namespace, slurm_dir: Path) -> tuple[list[Combination], list[tuple[Combination, str]]]:
+    """The sweep's combinations and the ones skipped (with why) of the parsed options; StudyError for bad ones."""
     if any(n < 1 for n in args.nodes) or args.iters < 1:
         raise StudyError(f"--nodes and --iters must be >= 1 (got nodes {args.nodes}, iters {args.iters})")
     sizes = list(dict.fromkeys(args.sizes))
@@ -107,7 +111,12 @@ def run_sweep(argv: Sequence[str] | None, slurm_dir: Path) -> int:
     else:
         layouts = {size: [recipe_layout(size, slurm_dir)] for size in sizes}
     heads = [h == "on" for h in dict.fromkeys(args.copy_head)]
-    combos, skipped = plan(layouts, sorted(set(args.nodes)), heads, args.ntasks_per_node or DEFAULT_TASKS_PER_NODE)
+    return plan(layouts, sorted(set(args.nodes)), heads, args.ntasks_per_node or DEFAULT_TASKS_PER_NODE)
+
+
+def submit_sweep(args: argparse.Namespace, slurm_dir: Path) -> int:
+    """Submit (or print with --dry-run) the sweep's jobs and optionally wait for them; the exit code."""
+    combos, skipped = sweep_plan(args, slurm_dir)
     for combo, why in skipped:
         print(f"[scaling_study] skip {combo.name}: {why}")
     output = args.output.resolve()
