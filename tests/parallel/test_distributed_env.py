@@ -66,7 +66,7 @@ def test_free_ports_lie_below_the_ephemeral_range_and_do_not_follow_the_seed():
     import random
     import socket
 
-    from cplm_megatron.parallel.distributed import _ephemeral_range, free_port
+    from cplm_megatron.parallel.env import _ephemeral_range, free_port
 
     low, _ = _ephemeral_range()
     ports = []
