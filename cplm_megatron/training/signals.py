@@ -4,9 +4,9 @@ RESUME_EXIT_CODE.
 SLURM sends USR1 ahead of the time limit (`--signal=B:USR1@...`, forwarded by slurm/launch.sh) and TERM
 on preemption/scancel; Ctrl-C is SIGINT (a terminal sends it to every process of the job: the python
 process, or torchrun and its workers); a closed terminal or ssh session sends HUP, Ctrl-\\ sends QUIT. A worker
-started by torchrun watches its launcher: when torchrun is gone (killed with -9), the worker stops as on SIGTERM
-instead of training on alone. A second stop signal, arriving more than `REPEAT_AFTER_S` after
-the first (a launcher forwarding the same Ctrl-C is not a second one), stops the process at once
+started by torchrun, or by a study's launcher (WATCH_LAUNCHER_ENV set), watches its launcher: when it is gone (killed
+with -9), the worker stops as on SIGTERM instead of training on alone. A second stop signal, arriving more than
+`REPEAT_AFTER_S` after the first (a launcher forwarding the same Ctrl-C is not a second one), stops the process at once
 (exit 128 + the signal: the work since the last checkpoint is lost). The handler only records the signal;
 `StopSignal.requested()` agrees on it across all ranks (a MAX all-reduce), so every rank saves and exits on
 the same step. Entry points
@@ -31,6 +31,8 @@ LAUNCHER_POLL_S = 1.0  # how often a torchrun worker checks that torchrun is sti
 # A signal this long after the first is a second request (stop now); earlier ones are the same request
 # arriving twice (a Ctrl-C reaches the workers from the terminal and again from torchrun).
 REPEAT_AFTER_S = 1.0
+# Set by a launcher whose jobs must not outlive it (experiments/launch): the parent process is watched as torchrun is
+WATCH_LAUNCHER_ENV = "CPLM_WATCH_LAUNCHER"
 
 
 def defer_stop_signals() -> set:
@@ -70,26 +72,27 @@ class StopSignal:
         _start_resource_tracker_without(self.SIGNALS)
         _ACTIVE[:] = [self]
         self._watching = threading.Event()
-        if os.environ.get("TORCHELASTIC_RUN_ID"):  # a torchrun worker: torchrun is the parent
-            threading.Thread(target=self._watch_launcher, args=(os.getppid(),), name="launcher-watch",
+        launcher = "torchrun" if os.environ.get("TORCHELASTIC_RUN_ID") else (  # torchrun is the parent
+            "the launcher" if os.environ.get(WATCH_LAUNCHER_ENV) else None)
+        if launcher:
+            threading.Thread(target=self._watch_launcher, args=(os.getppid(), launcher), name="launcher-watch",
                              daemon=True).start()
         signal.pthread_sigmask(signal.SIG_UNBLOCK, set(self.SIGNALS))  # deferred ones are delivered now
 
-    def _watch_launcher(self, launcher: int) -> None:
-        """A torchrun worker whose torchrun died (kill -9) is reparented: stop as on SIGTERM (checkpoint, 75) once
-        training runs; before its first step (the process group may wait forever for torchrun's rendezvous store),
-        exit at once with the resume code: nothing of this launch is lost."""
+    def _watch_launcher(self, launcher: int, name: str = "torchrun") -> None:
+        """A worker whose launcher died (kill -9 of torchrun; a study runner's forkserver) is reparented: stop as on
+        SIGTERM (checkpoint, 75) once training runs; before its first step (the process group may wait forever for
+        torchrun's rendezvous store), exit at once with the resume code: nothing of this launch is lost."""
         while not self._watching.wait(LAUNCHER_POLL_S):
             if os.getppid() == launcher:
                 continue
             if not self.boundaries:
-                print(f"[train] torchrun (pid {launcher}) is gone before the first step: exiting "
+                print(f"[train] {name} (pid {launcher}) is gone before the first step: exiting "
                       f"{RESUME_EXIT_CODE} (relaunch to resume)", file=sys.stderr, flush=True)
                 kill_descendants()
                 os._exit(RESUME_EXIT_CODE)
             if self.received is None:  # else a stop is under way already (torchrun's own SIGTERM): not a second one
-                print(f"[train] torchrun (pid {launcher}) is gone: stopping as on SIGTERM", file=sys.stderr,
-                      flush=True)
+                print(f"[train] {name} (pid {launcher}) is gone: stopping as on SIGTERM", file=sys.stderr, flush=True)
                 os.kill(os.getpid(), signal.SIGTERM)
             return
 

@@ -389,9 +389,11 @@ def test_sigterm_to_the_runner_and_its_forkserver_stops_the_trainer_with_a_check
     try:
         group = psutil.Process(proc.pid).children(recursive=True)
         [forkserver] = [c for c in psutil.Process(proc.pid).children() if "forkserver" in " ".join(c.cmdline())]
+        trainers = forkserver.children()
         os.kill(proc.pid, signal.SIGTERM)
         os.kill(forkserver.pid, signal.SIGTERM)
         out, err = proc.communicate(timeout=300)
+        running_after_the_runner = [t.pid for t in trainers if _running(t)]
         deadline = time.monotonic() + 30  # the trainer's helpers (its watchdog, the resource tracker) follow it
         while (left := [c for c in group if _running(c)]) and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -401,6 +403,7 @@ def test_sigterm_to_the_runner_and_its_forkserver_stops_the_trainer_with_a_check
     lines = [line for line in err.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("[jobs] interrupted by SIGTERM: 1 queued job(s) cancelled; "
                                                    f"running: {first.name}"), err[-3000:]
+    assert trainers and not running_after_the_runner, (running_after_the_runner, out[-3000:] + err[-3000:])
     assert not left, [(c.pid, c.cmdline()) for c in left]
     log = (first / "train.log").read_text()
     stopped = read_latest(first / "checkpoints")

@@ -67,7 +67,7 @@ ORPHANED_WORKER = textwrap.dedent("""
     if os.fork():  # torchrun: dies (as under kill -9) once its worker watches it
         os.read(r, 1)
         os._exit(0)
-    os.environ["TORCHELASTIC_RUN_ID"] = "test"
+    os.environ[sys.argv[2]] = "test"  # a torchrun worker, or a study launcher's job
     from cplm_megatron.training.signals import StopSignal
     stop = StopSignal()
     stop.boundaries = int(sys.argv[1])  # step boundaries reached: 0 = still starting up
@@ -79,14 +79,15 @@ ORPHANED_WORKER = textwrap.dedent("""
 """)
 
 
-def _orphaned_worker(boundaries: int) -> tuple:
-    """(exit code, stdout, stderr) of the worker whose torchrun died (its stdout outlives its parent)."""
+def _orphaned_worker(boundaries: int, launched_by: str = "TORCHELASTIC_RUN_ID") -> str:
+    """The output of the worker whose launcher died (its stdout outlives its parent); `launched_by`: the variable
+    that tells it who its parent is."""
     import tempfile
 
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "out")
         with open(out, "w") as f:
-            subprocess.run([sys.executable, "-c", ORPHANED_WORKER, str(boundaries)], cwd=REPO, stdout=f,
+            subprocess.run([sys.executable, "-c", ORPHANED_WORKER, str(boundaries), launched_by], cwd=REPO, stdout=f,
                            stderr=subprocess.STDOUT, timeout=60, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
         deadline = time.time() + 30
         while time.time() < deadline and "worker stop request" not in open(out).read() \
@@ -105,3 +106,13 @@ def test_a_torchrun_worker_stops_when_torchrun_is_gone():
     starting = _orphaned_worker(0)
     assert ") is gone before the first step: exiting 75 (relaunch to resume)" in starting, starting
     assert "worker stop request" not in starting
+
+
+def test_a_study_job_stops_when_its_launcher_is_gone():
+    """A study runner killed (or its forkserver with it) left its trainer training on with ppid 1, writing into its
+    run dir: a job the launcher marks (WATCH_LAUNCHER_ENV) watches its parent as a torchrun worker does."""
+    from cplm_megatron.training.signals import WATCH_LAUNCHER_ENV
+
+    training = _orphaned_worker(1, WATCH_LAUNCHER_ENV)
+    assert "worker stop request: 15\n" in training, training
+    assert "[train] the launcher (pid " in training and ") is gone: stopping as on SIGTERM" in training, training

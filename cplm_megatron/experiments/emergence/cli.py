@@ -26,7 +26,7 @@ from pathlib import Path
 from cplm_megatron.entry_points import exit_2_on
 from cplm_megatron.errors import UserError
 from cplm_megatron.experiments.emergence.plan import EmergenceSettings, PilotSettings
-from cplm_megatron.experiments.launch.launcher import JobResult, RunsInterrupted
+from cplm_megatron.experiments.launch.launcher import JobResult, RunsInterrupted, stop_signals_interrupt
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -73,15 +73,20 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[emergence] {result.status_line()}", flush=True)
 
     try:
-        outcome = run_emergence(Path(args.output), settings, Path(args.data_root), pilot, args.jobs,
-                                "tools/emergence.py " + shlex.join(argv), progress, lambda m: print(m, flush=True),
-                                args.summarize_only, small_corpora=args.smoke)
+        with stop_signals_interrupt():  # Ctrl-C, SIGTERM, SIGHUP, whatever the process inherited
+            outcome = run_emergence(Path(args.output), settings, Path(args.data_root), pilot, args.jobs,
+                                    "tools/emergence.py " + shlex.join(argv), progress,
+                                    lambda m: print(m, flush=True), args.summarize_only, small_corpora=args.smoke)
     except RuntimeError as err:  # failed runs: their logs' last lines
         print(f"error: {err}", file=sys.stderr)
         return 1
     except RunsInterrupted as stop:
         print(stop, file=sys.stderr)
         return stop.exit_code
+    except KeyboardInterrupt:  # outside the runs (building corpora, writing the report): nothing of a run lost
+        print("[emergence] interrupted; relaunch the same command to continue (finished runs are reused)",
+              file=sys.stderr)
+        return 130
     for name, verdict in outcome.summary["domains"].items():
         print(f"[emergence] {name}: {verdict['verdict']}")
     print(f"[emergence] report: {outcome.report}; summary: {outcome.summary_json}")

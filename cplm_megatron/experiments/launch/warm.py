@@ -116,6 +116,20 @@ def run_script_as_main(script: str, argv: List[str], env: Dict[str, str], out: s
     os._exit(code)
 
 
+# The exit code multiprocessing reports for a child of a forkserver that died (a SIGTERM to the runner's whole group):
+# the child may still run, reparented; it is waited for until it is gone
+FORKSERVER_GONE = 255
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` exists and is not a zombie (Linux: /proc; elsewhere: not known, False)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rpartition(")")[2].split()[0] not in ("Z", "X")
+
+
 @dataclass
 class WarmJob:
     """A script's warm processes, used like subprocess.Popen (pid, poll, wait, returncode, send_signal)."""
@@ -132,7 +146,8 @@ class WarmJob:
         return self.procs[0].pid
 
     def poll(self) -> Optional[int]:
-        codes = [p.exitcode for p in self.procs]
+        codes = [None if c == FORKSERVER_GONE and _alive(p.pid) else c for p, c in
+                 ((p, p.exitcode) for p in self.procs)]
         if any(c is None for c in codes):
             if any(c not in (None, 0) for c in codes):  # a dead rank: stop the others, as torchrun does
                 time.sleep(2.0)  # let them write their own error first
