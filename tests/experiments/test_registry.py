@@ -102,3 +102,18 @@ def test_a_second_experiment_of_the_same_name_is_refused(tiny_package: Path):
     with pytest.raises(ValueError, match="an experiment named 'tiny' is registered already"):
         registry.register_experiment(registry.Experiment("tiny", "another", dict, plan=tiny.plan, run=tiny.run,
                                                          report=tiny.report))
+
+
+def test_the_command_lists_every_experiment_as_users_run_it():
+    """`python -m cplm_megatron.experiments --list` in a process of its own: every shipped experiment, quickly (the
+    scan imports no torch)."""
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-c", "import runpy, sys; sys.argv = ['x', '--list']; "
+                           "runpy.run_module('cplm_megatron.experiments', run_name='__main__'); "
+                           "assert 'torch' not in sys.modules, 'the scan imported torch'"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert [line.split()[0] for line in proc.stdout.splitlines() if line.strip()] == [
+        "ablation", "emergence", "long_context", "scaling", "study"]
