@@ -20,7 +20,7 @@ from typing import Any
 
 from cplm_megatron.entry_points import exit_2_on
 from cplm_megatron.errors import UserError
-from cplm_megatron.experiments.launch.launcher import RunsInterrupted
+from cplm_megatron.experiments.launch.launcher import run_as_runner
 from cplm_megatron.experiments.registry import Context, Experiment, experiment, registry
 
 
@@ -80,19 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = experiment(argv[0])
     if spec.main is not None:
         return spec.main(argv[1:])
-    try:
-        return run_named(spec, argv[1:])
-    except RuntimeError as err:  # failed runs: their logs' last lines
-        print(f"error: {err}", file=sys.stderr)
-        return 1
-    except RunsInterrupted as stop:  # Ctrl-C: queued runs cancelled, running ones checkpointed (75) or not (130)
-        print(stop, file=sys.stderr)
-        return stop.exit_code
-    except KeyboardInterrupt:  # outside the runs: nothing of a run lost
-        print(f"[{spec.name}] interrupted; relaunch the same command to continue (finished runs are reused)",
-              file=sys.stderr)
-        return 130
-
+    return run_as_runner(lambda: run_named(spec, argv[1:]), spec.name)
 
 if __name__ == "__main__":
     sys.exit(main())

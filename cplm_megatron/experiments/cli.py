@@ -36,7 +36,7 @@ from pathlib import Path
 
 from cplm_megatron.entry_points import exit_2_on
 from cplm_megatron.experiments.ablation.plan import AblationSettings
-from cplm_megatron.experiments.launch.launcher import JobResult, RunsInterrupted, stop_signals_interrupt
+from cplm_megatron.experiments.launch.launcher import JobResult, run_as_runner
 from cplm_megatron.experiments.pipeline import SpamLangSettings, run_ablation, run_recipe_study, summarize_study
 from cplm_megatron.experiments.records import read_study_summary
 from cplm_megatron.experiments.study.plan import ACTIVE_ARMS, ARMS, SCALES, SECOND_SCALE_ARMS, StudySettings
@@ -163,19 +163,7 @@ def settings_from_args(args: argparse.Namespace) -> AblationSettings:
 def main(argv: list[str] | None = None) -> int:
     """tools/ablate.py: bad input is one `error:` line and exit 2, failed jobs one line and exit 1; Ctrl-C (SIGTERM,
     SIGHUP) one line and 75 (every stopped run checkpointed) or 130, whatever signal handling it inherited."""
-    try:
-        with stop_signals_interrupt():
-            return _main(argv)
-    except RuntimeError as err:  # failed jobs: their logs' last lines
-        print(f"error: {err}", file=sys.stderr)
-        return 1
-    except RunsInterrupted as stop:  # Ctrl-C: queued jobs cancelled, running ones checkpointed (75) or not (130)
-        print(stop, file=sys.stderr)
-        return stop.exit_code
-    except KeyboardInterrupt:  # outside the jobs (building corpora, writing the report): nothing of a run lost
-        print("[ablate] interrupted; relaunch the same command to continue (finished runs are reused)",
-              file=sys.stderr)
-        return 130
+    return run_as_runner(lambda: _main(argv), "ablate")
 
 
 def _main(argv: list[str] | None) -> int:

@@ -248,6 +248,26 @@ def stop_signals_interrupt(on_signal: Callable[[int], None] = lambda signum: Non
             signal.signal(sig, handler)
 
 
+def run_as_runner(body: Callable[[], int], prefix: str) -> int:
+    """`body()`'s exit code as a runner's command line ends: failed jobs one `error:` line and 1; a stop signal one line
+    and 75 (every stopped run checkpointed) or 130, whatever signal handling the process inherited."""
+    import sys
+
+    try:
+        with stop_signals_interrupt():
+            return body()
+    except RuntimeError as err:  # failed jobs: their logs' last lines
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    except RunsInterrupted as stop:  # Ctrl-C: queued jobs cancelled, running ones checkpointed (75) or not (130)
+        print(stop, file=sys.stderr)
+        return stop.exit_code
+    except KeyboardInterrupt:  # outside the jobs (building corpora, writing the report): nothing of a run lost
+        print(f"[{prefix}] interrupted; relaunch the same command to continue (finished runs are reused)",
+              file=sys.stderr)
+        return 130
+
+
 class RunsInterrupted(Exception):
     """Ctrl-C (SIGINT) stopped `run_all`: queued jobs cancelled, running ones stopped (their trainers checkpoint);
     the message is the one line to print, `exit_code` 75 (every stopped run can resume) or 130."""
