@@ -31,6 +31,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--set", nargs="+", action="append", metavar="KEY=VALUE",
                    help="dotted overrides applied after the recipe, e.g. --set train.lr=3e-4 parallel.tp=2")
     p.add_argument("--print-config", action="store_true", help="print the resolved config and exit")
+    p.add_argument("--check", action="store_true",
+                   help="check the config against this launch (keys, values, the layout against the number of "
+                        "processes) without torch, print one line and exit: 0 if it would start, 2 if not")
     p.add_argument("--describe", action="store_true",
                    help="with --print-config: each key's meaning as a comment (docs/config-reference.md)")
     p.add_argument("-v", "--verbose", action="store_true",
@@ -57,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
 
     from cplm_megatron.entry_points import quiet_known_warnings, set_verbose
     from cplm_megatron.errors import UserError
-    from cplm_megatron.parallel.distributed import detect_env
+    from cplm_megatron.parallel.env import detect_env
 
     if args.verbose:
         set_verbose()
@@ -75,6 +78,10 @@ def run(args: argparse.Namespace) -> int:
     if args.print_config:
         print_config(cfg, args.describe)
         return 0
+    if args.check:
+        if env.rank == 0:
+            print(check_summary(cfg, env.world_size), flush=True)
+        return 0
     try:
         from cplm_megatron.checkpoint.checkpointer import CheckpointWriterDied
         from cplm_megatron.evaluation.probes import probe_callbacks
@@ -90,6 +97,13 @@ def run(args: argparse.Namespace) -> int:
     except UserError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return BAD_INPUT_EXIT_CODE
+
+
+def check_summary(cfg, world_size: int) -> str:
+    """`--check`'s line: the layout and length the checked config would train with."""
+    p, t = cfg.parallel, cfg.train
+    return (f"config ok: {world_size} process(es) as tp={p.tp} pp={p.pp} cp={p.cp} dp={cfg.validate_world(world_size)}; "
+            f"{t.total_iters()} iterations of {t.global_batch} x {t.seq_len} tokens; run.dir={cfg.run.dir}")
 
 
 def print_config(cfg, describe: bool) -> None:
