@@ -20,14 +20,7 @@ from typing import Any, Dict, List, Literal, Optional, Sequence
 
 import yaml
 
-from cplm_megatron.config.loader import (
-    apply_overrides,
-    build_dataclass,
-    parse_override,
-    read_yaml,
-    recipe_path,
-    to_dict,
-)
+from cplm_megatron.config.loader import build_dataclass, load_tree, resolve_model_section, to_dict
 from cplm_megatron.data.config import BatchShape, DataConfig
 from cplm_megatron.errors import ConfigError
 from cplm_megatron.model.compile import check_compile
@@ -36,7 +29,6 @@ from cplm_megatron.model.config import (
     ModelConfig,
     PrecisionConfig,
     RecomputeConfig,
-    resolve_model_section,
 )
 from cplm_megatron.model.layout import check_context_parallel, validate_layout
 from cplm_megatron.parallel.config import ParallelConfig
@@ -328,15 +320,7 @@ def load_run_config(path: Optional[str], overrides: Sequence[str] = ()) -> RunCo
     """Read a YAML recipe (a file, or a shipped recipe's name: `tiny`; or start empty), apply dotted overrides,
     build and validate. An override of train.iters replaces a recipe's train.tokens (and the other way round),
     so `--set train.iters=1000` works on a recipe that trains by tokens."""
-    tree = read_yaml(recipe_path(path)) if path else {}
-    overridden = {tuple(parts): value for parts, value in map(parse_override, overrides)}
-    apply_overrides(tree, overrides)
-    for key, other in _ALTERNATIVE_KEYS.items():
-        if overridden.get(key) is not None and other not in overridden:
-            section = tree.get(other[0])
-            if isinstance(section, dict):
-                section[other[1]] = None
-    return build_run_config(tree)
+    return build_run_config(load_tree(path, overrides, _ALTERNATIVE_KEYS))
 
 
 def dump_run_config(cfg: RunConfig, path: Path) -> None:

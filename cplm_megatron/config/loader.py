@@ -1,5 +1,7 @@
 """YAML + dotted command-line overrides -> nested config dataclasses, strictly typed; `recipe_path` finds
-a `--config` recipe by its shipped name.
+a `--config` recipe by its shipped name, `resolve_model_section` expands a named model preset (configs/models/).
+Loading runs one way: `load_tree` (recipe, overrides) and the presets give a raw tree, `build_dataclass` builds and
+validates it; the config classes above call into this module, never the reverse.
 
 Every config section is a plain dataclass. `build_dataclass` turns a nested dict into one, rejecting
 unknown keys (with the closest valid name), coercing strings from the command line to the field's type,
@@ -21,6 +23,7 @@ from cplm_megatron.errors import ConfigError
 
 T = TypeVar("T")
 RECIPE_DIR = Path(import_module("cplm_megatron.recipes").__file__).parent  # configs/ of a checkout
+PRESET_DIR = RECIPE_DIR / "models"  # the named model presets (`model.preset`)
 
 
 def recipe_path(name_or_path: str) -> str:
@@ -123,6 +126,46 @@ def deep_merge(base: Mapping[str, Any], top: Mapping[str, Any]) -> Dict[str, Any
         else:
             out[key] = value
     return out
+
+
+def load_tree(path: str | None, overrides: Iterable[str] = (),
+              alternatives: Mapping[tuple, tuple] | None = None) -> Dict[str, Any]:
+    """A recipe's raw tree: the YAML (a file or a shipped recipe's name; None: empty), then the dotted overrides. An
+    override of a key in `alternatives` ((section, key) -> (section, key)) clears the recipe's alternative to it
+    unless that is overridden too (`--set train.iters=1000` on a recipe that trains by tokens)."""
+    tree = read_yaml(recipe_path(path)) if path else {}
+    overrides = list(overrides)
+    overridden = {tuple(parts): value for parts, value in map(parse_override, overrides)}
+    apply_overrides(tree, overrides)
+    for key, other in (alternatives or {}).items():
+        if overridden.get(key) is not None and other not in overridden:
+            section = tree.get(other[0])
+            if isinstance(section, dict):
+                section[other[1]] = None
+    return tree
+
+
+def available_presets() -> List[str]:
+    """Names of the YAML presets under configs/models/."""
+    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+
+
+def preset_dict(name: str) -> Dict[str, Any]:
+    """The raw mapping of a named preset (its file name without .yaml)."""
+    path = PRESET_DIR / f"{name}.yaml"
+    if not path.is_file():
+        raise ConfigError(f"unknown model.preset {name!r}; available: {', '.join(available_presets())}")
+    data = read_yaml(path)
+    data["preset"] = name
+    return data
+
+
+def resolve_model_section(section: Dict[str, Any]) -> Dict[str, Any]:
+    """Expand `model.preset` into its fields; explicit keys in the section override the preset."""
+    name = section.get("preset")
+    if not name:
+        return dict(section)
+    return deep_merge(preset_dict(str(name)), section)
 
 
 def _is_optional(tp: Any) -> tuple[bool, Any]:

@@ -5,16 +5,20 @@ Transformer Engine, the copy kernel's head dims) is checked where the model is b
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Dict, List, Literal, Optional
+from typing import TYPE_CHECKING, Any, Literal, Optional
 
-from cplm_megatron.config.loader import RECIPE_DIR, deep_merge, read_yaml
+from cplm_megatron.config.loader import (  # noqa: F401 - the presets' readers re-exported: they live with the loader
+    PRESET_DIR,
+    available_presets,
+    build_dataclass,
+    preset_dict,
+    resolve_model_section,
+)
 from cplm_megatron.errors import ConfigError
 from cplm_megatron.model.backbones import backbone
 
 if TYPE_CHECKING:
     import torch
-
-PRESET_DIR = RECIPE_DIR / "models"
 
 
 @dataclass
@@ -181,31 +185,6 @@ class RecomputeConfig:
     num_layers: int = 1
 
 
-def available_presets() -> List[str]:
-    """Names of the YAML presets under configs/models/."""
-    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
-
-
-def preset_dict(name: str) -> Dict[str, Any]:
-    """The raw mapping of a named preset (its file name without .yaml)."""
-    path = PRESET_DIR / f"{name}.yaml"
-    if not path.is_file():
-        raise ConfigError(f"unknown model.preset {name!r}; available: {', '.join(available_presets())}")
-    data = read_yaml(path)
-    data["preset"] = name
-    return data
-
-
-def resolve_model_section(section: Dict[str, Any]) -> Dict[str, Any]:
-    """Expand `model.preset` into its fields; explicit keys in the section override the preset."""
-    name = section.get("preset")
-    if not name:
-        return dict(section)
-    return deep_merge(preset_dict(str(name)), section)
-
-
 def load_preset(name: str, **overrides: Any) -> ModelConfig:
     """A ModelConfig from a named preset plus keyword overrides."""
-    from cplm_megatron.config.loader import build_dataclass
-
     return build_dataclass(ModelConfig, resolve_model_section({"preset": name, **overrides}), "model")
