@@ -95,11 +95,16 @@ class ScheduleConfig:
             raise ConfigError(f"schedule.wsd_decay_fraction must be in (0, 1], got {self.wsd_decay_fraction}")
 
 
-def check_profile_steps(steps: Sequence[int]) -> None:
-    """`train.profile_steps` is [first, last] with 1 <= first <= last."""
+def check_profile_steps(steps: Sequence[int], iters: Optional[int] = None, length: str = "") -> None:
+    """`train.profile_steps` is [first, last] with 1 <= first <= last (<= `iters`, the run's last iteration, which
+    `length` names: a profile past it would be empty or cut short)."""
     if len(steps) != 2 or not 1 <= steps[0] <= steps[1]:
         raise ConfigError(f"train.profile_steps must be [first, last] iterations with 1 <= first <= last, got "
                           f"{list(steps)} (e.g. --set train.profile_steps=[5,8])")
+    if iters is not None and steps[1] > iters:
+        first = max(1, min(steps[0], iters - 1))
+        raise ConfigError(f"train.profile_steps={list(steps)} goes past the run's last iteration ({length}): choose "
+                          f"iterations within 1..{iters}, e.g. --set train.profile_steps=[{first},{iters}]")
 
 
 @dataclass
@@ -158,7 +163,9 @@ class TrainConfig:
             raise ConfigError(f"train.probe_sequences must be >= 1 and train.probe_copy_length >= 8 (got "
                               f"{self.probe_sequences}, {self.probe_copy_length})")
         if self.profile_steps is not None:
-            check_profile_steps(self.profile_steps)
+            length = f"train.iters={self.iters}" if self.iters is not None else \
+                f"train.tokens={self.tokens}: {self.total_iters()} iterations"
+            check_profile_steps(self.profile_steps, self.total_iters(), length)
         if self.lr <= 0 or not 0 <= self.min_lr <= self.lr:
             raise ConfigError(f"train.lr/min_lr must satisfy lr > 0 and 0 <= min_lr <= lr (got {self.lr}/{self.min_lr})")
 

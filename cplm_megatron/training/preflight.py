@@ -2,7 +2,7 @@
 checkpoint dir are writable, their filesystem has room for two checkpoints (the planner's size: the new
 save is written beside the previous one) and the file-size limit (`ulimit -f`) can hold a save's files, and the
 planner's memory estimate (tools/model_info.py) fits the device (GPU) or the host's available memory (CPU). Each
-refusal is a UserError naming the figures and the fix.
+refusal is a UserError naming the figures and the fix. `range_notes`: the cadences a launch never reaches (warned).
 """
 from __future__ import annotations
 
@@ -80,3 +80,32 @@ def preflight(cfg: RunConfig, dp: int, local_processes: int, reclaimed: float = 
         p = cfg.parallel
         check_file_size_limit(run_dir / "checkpoints", checkpoint_size(cfg), dp * p.tp * p.pp * p.cp)
     check_memory(cfg, dp, local_processes)
+
+
+def _never_due(interval: int, start: int, total: int) -> bool:
+    """Whether a cadence of `interval` iterations (0: off) has no multiple in this launch's (start, total]."""
+    return interval > 0 and (start // interval + 1) * interval > total
+
+
+def range_notes(cfg: RunConfig, start: int = 0) -> list:
+    """One line for each cadence this launch (iterations start+1..total) never reaches. Warned, not refused: a
+    recipe's intervals are set for its full length, and a shorter run (train.iters=N, a resumed launch's last
+    iterations) loses nothing by them. Profile steps past the run's end are refused with the config."""
+    t, total, notes = cfg.train, cfg.train.total_iters(), []
+    if start >= total:  # nothing to train (a finished run relaunched)
+        return notes
+    until = f"iterations {start + 1}..{total}" if start else f"{total} iterations"
+    if cfg.data.val_streams and _never_due(t.eval_interval, start, total):
+        notes.append(f"[config] train.eval_interval={t.eval_interval}: no validation in this launch's {until} "
+                     f"(set train.eval_interval <= {total - start} to validate, 0 to say none)")
+    if _never_due(t.probe_interval, start, total):
+        notes.append(f"[config] train.probe_interval={t.probe_interval}: no probe in this launch's {until}"
+                     f"{' after the one before the first step' if not start else ''}")
+    if cfg.checkpoint.enabled and _never_due(cfg.checkpoint.interval, start, total):
+        notes.append(f"[config] checkpoint.interval={cfg.checkpoint.interval}: no periodic checkpoint in this "
+                     f"launch's {until}; it saves at the end (and on a stop signal)")
+    if t.profile_steps and start >= t.profile_steps[0]:
+        left = f"only {start + 1}..{t.profile_steps[1]} profiled" if start < t.profile_steps[1] else "nothing profiled"
+        notes.append(f"[config] train.profile_steps={list(t.profile_steps)}: this launch resumes at iteration "
+                     f"{start}, {left}")
+    return notes

@@ -115,7 +115,7 @@ class Trainer:
         from cplm_megatron.model.layout import init_distributed
         from cplm_megatron.parallel.distributed import detect_env
         from cplm_megatron.training.optimizer import build_optimizer, build_scheduler, wrap_ddp
-        from cplm_megatron.training.preflight import preflight
+        from cplm_megatron.training.preflight import preflight, range_notes
 
         # The checks that need no process group run before one exists: a refusal costs no rendezvous.
         env = detect_env()
@@ -150,6 +150,8 @@ class Trainer:
                                          checkpoint_size=checkpoint_size(cfg))
         self.state = TrainState()
         self._load(plan)  # the data loader refuses a position that does not fit its streams: still nothing written
+        for line in range_notes(cfg, self.state.iteration):  # the cadences this launch never reaches
+            rank0_print(line)
         # The first step's micro-batches are read now, before run.dir is written: a shard that cannot be read
         # (corrupt with data.verify_shards=false, a full /dev/shm at the epoch's start) leaves nothing behind.
         self._first_batches = take(self.train_data, self.num_micro) if self.state.iteration < self.total_iters \

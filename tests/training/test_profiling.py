@@ -46,3 +46,25 @@ def test_a_rank_without_it_or_a_run_ending_early(tmp_path):
     early.close()  # the run ended at iteration 1: the profiled step is written
     assert not (tmp_path / "a.json").exists()
     assert json.loads((tmp_path / "b.json").read_text())["iterations"] == [1, 1]
+
+
+def test_profile_steps_past_the_last_iteration_are_refused_with_one_line(tmp_path):
+    """train.profile_steps=[10,20] with train.iters=4 trained and wrote no profile, silently: refused before
+    anything starts (exit 2, one line naming the range that fits), train.tokens runs too."""
+    import subprocess
+    import sys
+
+    from cplm_megatron.run_config import load_run_config
+    from tests.harness import REPO, process_env
+
+    with pytest.raises(ConfigError, match=r"\(train.tokens=5000: 3 iterations\): choose iterations within 1..3, "
+                                          r"e.g. --set train.profile_steps=\[2,3\]"):
+        load_run_config("tiny", ["train.tokens=5000", "train.profile_steps=[2,20]"])
+    run_dir = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "cplm_megatron.pretrain", "--config", "tiny", "--set",
+                           "train.iters=4", "train.profile_steps=[10,20]", f"run.dir={run_dir}"], cwd=REPO,
+                          env=process_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout + proc.stderr
+    assert proc.stderr == ("error: train.profile_steps=[10, 20] goes past the run's last iteration (train.iters=4): "
+                           "choose iterations within 1..4, e.g. --set train.profile_steps=[3,4]\n"), proc.stderr
+    assert not run_dir.exists()
