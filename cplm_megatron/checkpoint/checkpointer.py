@@ -53,7 +53,7 @@ from cplm_megatron.checkpoint.lookup import (
     list_checkpoints,
     read_record,
 )
-from cplm_megatron.checkpoint.orphan_watchdog import ensure_orphan_watchdog
+from cplm_megatron.checkpoint.orphan_watchdog import ensure_orphan_watchdog, stop_signals_blocked
 from cplm_megatron.checkpoint.orphan_watchdog import notice as notice_helpers
 from cplm_megatron.checkpoint.weights import load_model_state, model_sharded_state_dict
 from cplm_megatron.durable_files import write_atomic
@@ -219,14 +219,16 @@ class Checkpointer:
             data=data_state,
             config=config,
         )
-        request = self._write_shards(state, target)
+        with stop_signals_blocked():  # the Manager this save may start, and an async writer, inherit them blocked
+            request = self._write_shards(state, target)
         notice_helpers()  # the Manager this save may have started
         # a snapshot: an async finalize runs steps later, when the live TrainState has moved on
         saved_state = TrainState(**vars(train_state))
         finalize = lambda: self._finalize(target, saved_state, has_optimizer=optimizer is not None)  # noqa: E731
         if self.async_save:
             request.add_finalize_fn(finalize)
-            self._schedule(request, target)
+            with stop_signals_blocked():
+                self._schedule(request, target)
             if dist.get_rank() == 0:
                 self.log(f"[checkpoint] writing {target} (iteration {saved_state.iteration}) in the background")
         else:

@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+from contextlib import contextmanager
 from typing import Optional
 
 _WATCH = r'''
@@ -70,6 +71,19 @@ def start_orphan_watchdog() -> subprocess.Popen:
     try:
         return subprocess.Popen([sys.executable, "-I", "-S", "-c", _WATCH, str(os.getpid()), WATCHDOG_MARK],
                                 stdin=subprocess.PIPE, close_fds=True)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+@contextmanager
+def stop_signals_blocked():
+    """While the block runs, the stop signals are blocked in this thread, so a helper process it starts (megatron's
+    Manager, spawned by the first save; an async writer, forked) inherits them blocked (the mask survives fork and
+    exec): a Ctrl-C to the run's process group is the trainer's to handle, not a traceback from a helper. The
+    trainer's own handlers still run (training/signals.py reads them in a thread that does not block them)."""
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, set(STOP_SIGNALS))
+    try:
+        yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 

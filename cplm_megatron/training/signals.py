@@ -45,13 +45,16 @@ def defer_stop_signals() -> set:
 def _start_resource_tracker_without(signals) -> None:
     """SLURM signals every process of a step; multiprocessing's resource tracker (used by streaming's
     shared memory) would die of SIGUSR1 and spam KeyErrors. Start it now with those signals blocked
-    (a blocked mask is inherited), so it ignores them for the rest of the run."""
+    (a blocked mask is inherited), so it ignores them for the rest of the run. Its UserWarning about the
+    shared memory it cleans after a run stopped at once (a second Ctrl-C) is left out: nothing is left to do."""
     from multiprocessing import resource_tracker
 
     old = signal.pthread_sigmask(signal.SIG_BLOCK, set(signals))
+    sys.warnoptions.append("ignore::UserWarning")  # passed to the tracker's interpreter as -W
     try:
         resource_tracker.ensure_running()
     finally:
+        sys.warnoptions.remove("ignore::UserWarning")
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
@@ -72,6 +75,7 @@ class StopSignal:
         _start_resource_tracker_without(self.SIGNALS)
         _ACTIVE[:] = [self]
         self._watching = threading.Event()
+        self._arrivals = _Arrivals(set(self._previous))  # before the unblock: a deferred signal arrives there
         launcher = "torchrun" if os.environ.get("TORCHELASTIC_RUN_ID") else (  # torchrun is the parent
             "the launcher" if os.environ.get(WATCH_LAUNCHER_ENV) else None)
         if launcher:
@@ -105,6 +109,8 @@ class StopSignal:
                       f"exit {RESUME_EXIT_CODE}; press Ctrl-C again to stop at once (losing the work since the "
                       f"last checkpoint)", file=sys.stderr, flush=True)
             return
+        if self._arrivals.running:  # it times the signals as they arrive, and stops the process itself
+            return
         if now - self._received_at > REPEAT_AFTER_S:
             print(f"[train] {signal.Signals(signum).name} again: stopping now, without a checkpoint",
                   file=sys.stderr, flush=True)
@@ -127,12 +133,81 @@ class StopSignal:
 
     def restore(self) -> None:
         self._watching.set()
+        self._arrivals.close()
         if _ACTIVE == [self]:
             _ACTIVE.clear()
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
 
 
+class _Arrivals:
+    """Times the stop signals as they arrive (a thread reading the interpreter's wakeup fd) and stops the process at
+    once on one more than REPEAT_AFTER_S after the first. Python runs a handler only when the main thread is between
+    bytecodes: after a long wait (an async save's shutdown) a SIGTERM and a Ctrl-C 1.5 s apart were handled
+    together, SIGINT first (pending signals run by number), and counted as one request."""
+
+    def __init__(self, signals: set):
+        self.signals, self.first_at, self.running = signals, None, False
+        self._closed = threading.Event()
+        self._read, write = os.pipe()
+        os.set_blocking(write, False)
+        try:
+            self._previous_fd = signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+        except ValueError:  # not the main thread: the handler's own timing
+            os.close(self._read)
+            os.close(write)
+            return
+        self._write, self.running = write, True
+        _reset_wakeup_fd_in_children()
+        threading.Thread(target=self._watch, name="stop-signal-arrivals", daemon=True).start()
+
+    def _watch(self) -> None:
+        import select
+
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, self.signals)  # while the main thread blocks them (a save)
+        ready = select.poll()
+        ready.register(self._read, select.POLLIN)
+        while not self._closed.is_set():
+            if not ready.poll(250):
+                continue
+            data, now = os.read(self._read, 64), time.monotonic()
+            for signum in (n for n in data if n in self.signals):
+                if self.first_at is None:
+                    self.first_at = now
+                elif now - self.first_at > REPEAT_AFTER_S:
+                    print(f"[train] {signal.Signals(signum).name} again: stopping now, without a checkpoint",
+                          file=sys.stderr, flush=True)
+                    kill_descendants()
+                    os._exit(128 + signum)
+        os.close(self._read)
+
+    def close(self) -> None:
+        """Give the wakeup fd back (main thread); the thread ends."""
+        if self.running:
+            self.running = False
+            signal.set_wakeup_fd(self._previous_fd)
+            self._closed.set()
+            os.close(self._write)  # the thread's poll wakes up (end of file) and ends
+
+
+def _reset_wakeup_fd_in_children() -> None:
+    """A forked helper (a data worker, an async writer) must not write its signals into this process's wakeup fd."""
+    if not _FORK_HOOK:
+        os.register_at_fork(after_in_child=_forget_arrivals)
+        _FORK_HOOK.append(True)
+
+
+def _forget_arrivals() -> None:
+    """In a forked child: no wakeup fd, and its copy of the handler times its signals itself (no thread reads)."""
+    try:
+        signal.set_wakeup_fd(-1)
+    except ValueError:
+        return
+    for stop in _ACTIVE:
+        stop._arrivals.running = False
+
+
+_FORK_HOOK: list = []
 _ACTIVE: list = []  # the process's installed StopSignal, if any
 
 

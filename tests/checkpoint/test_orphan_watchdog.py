@@ -90,3 +90,32 @@ def test_killing_a_plain_torchrun_stops_its_worker_with_a_checkpoint(stdlib_corp
         assert f"[train] stopping at iteration {it} (signal {int(signal.SIGTERM)}); exit code 75" in text
     finally:
         pu.kill_group(proc)
+
+
+def test_a_second_signal_while_an_async_save_shuts_down_exits_130_at_once(stdlib_corpus, tmp_path):
+    """SIGTERM to the run's process group, then SIGINT 1.5 s later, while the stop's async save starts megatron's
+    Manager and finishes: the Manager printed a KeyboardInterrupt traceback and the trainer exited 75 (the two
+    signals, handled together after a long wait of the main thread, counted as one request). Now the second signal
+    ends the run at once: exit 130, one line, no traceback, no process left."""
+    run_dir, log = tmp_path / "run", tmp_path / "run.log"
+    proc = pu.start(1, pu.tiny_overrides(stdlib_corpus, run_dir, 400, **{
+        "checkpoint.async_save": "true", "checkpoint.interval": 1000}), log, mode="python")
+    try:
+        pu.wait_for(lambda: len(pu.losses(run_dir)) >= 2, timeout=300, proc=proc)
+        helpers = psutil.Process(proc.pid).children(recursive=True)
+        os.killpg(proc.pid, signal.SIGTERM)
+        time.sleep(1.5)
+        helpers += psutil.Process(proc.pid).children(recursive=True)
+        os.killpg(proc.pid, signal.SIGINT)
+        stopped = time.monotonic()
+        proc.wait(timeout=120)
+        seconds = time.monotonic() - stopped
+        alive = _wait_gone(helpers)
+    finally:
+        pu.kill_group(proc)
+    text = log.read_text()
+    assert proc.returncode == 130, text[-3000:]
+    assert seconds < 10, (seconds, text[-3000:])
+    assert "Traceback" not in text and "KeyboardInterrupt" not in text, text[-3000:]
+    assert text.rstrip().endswith("\n[train] SIGINT again: stopping now, without a checkpoint"), text[-3000:]
+    assert not alive, [(h.pid, h.cmdline()) for h in alive]

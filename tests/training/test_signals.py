@@ -116,3 +116,29 @@ def test_a_study_job_stops_when_its_launcher_is_gone():
     training = _orphaned_worker(1, WATCH_LAUNCHER_ENV)
     assert "worker stop request: 15\n" in training, training
     assert "[train] the launcher (pid " in training and ") is gone: stopping as on SIGTERM" in training, training
+
+
+LATE_HANDLERS = textwrap.dedent("""
+    import os, signal, subprocess, sys, time
+    from cplm_megatron.training.signals import STOP_SIGNALS, StopSignal
+    stop = StopSignal()
+    signal.pthread_sigmask(signal.SIG_BLOCK, set(STOP_SIGNALS))  # the main thread in a long wait (a save's end)
+    subprocess.Popen([sys.executable, "-c", "import os, signal, sys, time; pid = int(sys.argv[1]); "
+                      "os.kill(pid, signal.SIGTERM); time.sleep(1.5); os.kill(pid, signal.SIGINT)", str(os.getpid())])
+    time.sleep(4)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, set(STOP_SIGNALS))  # its handlers run now, SIGINT first
+    time.sleep(0.5)
+    print("not stopped:", stop.received, flush=True)
+""")
+
+
+def test_a_second_signal_counts_from_when_it_arrived_not_when_the_main_thread_handled_it():
+    """A SIGTERM, then a Ctrl-C 1.5 s later, while the main thread waits (an async save's shutdown): both were
+    handled when the wait ended, SIGINT first, and counted as one request (checkpoint, exit 75). Their arrival
+    times count: the second stops the process at once (130)."""
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", LATE_HANDLERS], cwd=REPO, capture_output=True, text=True,
+                          timeout=60, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 130, proc.stdout + proc.stderr
+    assert "SIGINT again: stopping now, without a checkpoint" in proc.stderr and not proc.stdout, proc.stderr
+    assert time.monotonic() - started < 30
