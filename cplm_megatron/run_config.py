@@ -330,12 +330,19 @@ def load_run_config(path: Optional[str], overrides: Sequence[str] = ()) -> RunCo
     return build_run_config(load_tree(path, overrides, _ALTERNATIVE_KEYS))
 
 
-def dump_run_config(cfg: RunConfig, path: Path) -> None:
-    """Write the resolved config as YAML (what the run actually used)."""
+def dump_run_config(cfg: RunConfig, path: Path, resolved: Optional[Dict[str, str]] = None) -> None:
+    """Write the config as YAML (what the run was given); `resolved`: {dotted key: what its setting, e.g. `auto`,
+    resolved to in this launch}, a comment beside the key (a relaunch elsewhere resolves it anew)."""
     from cplm_megatron.durable_files import write_atomic
 
+    lines, section = yaml.safe_dump(cfg.to_dict(), sort_keys=False).splitlines(), ""
+    for i, line in enumerate(lines):
+        section = line[:-1] if not line.startswith(" ") and line.endswith(":") else section
+        key = f"{section}.{line.strip().split(':', 1)[0]}" if line.startswith("  ") and line[2:3] != " " else ""
+        if key in (resolved or {}):
+            lines[i] = f"{line}  # resolved to {resolved[key]} in this launch"
     path.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(path, yaml.safe_dump(cfg.to_dict(), sort_keys=False))  # a full disk leaves the previous one
+    write_atomic(path, "\n".join(lines) + "\n")  # a full disk leaves the previous one
 
 
 def overrides_from_args(items: Optional[List[str]]) -> List[str]:

@@ -124,3 +124,16 @@ def test_a_saved_config_with_the_old_copy_of_the_batch_shape_under_data_still_re
     assert run_config_from_saved(legacy).to_dict() == saved
     with pytest.raises(ConfigError, match=r"data\.seq_len is set by train\.seq_len"):
         build_run_config(legacy)
+
+
+def test_config_yaml_keeps_a_setting_and_what_it_resolved_to_beside_it(tmp_path):
+    """model.lm_head_loss=auto was written as the path it resolved to, so a relaunch from config.yaml on another
+    machine kept the old choice: the setting stays, the resolution is a comment beside it (and nowhere else)."""
+    from cplm_megatron.run_config import dump_run_config
+
+    cfg = load_run_config("tiny", ["model.lm_head_loss=auto"])
+    path = tmp_path / "config.yaml"
+    dump_run_config(cfg, path, resolved={"model.lm_head_loss": "chunked"})
+    text = path.read_text()
+    assert "\n  lm_head_loss: auto  # resolved to chunked in this launch\n" in text and text.count("#") == 1, text
+    assert load_run_config(str(path)) == cfg

@@ -66,7 +66,7 @@ class Trainer:
     """Owns the model chunks, optimizer, data and bookkeeping of one run (one per process)."""
 
     def __init__(self, cfg: RunConfig, callbacks: Sequence[Callback] = ()):
-        self.cfg = cfg
+        self.cfg = self.given = cfg  # given: the settings as written (config.yaml), e.g. model.lm_head_loss=auto
         self.callbacks = list(callbacks)
         self.run_dir = Path(cfg.run.dir)
         self.stop = StopSignal()  # first: a signal during set-up is acted on at the first step boundary
@@ -121,7 +121,7 @@ class Trainer:
         env = detect_env()
         dp = cfg.validate_world(env.world_size)
         cfg, note = resolve_lm_head_loss(cfg, dp, env.local_world_size)
-        self.cfg = cfg  # the run as it trains: config.yaml, the record and the hash name the path in use
+        self.cfg = cfg  # the run as it trains: the record, the checkpoints and the hash name the path in use
         if note:
             rank0_print(note, rank=env.rank)
         use_te_spec(cfg.model, cfg.precision)
@@ -184,7 +184,9 @@ class Trainer:
         if self.is_logger:
             apply_plan(plan, self.run_dir / "checkpoints")
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            dump_run_config(self.cfg, self.run_dir / "config.yaml")
+            head = self.cfg.model.lm_head_loss
+            dump_run_config(self.given, self.run_dir / "config.yaml",
+                            resolved={"model.lm_head_loss": head} if head != self.given.model.lm_head_loss else None)
             for note in plan.notes:
                 print(note, flush=True)
         dist.barrier()  # nobody saves into run.dir before it is ready

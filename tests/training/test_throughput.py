@@ -123,13 +123,19 @@ def test_a_slow_first_step_does_not_drag_later_logged_rates(slow_first_run):
 @pytest.mark.slow
 def test_auto_lm_head_loss_is_resolved_reported_and_recorded(slow_first_run):
     """model.lm_head_loss=auto on a tiny model: Megatron's path (its logits are a sliver of the host's memory),
-    said at start with the figures, and named in config.yaml and the run record."""
+    said at start with the figures, and named in the run record; config.yaml keeps the setting, `auto`, with what
+    it resolved to beside it (it held the resolved path: a relaunch from it on another GPU kept the old choice)."""
     import yaml
+
+    from cplm_megatron.run_config import load_run_config
 
     run_dir, stdout = slow_first_run
     line = next(line for line in stdout.splitlines() if "model.lm_head_loss=auto ->" in line)
     assert line.startswith("[train] model.lm_head_loss=auto -> megatron: Megatron's logits take ") and "GiB" in line
-    assert yaml.safe_load((run_dir / "config.yaml").read_text())["model"]["lm_head_loss"] == "megatron"
+    text = (run_dir / "config.yaml").read_text()
+    assert "\n  lm_head_loss: auto  # resolved to megatron in this launch\n" in text, text
+    assert yaml.safe_load(text)["model"]["lm_head_loss"] == "auto"
+    assert load_run_config(str(run_dir / "config.yaml")).model.lm_head_loss == "auto"  # a relaunch resolves anew
     record = json.loads((run_dir / "run_record.json").read_text())
     assert record["lm_head_loss"] == "megatron"
     # the record's FLOPs and memory figures (model/accounting's, for this config: nothing recomputed here)
