@@ -15,7 +15,8 @@ if "streaming.vision" not in sys.modules:
 from streaming import MDSWriter, Stream, StreamingDataset
 from streaming.base.dataset import TICK, _ShardState
 from streaming.base.storage import CloudDownloader
+from streaming.base.util import bytes_to_int
 from streaming.base.world import World
 
-__all__ = ["TICK", "CloudDownloader", "MDSWriter", "ShardState", "Stream", "StreamingDataset", "World"]
+__all__ = ["TICK", "CloudDownloader", "bytes_to_int", "MDSWriter", "ShardState", "Stream", "StreamingDataset", "World"]
 ShardState = _ShardState

@@ -112,6 +112,26 @@ class PrepareResult:
         return out
 
 
+MAX_SHARD_BYTES = 2**32  # mosaicml-streaming's bound on a shard's size (its offsets are 32-bit)
+
+
+def check_settings(seq_len: int, workers: int, shard_size_limit: str | int) -> None:
+    """The numeric settings of a preparation, before any input is read (InputError naming the flag: --seq-len 0 and
+    --shard-size abc were tracebacks from the packer and the shard writer, --workers -2 ran as 1)."""
+    from cplm_megatron.data._streaming_import import bytes_to_int
+
+    if seq_len < 1:
+        raise InputError(f"--seq-len must be >= 1, got {seq_len}")
+    if workers < 1:
+        raise InputError(f"--workers must be >= 1, got {workers}")
+    try:
+        size = bytes_to_int(shard_size_limit)
+    except ValueError:
+        size = None
+    if size is None or not 1 <= size < MAX_SHARD_BYTES:
+        raise InputError(f"--shard-size must be a size from 1b to under 4gb (e.g. 64mb), got {shard_size_limit!r}")
+
+
 def prepare_dataset(
     inputs: Sequence[PathLike],
     tokenizer_dir: PathLike,
@@ -132,8 +152,7 @@ def prepare_dataset(
     `inputs`: files, directories, glob patterns, @LIST files (see `inputs`), `datasets` save_to_disk folders and
     Megatron indexed datasets (see `importers`: their ids are re-packed under this tokenizer).
     `max_invalid_fraction`: a file with a larger share of invalid-UTF-8/NUL bytes is refused (InputError)."""
-    if seq_len < 1:
-        raise ValueError(f"seq_len must be >= 1, got {seq_len}")
+    check_settings(seq_len, workers, shard_size_limit)
     label, listing = Path(output).name, None
     sources = plan_sources([str(i) for i in inputs], split_by, text_field, max_invalid_fraction)
     if part is not None:

@@ -77,6 +77,25 @@ def test_cli_errors_name_the_problem(tmp_path: Path, tiny_corpus: TinyCorpus, ca
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("flags, message", [
+    (("--seq-len", "0"), "--seq-len must be >= 1, got 0"),
+    (("--workers", "-2"), "--workers must be >= 1, got -2"),
+    (("--shard-size", "abc"), "--shard-size must be a size from 1b to under 4gb (e.g. 64mb), got 'abc'"),
+    (("--shard-size", "0"), "--shard-size must be a size from 1b to under 4gb (e.g. 64mb), got '0'"),
+    (("--shard-size", "5gb"), "--shard-size must be a size from 1b to under 4gb (e.g. 64mb), got '5gb'"),
+], ids=["seq-len", "workers", "shard-size", "shard-size-0", "shard-size-big"])
+def test_numeric_flags_out_of_range_are_one_line(tmp_path: Path, tiny_corpus: TinyCorpus,
+                                                 capsys: pytest.CaptureFixture, flags, message) -> None:
+    """--seq-len 0 and --shard-size abc/5gb were tracebacks (exit 1) from the packer and the shard writer,
+    --shard-size 0 wrote one unbounded shard and --workers -2 ran as 1: each is one line, exit 2, nothing written."""
+    (tmp_path / "a.txt").write_text("x = 1\n")
+    args = {"--seq-len": "8", "--workers": "1", **dict([flags])}
+    code, _, err = run_main(capsys, "--input", str(tmp_path / "a.txt"), "--tokenizer", str(tiny_corpus.tokenizer_dir),
+                            "--output", str(tmp_path / "o"), "--quiet", *[x for kv in args.items() for x in kv])
+    assert (code, err) == (2, f"error: {message}\n")
+    assert not (tmp_path / "o").exists()
+
+
 @pytest.mark.parametrize("damage", ["truncate", "flip", "delete"])
 def test_rerun_repairs_a_damaged_dataset(tmp_path: Path, tiny_corpus: TinyCorpus, capsys: pytest.CaptureFixture,
                                          damage: str) -> None:
