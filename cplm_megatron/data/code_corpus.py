@@ -202,9 +202,11 @@ def _adapted_line(split: str, asked: SplitRule, rule: SplitRule) -> str:
     return f"{split}: the asked {text(asked)} fit no distribution (or filled under {MIN_FILL:.0%}); took {text(rule)}"
 
 
-def split_distributions(dists: Sequence[Distribution], s: CodeCorpusSettings) -> SplitPlan:
+def split_distributions(dists: Sequence[Distribution], s: CodeCorpusSettings,
+                        more: str = "--max-bytes, --packages") -> SplitPlan:
     """Whole distributions per split (see the module doc, step 1), a held-out split's rule relaxed rung by rung
-    where the asked one fits no distribution; ValueError (one line) when even the most relaxed rung fits none."""
+    where the asked one fits no distribution; ValueError (one line, naming the options `more` that add sources)
+    when even the most relaxed rung fits none."""
     total = sum(d.bytes for d in dists)
     order = sorted(dists, key=lambda d: name_hash(d.name, "split"))
     taken: set[str] = set()
@@ -222,7 +224,7 @@ def split_distributions(dists: Sequence[Distribution], s: CodeCorpusSettings) ->
             raise ValueError(f"no distribution fits the {split} split: {len(dists)} distributions, {len(taken)} "
                              f"already held out, and holding out any one of the others whole would take the held-out splits "
                              f"past {MAX_HELD_OUT:.0%} of the {total:,} source bytes; include more packages "
-                             f"(--max-bytes, --packages)")
+                             f"({more})")
         if rule != asked[split]:
             adapted[split] = _adapted_line(split, asked[split], rule)
         rules[split], out[split] = rule, chosen
@@ -231,9 +233,10 @@ def split_distributions(dists: Sequence[Distribution], s: CodeCorpusSettings) ->
     return SplitPlan({split: sorted(out[split], key=lambda d: d.name) for split in SPLITS}, rules, adapted, total)
 
 
-def assign_splits(dists: Sequence[Distribution], s: CodeCorpusSettings) -> dict[str, list[Distribution]]:
+def assign_splits(dists: Sequence[Distribution], s: CodeCorpusSettings,
+                  more: str = "--max-bytes, --packages") -> dict[str, list[Distribution]]:
     """The distributions of each split (`split_distributions`' plan)."""
-    return split_distributions(dists, s).splits
+    return split_distributions(dists, s, more).splits
 
 
 def interleave_by_distribution(files: Sequence[tuple[str, SourceFile]]) -> list[tuple[str, SourceFile]]:

@@ -153,19 +153,24 @@ def build_prose_corpus(output: str | Path, settings: ProseCorpusSettings = Prose
     output, start = Path(output).resolve(), time.perf_counter()
     sources = [src for src in SOURCES if src.package in settings.packages]
     unknown = sorted(set(settings.packages) - {src.package for src in sources})
+    known = ", ".join(src.package for src in SOURCES)
     if unknown:
-        raise UserError(f"unknown prose source(s) {unknown}; known: {', '.join(src.package for src in SOURCES)}")
+        raise UserError(f"unknown prose source(s) {unknown}; known: {known}")
+    if not sources:
+        raise UserError(f"--packages names no source; known: {known}")
+    if code_corpus is not None and not (Path(code_corpus) / "split.json").is_file():  # before minutes of extraction
+        raise UserError(f"--code-corpus {code_corpus}: no split.json there; build the code corpus first "
+                        f"(tools/build_code_corpus.py) or leave the option out")
+    if workers is not None and workers < 1:
+        raise UserError(f"--workers must be >= 1, got {workers}")
     dists, packages = extract_documents(output, sources, log)
     code_overlap = None
     if code_corpus is not None:
-        if not (Path(code_corpus) / "split.json").is_file():
-            raise UserError(f"--code-corpus {code_corpus}: no split.json there; build the code corpus first "
-                            f"(tools/build_code_corpus.py) or leave the option out")
         dists, code_overlap = drop_code_overlap(dists, code_corpus_files(Path(code_corpus)), s.near_duplicate)
         log(f"[prose-corpus] {len(code_overlap['documents_left_out'])} documents left out as near-duplicates of "
             f"the code corpus ({time.perf_counter() - start:.0f} s)")
     try:
-        splits = assign_splits(dists, s)
+        splits = assign_splits(dists, s, more="--packages")
     except ValueError as err:
         raise UserError(f"the prose groups cannot be split: {err}") from None
     clean = remove_near_duplicates(deduplicate(splits, s), s)

@@ -94,3 +94,21 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
     proc = subprocess.run(tool + ["--packages", "manpages", "--code-corpus", str(tmp_path)], capture_output=True,
                           text=True)
     assert proc.returncode == 2 and "no split.json there" in proc.stderr and len(proc.stderr.splitlines()) == 1
+    assert not (tmp_path / "p").exists()  # refused before the documents were extracted (minutes for all sources)
+    for flags, line in ((["--packages", ","], f"error: --packages names no source; known: "
+                                               f"{', '.join(s.package for s in SOURCES)}"),
+                        (["--packages", "manpages", "--workers", "0"], "error: --workers must be >= 1, got 0")):
+        proc = subprocess.run(tool + flags, capture_output=True, text=True)
+        assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [line], proc.stderr
+    assert not (tmp_path / "p").exists()
+
+
+def test_too_few_sources_to_split_name_this_tools_option(tmp_path):
+    """One package too small to hold out a validation group: the refusal named --max-bytes, an option of the code
+    corpus builder only."""
+    proc = subprocess.run([sys.executable, str(REPO / "tools/build_prose_corpus.py"), "--install", "--output",
+                           str(tmp_path / "p"), "--packages", "gnu-standards", "--quiet"], capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith("error: the prose groups cannot be split: no distribution fits the val split")
+    assert proc.stderr.rstrip().endswith("include more packages (--packages)"), proc.stderr
