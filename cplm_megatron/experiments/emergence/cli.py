@@ -53,6 +53,8 @@ def settings_from_args(args: argparse.Namespace) -> EmergenceSettings:
         except ValueError:
             raise ValueError(f"--seeds: expected comma-separated integers, got {args.seeds!r}") from None
     s.validate()
+    if args.jobs < 1:  # ran as 1 while saying '0 at a time'
+        raise ValueError(f"--jobs must be >= 1, got {args.jobs}")
     return s
 
 

@@ -81,6 +81,8 @@ class EmergenceSettings:
         if unknown:
             raise ValueError(f"unknown arm(s)/domain(s) {unknown}; arms: {', '.join(ARMS)}; domains: "
                              f"{', '.join(DOMAINS)}")
+        if not self.domains:  # `--domains ,` ran nothing and reported it with exit 0
+            raise ValueError(f"no domain chosen; domains: {', '.join(DOMAINS)}")
         if "baseline" not in self.arms or len(self.arms) < 2 or len(set(self.seeds)) < 2:
             raise ValueError("the study compares >= 1 CPLM arm with the baseline over >= 2 seeds")
         s = self.shape

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from cplm_megatron.errors import UserError
 from cplm_megatron.experiments.emergence.plan import (
     DOMAINS,
     EmergenceSettings,
@@ -65,6 +66,8 @@ def run_emergence(output: Path, settings: EmergenceSettings, data_root: Path, pi
     """Train and evaluate the pilot's runs (with `pilot`) or the grid's (finished runs are reused), then summarize
     what finished and write OUTPUT/summary.json, OUTPUT/report.md and the figure."""
     output, start = Path(output).resolve(), time.perf_counter()
+    if summarize_only and not (output / "runs").is_dir():  # was '[Errno 2] ... summary.json.tmp', after the corpora
+        raise UserError(f"--summarize-only: nothing has run under {output} (no runs/ there); check --output")
     domains = tuple(dict.fromkeys(settings.domains + tuple(d for d, _, _ in (pilot.variants if pilot else ()))))
     corpora = ensure_corpora(domains, data_root, small_corpora, log)
     grid = emergence_runs(settings, corpora)

@@ -51,3 +51,13 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path):
         "sentinel+aux1, aux0.5, decoupled; domains: code, prose"]
     proc = subprocess.run(tool + ["--seeds", "1,x"], capture_output=True, text=True)
     assert proc.returncode == 2 and "--seeds: expected comma-separated integers" in proc.stderr
+    # each was silent: '--domains ,' ran nothing and reported it (exit 0), --jobs 0 trained the grid one run at a
+    # time saying '0 at a time', --summarize-only on an empty --output failed on '[Errno 2] ... summary.json.tmp'
+    for flags, line in ((["--domains", ","], "error: no domain chosen; domains: code, prose"),
+                        (["--jobs", "0"], "error: --jobs must be >= 1, got 0"),
+                        (["--summarize-only", "--domains", "code"],
+                         f"error: --summarize-only: nothing has run under {tmp_path / 'none'} (no runs/ there); "
+                         "check --output")):
+        proc = subprocess.run([*tool[:-1], str(tmp_path / "none"), *flags], capture_output=True, text=True)
+        assert proc.returncode == 2 and proc.stderr.splitlines() == [line], proc.stdout + proc.stderr
+        assert not (tmp_path / "none").exists()
