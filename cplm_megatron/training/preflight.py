@@ -88,9 +88,10 @@ def _never_due(interval: int, start: int, total: int) -> bool:
 
 
 def range_notes(cfg: RunConfig, start: int = 0) -> list:
-    """One line for each cadence this launch (iterations start+1..total) never reaches. Warned, not refused: a
-    recipe's intervals are set for its full length, and a shorter run (train.iters=N, a resumed launch's last
-    iterations) loses nothing by them. Profile steps past the run's end are refused with the config."""
+    """One line for each cadence this launch (iterations start+1..total) never reaches, and each probe length the
+    run cannot give (`_probe_notes`). Warned, not refused: a recipe's intervals are set for its full length, and a
+    shorter run (train.iters=N, a resumed launch's last iterations) loses nothing by them. Profile steps past the
+    run's end are refused with the config."""
     t, total, notes = cfg.train, cfg.train.total_iters(), []
     if start >= total:  # nothing to train (a finished run relaunched)
         return notes
@@ -108,4 +109,18 @@ def range_notes(cfg: RunConfig, start: int = 0) -> list:
         left = f"only {start + 1}..{t.profile_steps[1]} profiled" if start < t.profile_steps[1] else "nothing profiled"
         notes.append(f"[config] train.profile_steps={list(t.profile_steps)}: this launch resumes at iteration "
                      f"{start}, {left}")
+    return notes + (_probe_notes(cfg) if t.probe_interval else [])
+
+
+def _probe_notes(cfg: RunConfig) -> list:
+    """The probe's lengths against the model's and the data's (evaluation/probes.py takes what fits, silently)."""
+    t, most = cfg.train, cfg.model.max_position_embeddings
+    notes, length = [], min(t.probe_copy_length, most)
+    if t.probe_copy_length > most:
+        notes.append(f"[config] train.probe_copy_length={t.probe_copy_length} is past "
+                     f"model.max_position_embeddings={most}: the probes use {most} tokens")
+    if cfg.data.val_streams and length // 2 > t.seq_len:
+        notes.append(f"[config] train.probe_copy_length={length}: no text-copy figure (its spans of {length // 2} "
+                     f"tokens cannot come from validation rows of train.seq_len={t.seq_len}; set "
+                     f"train.probe_copy_length <= {2 * t.seq_len})")
     return notes

@@ -39,3 +39,17 @@ def test_a_resumed_launch_counts_from_where_it_resumes():
     late = _cfg(**{"train.iters": 200, "train.profile_steps": "[5,8]"})
     assert range_notes(late, start=10) == [
         "[config] train.profile_steps=[5, 8]: this launch resumes at iteration 10, nothing profiled"]
+
+
+def test_probe_lengths_the_run_cannot_give_are_one_line_each():
+    """train.probe_copy_length past the model's positions was cut to them silently, and one whose text spans
+    (half of it) are longer than a validation row logged no text-copy figure at all, silently."""
+    cfg = _cfg(**{"train.iters": 40, "train.probe_interval": 10, "train.probe_copy_length": 100000,
+                  "train.seq_len": 128, "data.val_streams": "data/stdlib/val"})
+    assert range_notes(cfg) == [
+        "[config] train.probe_copy_length=100000 is past model.max_position_embeddings=512: the probes use 512 tokens",
+        "[config] train.probe_copy_length=512: no text-copy figure (its spans of 256 tokens cannot come from "
+        "validation rows of train.seq_len=128; set train.probe_copy_length <= 256)"]
+    fits = _cfg(**{"train.iters": 40, "train.probe_interval": 10, "train.probe_copy_length": 256,
+                   "train.seq_len": 128, "data.val_streams": "data/stdlib/val"})
+    assert range_notes(fits) == []
