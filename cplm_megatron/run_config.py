@@ -163,9 +163,7 @@ class TrainConfig:
             raise ConfigError(f"train.probe_sequences must be >= 1 and train.probe_copy_length >= 8 (got "
                               f"{self.probe_sequences}, {self.probe_copy_length})")
         if self.profile_steps is not None:
-            length = f"train.iters={self.iters}" if self.iters is not None else \
-                f"train.tokens={self.tokens}: {self.total_iters()} iterations"
-            check_profile_steps(self.profile_steps, self.total_iters(), length)
+            check_profile_steps(self.profile_steps)
         if self.lr <= 0 or not 0 <= self.min_lr <= self.lr:
             raise ConfigError(f"train.lr/min_lr must satisfy lr > 0 and 0 <= min_lr <= lr (got {self.lr}/{self.min_lr})")
 
@@ -173,6 +171,14 @@ class TrainConfig:
     def shape(self) -> BatchShape:
         """The batch shape, as the data loaders take it."""
         return BatchShape(self.seq_len, self.micro_batch, self.global_batch)
+
+    def check_length(self) -> None:
+        """A launch's check of its ranges against the run's length (not a saved config's: a checkpoint written
+        before it stays readable): profile steps past the last iteration."""
+        if self.profile_steps is not None:
+            length = f"train.iters={self.iters}" if self.iters is not None else \
+                f"train.tokens={self.tokens}: {self.total_iters()} iterations"
+            check_profile_steps(self.profile_steps, self.total_iters(), length)
 
     def total_iters(self) -> int:
         """train.iters, or train.tokens converted with the global batch."""
@@ -260,8 +266,10 @@ class RunConfig:
             raise ConfigError("copy_head.fp8=true needs precision.dtype=bf16")
 
     def validate_world(self, world_size: int) -> int:
-        """The checks that need the number of processes (layout vs model, global batch vs micro batch x DP),
-        run before any process group starts; returns the data-parallel size."""
+        """A launch's checks, run before any process group starts: the run's ranges against its length, and those
+        that need the number of processes (layout vs model, global batch vs micro batch x DP); returns the
+        data-parallel size."""
+        self.train.check_length()
         dp = validate_layout(world_size, self.parallel, self.model)
         self.train.shape.num_microbatches(dp)
         return dp

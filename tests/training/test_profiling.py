@@ -49,17 +49,20 @@ def test_a_rank_without_it_or_a_run_ending_early(tmp_path):
 
 
 def test_profile_steps_past_the_last_iteration_are_refused_with_one_line(tmp_path):
-    """train.profile_steps=[10,20] with train.iters=4 trained and wrote no profile, silently: refused before
-    anything starts (exit 2, one line naming the range that fits), train.tokens runs too."""
+    """train.profile_steps=[10,20] with train.iters=4 trained and wrote no profile, silently: a launch refuses it
+    before anything starts (exit 2, one line naming the range that fits), train.tokens runs too; a saved config
+    holding such steps (a checkpoint written before) still reads."""
     import subprocess
     import sys
 
-    from cplm_megatron.run_config import load_run_config
+    from cplm_megatron.run_config import load_run_config, run_config_from_saved
     from tests.harness import REPO, process_env
 
+    cfg = load_run_config("tiny", ["train.tokens=5000", "train.profile_steps=[2,20]"])
     with pytest.raises(ConfigError, match=r"\(train.tokens=5000: 3 iterations\): choose iterations within 1..3, "
                                           r"e.g. --set train.profile_steps=\[2,3\]"):
-        load_run_config("tiny", ["train.tokens=5000", "train.profile_steps=[2,20]"])
+        cfg.validate_world(1)
+    assert run_config_from_saved(cfg.to_dict()).train.profile_steps == [2, 20]
     run_dir = tmp_path / "run"
     proc = subprocess.run([sys.executable, "-m", "cplm_megatron.pretrain", "--config", "tiny", "--set",
                            "train.iters=4", "train.profile_steps=[10,20]", f"run.dir={run_dir}"], cwd=REPO,
