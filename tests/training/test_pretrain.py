@@ -186,8 +186,7 @@ def test_baseline_and_cplm_differ_only_in_the_head(stdlib_corpus, tmp_path, refe
     diff = {(s, k) for s in cplm_cfg for k in cplm_cfg[s] if cplm_cfg[s][k] != base_cfg[s][k]}
     probes = {("train", k) for k in ("probe_interval", "probe_sequences", "probe_copy_length")}  # read, not trained
     assert diff <= {("copy_head", "enabled"), ("run", "dir"), ("train", "iters")} | probes, diff
-    base = pu.metrics(run_dir)[0]
-    cplm = pu.metrics(reference["dir"])[0]
+    base, cplm = (next(r for r in pu.metrics(d) if "loss" in r) for d in (run_dir, reference["dir"]))  # probes first
     assert base["lm_loss"] == cplm["lm_loss"]  # same backbone init, same first batch
     assert "gate_mean" not in base and base["loss"] == base["lm_loss"] == base["objective"]
     # Both print the same quantity under `loss`, the output distribution's NLL (the mixture's for the CPLM: its
