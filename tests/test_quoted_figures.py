@@ -595,11 +595,11 @@ def aux_terms(s: dict) -> tuple:
 SUMMARY_GPU = f"{GPU}/check_summary.json"
 
 def emergence_copying(s: dict) -> tuple:
-    """The emergence study's seed-1 baselines: tokens per run, held-out text copy accuracy vs first occurrence (code,
-    prose), where the gain passed the threshold (M tokens), random-token copy accuracy."""
+    """The emergence study's seed-1 baselines: held-out text copy accuracy vs first occurrence (code, prose), the
+    threshold and where the gain passed it (M tokens), random-token copy accuracy."""
     code, prose = (s["emergence"][f"{d}-baseline-s1"] for d in ("code", "prose"))
-    return (s["scales"]["code"]["tokens"] / 1e6, code["final_text_copy_accuracy"], code["final_text_copy_first_accuracy"],
-            prose["final_text_copy_accuracy"], prose["final_text_copy_first_accuracy"],
+    return (code["final_text_copy_accuracy"], code["final_text_copy_first_accuracy"],
+            prose["final_text_copy_accuracy"], prose["final_text_copy_first_accuracy"], s["settings"]["copy_threshold"],
             code["text_copy_emerges"]["tokens"] / 1e6, prose["text_copy_emerges"]["tokens"] / 1e6,
             code["final_copy_accuracy"], prose["final_copy_accuracy"])
 
@@ -653,11 +653,11 @@ QUOTES = [
           (STUDY, STUDY_RUNS), baseline_copying),
     # README.md: the emergence study (results/emergence_cpu)
     Quote("README.md", "### Once the baseline copies: code and prose on CPU (seed {} of {} so far) Hidden {}, {} layers, "
-          "vocabulary {}, {:.1f}M training tokens per run", (EMERGENCE,), lambda s: emergence_shape(s)),
+          "vocabulary {}, {:.1f}M training tokens per run", (EMERGENCE,), emergence_shape),
     Quote("README.md", "of a validation document it predicts {:.3f} of the tokens against {:.3f} at their first occurrence "
           "on code and {:.3f} against {:.3f} on prose (the gain passes {:g} after {:.1f}M and {:.1f}M tokens); it still "
           "does not copy uniform random tokens ({:.3f} and {:.3f})", (EMERGENCE,),
-          lambda s: (*emergence_copying(s)[1:5], s["settings"]["copy_threshold"], *emergence_copying(s)[5:])),
+          emergence_copying),
     Quote("README.md", "| code | {:.3f} | {:.3f} | {:.3f} | {:+.3f} [{:+.3f}, {:+.3f}] | {:+.3f} [{:+.3f}, {:+.3f}] | "
           "{:.3f} / {:.3f} |", (EMERGENCE,), lambda s: emergence_row(s, "code")),
     Quote("README.md", "| prose | {:.3f} | {:.3f} | {:.3f} | {:+.3f} [{:+.3f}, {:+.3f}] | {:+.3f} [{:+.3f}, {:+.3f}] | "
