@@ -35,6 +35,10 @@ _EXPECTED = (
     r".*Transformer Engine and Apex are not installed.*",
     r"full scope is deprecated.*",  # megatron-core's own TransformerConfig default (cuda graphs, unused)
     r"MimoModelConfig is experimental.*",  # megatron-core >= 0.19 at import; we build no MIMO model
+    # torch.distributed.checkpoint, when a checkpoint is read in one process (evaluation, conversion; the newest
+    # megatron-core reads the common state that way): the intended case, and the call order is megatron-core's
+    r".*assuming the intent is to load in a single process.*",
+    r"The argument order of load has been changed.*",
 )
 # torch's deprecations of what megatron-core's checkpoint loading calls (torch.distributed.checkpoint's
 # load_state_dict, ShardedTensor): megatron-core's to act on, not a user's
@@ -50,6 +54,14 @@ GPT_DEPRECATION_NOTE = (
     "docs/design.md"
 )
 _gpt_deprecation_shown = False
+# megatron-core >= 0.19.3's checkpoint writer logs (no handler: Python's last-resort one prints WARNING and above)
+# what it then raises or what the launch already settled: its own async save (we use it; NVRx is not installed) is
+# deprecated, once per process; a failed write is logged before it is raised (the raised error is our one line, or
+# its traceback where it is not a disk's). Shown where verbose.
+_MCORE_CHECKPOINT_LOGS = {
+    "megatron.core.dist_checkpointing.strategies.torch": "MCore's async save is deprecated",
+    "megatron.core.dist_checkpointing.strategies.filesystem_async": "An error is caught while starting worker",
+}
 
 
 def _gpt_deprecation_once(record: logging.LogRecord) -> bool:
@@ -70,7 +82,7 @@ def _gpt_deprecation_once(record: logging.LogRecord) -> bool:
 def quiet_known_warnings() -> None:
     """Hide megatron-core's expected 'Apex/TE not installed' warnings (call before importing megatron; shown where
     verbose); its per-model GPTModel deprecation log (>= 0.19) becomes one `[compat]` line per process where
-    verbose, none otherwise."""
+    verbose, none otherwise; megatron-core's known checkpoint-writer logs (_MCORE_CHECKPOINT_LOGS) likewise."""
     if not verbose():
         for pattern in _EXPECTED:
             warnings.filterwarnings("ignore", message=pattern, category=UserWarning)
@@ -79,6 +91,16 @@ def quiet_known_warnings() -> None:
     gpt_logger = logging.getLogger("megatron.core.models.gpt.gpt_model")
     if _gpt_deprecation_once not in gpt_logger.filters:
         gpt_logger.addFilter(_gpt_deprecation_once)
+    if not verbose():
+        for name in _MCORE_CHECKPOINT_LOGS:
+            checkpoint_logger = logging.getLogger(name)
+            if _known_checkpoint_log not in checkpoint_logger.filters:
+                checkpoint_logger.addFilter(_known_checkpoint_log)
+
+
+def _known_checkpoint_log(record: logging.LogRecord) -> bool:
+    """Logging filter: drops megatron-core's checkpoint-writer records listed in _MCORE_CHECKPOINT_LOGS."""
+    return _MCORE_CHECKPOINT_LOGS.get(record.name, "\0") not in record.getMessage()
 
 
 BAD_INPUT_EXIT_CODE = 2  # every entry point's "bad input" code (README: Exit codes)

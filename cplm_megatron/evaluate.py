@@ -115,8 +115,11 @@ def _close_progress_bars() -> None:
     """Close the bars an interrupted task left open (on a terminal: their line is cleared for the message)."""
     from tqdm import tqdm
 
-    for bar in list(getattr(tqdm, "_instances", ())):
+    bars = list(getattr(tqdm, "_instances", ()))
+    for bar in bars:
         bar.close()
+    if bars:  # a bar below the first (a finished one not yet collected held its row) ends off column 0
+        sys.stderr.write("\r")
 
 
 @exit_2_on(ValueError, FileNotFoundError)

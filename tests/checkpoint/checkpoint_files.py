@@ -63,3 +63,21 @@ def remove_common_state(iter_dir: Path) -> None:
     else:
         for shard in shards(iter_dir):
             shard.unlink()
+
+
+def damage_common_state(iter_dir: Path) -> Path:
+    """Invert the first 64 bytes of a checkpoint's common state (common.pt, or the `common_state` object's bytes in
+    its torch_dist shard): unpicklable. Returns the file damaged."""
+    common = iter_dir / "common.pt"
+    if common.is_file():
+        file, offset = common, 0
+    else:
+        from torch.distributed.checkpoint import FileSystemReader
+
+        storage = FileSystemReader(str(iter_dir)).read_metadata().storage_data
+        [info] = [info for index, info in storage.items() if index.fqn.startswith("common_state")]
+        file, offset = iter_dir / info.relative_path, info.offset
+    data = bytearray(file.read_bytes())
+    data[offset:offset + 64] = bytes(b ^ 0xFF for b in data[offset:offset + 64])
+    file.write_bytes(bytes(data))
+    return file

@@ -14,7 +14,7 @@ import pytest
 from cplm_megatron.checkpoint.lookup import damaged_contents_message
 from cplm_megatron.errors import CheckpointError
 from tests import harness
-from tests.checkpoint.checkpoint_files import copy_run, shards, tiny_config, write_checkpoints
+from tests.checkpoint.checkpoint_files import copy_run, damage_common_state, shards, tiny_config, write_checkpoints
 
 pytestmark = pytest.mark.mcore  # the outcome depends on megatron-core (both CI legs)
 
@@ -134,14 +134,25 @@ def test_a_flipped_byte_in_the_common_state_is_the_same_refusal(saved_run: Path,
 
     run = copy_run(saved_run, tmp_path / "run")
     iter_dir = run / "checkpoints" / "iter_0000003"
-    common = iter_dir / "common.pt"
-    damaged = common if common.is_file() else shards(iter_dir)[0]
-    data = bytearray(damaged.read_bytes())
-    data[:64] = bytes(b ^ 0xFF for b in data[:64])  # its header: unreadable
-    damaged.write_bytes(bytes(data))
+    damaged = damage_common_state(iter_dir)
     expected = damaged_contents_message(iter_dir, [f"{damaged.name} differs from its checksum (xxh3_128) recorded "
                                                    f"when it was saved"])
     for read in (lambda: read_saved_config(iter_dir), lambda: open_checkpoint(run)):
         with pytest.raises(CheckpointError) as refused:
             read()
         assert str(refused.value) == expected
+
+
+def test_a_damaged_common_state_without_its_save_record_is_one_line(saved_run: Path, tmp_path: Path) -> None:
+    """Where no checksums were recorded (cplm_state.json gone: a save cut short, or a checkpoint from elsewhere), the
+    unreadable common state is one line naming the file's own error, not torch's multi-line per-rank report."""
+    from cplm_megatron.checkpoint.lookup import STATE_JSON, read_saved_config
+
+    iter_dir = copy_run(saved_run, tmp_path / "run") / "checkpoints" / "iter_0000003"
+    (iter_dir / STATE_JSON).unlink()
+    damage_common_state(iter_dir)
+    with pytest.raises(CheckpointError) as refused:
+        read_saved_config(iter_dir)
+    message = str(refused.value)
+    assert "\n" not in message and message.startswith(f"checkpoint {iter_dir}: "), message
+    assert "is unreadable (" in message and "CheckpointException" not in message, message
