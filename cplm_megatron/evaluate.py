@@ -101,6 +101,8 @@ INTERRUPTED_EXIT_CODE = 130  # Ctrl-C (128 + SIGINT), as every tool
 
 def main(argv: list[str] | None = None) -> int:
     """Evaluate and write the results; bad input is one `error:` line (exit 2), Ctrl-C one line (exit 130)."""
+    # Ctrl-C stops it even where it started with SIGINT ignored (in a script's background), as training does
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         return _main(argv)
     except KeyboardInterrupt:

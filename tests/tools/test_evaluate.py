@@ -112,7 +112,7 @@ def test_ctrl_c_while_evaluating_is_one_line_and_exit_130(runs, tmp_path: Path):
     """tools/evaluate.py as its own interpreter, sent SIGINT once its copy task is under way (its progress bar on
     stderr): one `[evaluate] interrupted` line, exit 130, no traceback (was ~100 `[rank0]:` lines), no results
     file; and no FutureWarning from megatron-core's checkpoint loading on the way (Python's default warning filters;
-    -v shows them)."""
+    -v shows them). Started with SIGINT ignored (in a script's background, as `cmd &` starts it): it still obeys."""
     import signal
     import subprocess
     import threading
@@ -126,7 +126,8 @@ def test_ctrl_c_while_evaluating_is_one_line_and_exit_130(runs, tmp_path: Path):
     proc = subprocess.Popen(harness.tool_command("evaluate", "--checkpoint", str(runs["cplm"]), "--tasks", "copy",
                                                  "--limit", "100000", "--batch-size", "4", "--copy-length", "64",
                                                  "--output", str(out)),
-                            cwd=harness.REPO, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                            cwd=harness.REPO, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     err: list[str] = []
     reader = threading.Thread(target=lambda: err.extend(iter(lambda: proc.stderr.read(1), "")), daemon=True)
     reader.start()
@@ -135,7 +136,10 @@ def test_ctrl_c_while_evaluating_is_one_line_and_exit_130(runs, tmp_path: Path):
         time.sleep(0.1)
     assert proc.poll() is None, "".join(err)[-3000:]
     proc.send_signal(signal.SIGINT)
-    stdout, _ = proc.communicate(timeout=120)
+    try:
+        stdout, _ = proc.communicate(timeout=120)
+    finally:
+        proc.kill()  # no evaluation left behind when it does not stop
     reader.join(timeout=10)
     text = "".join(err)
     lines = [line for line in text.replace("\r", "\n").splitlines() if line.strip() and not line.startswith("copy:")]

@@ -11,7 +11,8 @@ Python sources) and English prose (Debian's documentation packages), each with i
 the training samples with a repeated span of their own text (data.repeat_span_share, the same samples in every
 arm). Every run logs copy accuracy and the in-context score every 1,000 steps; its last checkpoint is scored on
 every validation sample, the copy task and (baseline) the continuous-cache control. The recipe study's rule
-decides per domain, credited only where every seed's baseline copies at >= 0.5. Corpora are built under
+decides per domain, credited only where every seed's baseline copies held-out text: its text copy gain (accuracy
+on a validation document's repeated span over the same tokens' first occurrence) >= 0.1. Corpora are built under
 --data-root when missing (the prose corpus needs its Debian packages: `make data-emergence`). Finished runs are reused;
 a run stopped by Ctrl-C resumes from its checkpoint.
 """
