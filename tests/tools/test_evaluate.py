@@ -137,14 +137,15 @@ def test_ctrl_c_while_evaluating_is_one_line_and_exit_130(runs, tmp_path: Path):
     assert proc.poll() is None, "".join(err)[-3000:]
     proc.send_signal(signal.SIGINT)
     try:
-        stdout, _ = proc.communicate(timeout=120)
+        proc.wait(timeout=120)  # not communicate(): it would read stderr too, racing the reader for its bytes
     finally:
         proc.kill()  # no evaluation left behind when it does not stop
+    stdout = proc.stdout.read()
     reader.join(timeout=10)
     text = "".join(err)
     lines = [line for line in text.replace("\r", "\n").splitlines() if line.strip() and not line.startswith("copy:")]
     assert proc.returncode == 130, text[-3000:]
-    assert lines == ["[evaluate] interrupted (Ctrl-C): nothing written; rerun the command to evaluate"], lines
+    assert lines == ["[evaluate] interrupted (Ctrl-C): nothing written; rerun the command to evaluate"], repr(text[-700:])
     assert stdout == "" and not out.exists()
 
 
