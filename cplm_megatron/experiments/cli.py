@@ -169,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None) -> int:
     args = parse_args(argv)
     argv = sys.argv[1:] if argv is None else argv
+    if args.jobs is not None and args.jobs < 1:  # 0 chose the default and -1 ran one at a time, silently
+        raise ValueError(f"--jobs must be >= 1 (runs at a time), got {args.jobs}; leave it out for the default")
     if args.study_table:
         print(readme_block(read_study_summary(Path(args.study_table))))
         return 0

@@ -177,6 +177,16 @@ def test_study_settings_refuse_what_cannot_give_a_spread():
         settings("--arms", "baseline,aux7")
 
 
+@pytest.mark.parametrize("jobs", ["0", "-1"])
+def test_jobs_below_one_is_one_line_and_exit_2(jobs: str, tmp_path: Path, capsys):
+    """--jobs 0 ran the default (2 at a time) and -1 one at a time, both silently; refused before anything runs."""
+    ablate = load_tool("ablate")
+    assert ablate.main(["--output", str(tmp_path / "out"), "--study", "--jobs", jobs]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == [f"error: --jobs must be >= 1 (runs at a time), got {jobs}; leave it out for the default"], err
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.slow
 def test_study_smoke_runs_arms_seeds_spamlang_and_reports(tmp_path: Path, stdlib_corpus):
     """The recipe study's whole pipeline at smoke size: runs, aggregation, decision, SpamLang, report, plots;
