@@ -53,6 +53,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Build, print the split's figures (JSON), check the size rules when asked."""
     args = parse_args(argv)
+    if args.workers is not None and args.workers < 1:  # ran in one process, recorded as -3
+        print(f"error: --workers must be >= 1 (tokenizer processes), got {args.workers}; leave it out for every core",
+              file=sys.stderr)
+        return 2
     from cplm_megatron.data.code_sources import check_roots, site_roots
 
     settings = CodeCorpusSettings(vocab_size=args.vocab_size, seq_len=args.seq_len, val_fraction=args.val_fraction,

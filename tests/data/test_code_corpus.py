@@ -264,6 +264,9 @@ def test_build_refuses_a_missing_root_and_names_undecodable_sources(tmp_path: Pa
                              timeout=120)
     assert missing.returncode == 2 and missing.stderr.strip().count("\n") == 0, missing.stderr
     assert "no such directory" in missing.stderr and not (tmp_path / "x").exists()
+    assert build_main(["--output", str(tmp_path / "x"), "--workers", "-3"]) == 2
+    assert capsys.readouterr().err == ("error: --workers must be >= 1 (tokenizer processes), got -3; leave it out for "
+                                       "every core\n") and not (tmp_path / "x").exists()
     root = tmp_path / "site"
     _package_set(root, "singles")
     bad = root / "singles03" / "latin.py"
