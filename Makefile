@@ -6,7 +6,8 @@
 #   make test-mcore-latest  a second venv (.venv-mcore-latest) with the newest tested megatron-core, and
 #                           the megatron-core tests selected for it (pytest marker `mcore_latest`) on it
 #   make demo               setup + the end-to-end demo (corpus, TP=2 training, eval vs baseline, HF export)
-#   make gpu-dry-run OUT=DIR [STEPS=a,b | GROUP=g]  the GPU check (benchmarks/gpu/run_gpu_checks.sh) at tiny sizes on CPU,
+#   make gpu-dry-run OUT=DIR [STEPS=a,b | GROUP=g | LEASE=first|rest]  the GPU check (benchmarks/gpu/run_gpu_checks.sh,
+#                           or the lease's command, benchmarks/gpu/lease.sh) at tiny sizes on CPU,
 #                           as the GPU machine sees it: .venv-gpu-image (only the GPU image's packages, CPU torch)
 #                           + the carried wheels (megatron-core 0.19.2's cp311 wheel, the project's own wheel)
 #                           installed by the script's install step; nothing editable; bf16, SDPA -> DIR
@@ -96,27 +97,34 @@ test-mcore-latest: data $(LATEST_STAMP)
 demo: setup data
 	$(BIN)/python tools/demo.py --data $(DATA_DIR)
 
-# The GPU machine's image, emulated: only the packages the image has (CPU torch instead of CUDA torch), nothing
-# of the project, no megatron-core; built once (cached: .venv-gpu-image/, git-ignored). The dry run's wheels
-# (what prepare_wheels.sh carries to the GPU machine, but megatron-core's cp311 wheel) go to its wheels/.
+# The GPU machine's image, emulated: only the packages the image has, nothing of the project, no megatron-core;
+# built once (cached: .venv-gpu-image/, git-ignored; a changed package list rebuilds it). The image's triton 3.6.0
+# and transformers 5.17.0; its torch 2.11.0 has no CPU build on PyPI (only the CUDA one, whose CUDA libraries are
+# GBs): CPU torch 2.13.0 stands in. The dry run's wheels (what prepare_wheels.sh carries to the GPU machine, but
+# megatron-core's cp311 wheel) go to its wheels/.
 GPU_IMAGE_VENV ?= .venv-gpu-image
-GPU_IMAGE_STAMP := $(GPU_IMAGE_VENV)/.cplm-image-stamp
-GPU_IMAGE_PACKAGES := torch==2.13.0 triton transformers numpy pyyaml psutil packaging einops typing-extensions
+GPU_IMAGE_PACKAGES := torch==2.13.0 numpy pyyaml psutil packaging einops typing-extensions
+GPU_IMAGE_PINS := triton==3.6.0 transformers==5.17.0
+GPU_IMAGE_STAMP := $(GPU_IMAGE_VENV)/.cplm-image-$(shell echo '$(GPU_IMAGE_PACKAGES) $(GPU_IMAGE_PINS)' | cksum | cut -d' ' -f1)
 STEPS ?=
 GROUP ?=
+LEASE ?=
 gpu-image-env: $(GPU_IMAGE_STAMP)
 
 $(GPU_IMAGE_STAMP): requirements/constraints-cpu.txt
 	@test -x $(@D)/bin/python || $(PYTHON) -m venv $(@D)
 	$(PIP) install -c requirements/constraints-cpu.txt $(GPU_IMAGE_PACKAGES)
+	$(PIP) install $(GPU_IMAGE_PINS)  # not under the CPU constraints: they pin CI's triton
+	@rm -f $(@D)/.cplm-image-*
 	@touch $@
-	@echo "[gpu-image-env] $(@D): $(GPU_IMAGE_PACKAGES)"
+	@echo "[gpu-image-env] $(@D): $(GPU_IMAGE_PACKAGES) $(GPU_IMAGE_PINS)"
 
 gpu-dry-run: $(GPU_IMAGE_STAMP)
-	@test -n "$(OUT)" || { echo "usage: make gpu-dry-run OUT=DIR [STEPS=a,b | GROUP=check|perf|study]" >&2; exit 2; }
+	@test -n "$(OUT)" || { echo "usage: make gpu-dry-run OUT=DIR [STEPS=a,b | GROUP=check|perf|study | LEASE=first|rest]" >&2; exit 2; }
 	WHEEL_DIR=$(GPU_IMAGE_VENV)/wheels WHEEL_PYTHON_VERSION=3.11 bash benchmarks/gpu/prepare_wheels.sh
 	OUT="$(OUT)" PYTHON=$(GPU_IMAGE_VENV)/bin/python WHEEL_DIR=$(GPU_IMAGE_VENV)/wheels OMP_NUM_THREADS=1 \
-	  bash benchmarks/gpu/run_gpu_checks.sh --cpu-dry-run $(if $(STEPS),--steps $(STEPS)) $(if $(GROUP),--group $(GROUP))
+	  $(if $(LEASE),bash benchmarks/gpu/lease.sh --cpu-dry-run $(if $(filter rest,$(LEASE)),--rest),\
+	  bash benchmarks/gpu/run_gpu_checks.sh --cpu-dry-run $(if $(STEPS),--steps $(STEPS)) $(if $(GROUP),--group $(GROUP)))
 
 lint: setup
 	$(BIN)/ruff check cplm_megatron cplm_kernels pretrain tools tests benchmarks

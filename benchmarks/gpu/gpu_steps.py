@@ -5,6 +5,7 @@ figures of the README's GPU table.
     python benchmarks/gpu/gpu_steps.py install-check WORK_DIR   # modules from WORK_DIR/site; -> env.json
     python benchmarks/gpu/gpu_steps.py compat  WORK_DIR
     python benchmarks/gpu/gpu_steps.py summary WORK_DIR SUMMARY_JSON [--dry-run] [--budget-limit S] [--warmup-steps N]
+    python benchmarks/gpu/gpu_steps.py lease-summary LEASE_OUT [--command first|rest] [--limit S] [--dry-run]
 
 WORK_DIR holds the steps' files: plan.tsv (the planned steps and budgets, in order), steps.tsv (name, budget,
 exit code or "interrupted", seconds; one row as each step ends), env.json, compat.json, kernel_check.json,
@@ -363,16 +364,27 @@ def read_steps(work: Path) -> list[dict[str, Any]]:
     return steps + list(ran.values())
 
 
-def figure_step(path: str) -> tuple:
-    """The step(s) whose output a figure of missing_figures' dotted path comes from."""
+# Steps that train a perf slot besides the whole matrix (perf_train): the lease's parts
+PERF_SLOT_STEPS = {"small": "perf_small", "large_4k": "perf_large"}
+# ours beside the peer: (our runs' step, the peer's step) pairs whose figures make a row
+VERSUS_PEER_STEPS = (("train", "peer"), ("perf_small", "peer"), ("perf_train", "peer"), ("perf_train", "perf_peer"),
+                     ("perf_large", "perf_peer"))
+
+
+def figure_producers(path: str) -> list:
+    """The steps whose output a figure of missing_figures' dotted path comes from, as alternatives (tuples of steps
+    that together produce it)."""
     head, _, rest = path.partition(".")
+    if head == "perf":
+        slot = rest.split(".")[0]
+        return [("perf_train",)] + ([(PERF_SLOT_STEPS[slot],)] if slot in PERF_SLOT_STEPS else [])
     if head in TRAIN_STEPS.values() or head in PEER_STEPS.values():
-        return (head,)
-    if head in ("training", "perf"):
-        return (TRAIN_STEPS["check" if head == "training" else "perf"],)
+        return [(head,)]
+    if head == "training":
+        return [(TRAIN_STEPS["check"],)]
     if head == "versus_peer":
-        return ("train", "peer")
-    return ({"copy_kernel": "kernel_bench"}.get(head, head),)
+        return list(VERSUS_PEER_STEPS)
+    return [({"copy_kernel": "kernel_bench"}.get(head, head),)]
 
 
 def _run_missing(section: str, group: str, figures: dict[str, Any]) -> list[str]:
@@ -424,7 +436,7 @@ def missing_figures(summary: dict, planned: Optional[set] = None) -> list[str]:
         missing.append("study")
     if planned is None:
         return missing
-    return [m for m in missing if set(figure_step(m)) <= planned]
+    return [m for m in missing if any(set(steps) <= planned for steps in figure_producers(m))]
 
 
 def summarize(work: Path, dest: Path, dry_run: bool, budget_limit: int = GPU_BUDGET_S, warmup: int = 3) -> int:
@@ -465,15 +477,108 @@ def summarize(work: Path, dest: Path, dry_run: bool, budget_limit: int = GPU_BUD
     return 1 if failed or summary["missing"] else 0
 
 
+def read_lease(out: Path) -> dict[str, Any]:
+    """The lease's plan and events (lease.tsv rows: plan/start/end/skip/signal/done) per part."""
+    parts: dict[str, dict[str, Any]] = {}
+    events: dict[str, Any] = {"signal": None, "done": False}
+    path = out / "lease.tsv"
+    for line in path.read_text().splitlines() if path.exists() else []:
+        kind, name, value, seconds = (line.split("\t") + ["", "", ""])[:4]
+        if kind == "plan":
+            parts[name] = {"name": name, "steps": value.split(","), "status": "not run", "seconds": None}
+        elif kind == "start" and name in parts:
+            parts[name].update(status="running", limit_s=int(value), started_at_s=int(seconds))
+        elif kind == "end" and name in parts:
+            code = int(value)
+            parts[name].update(rc=code, seconds=int(seconds), status="ok" if code == 0 else
+                               "stopped by its timeout" if code in (124, 137) else f"ended with exit {code}")
+        elif kind == "skip" and name in parts:
+            parts[name]["status"] = f"skipped: {value} s left"
+        elif kind == "signal":
+            events["signal"] = {"signal": name, "during": None if value == "-" else value, "at_s": int(seconds)}
+        elif kind == "done":
+            events["done"] = True
+    return {"parts": parts, **events}
+
+
+def lease_headline(name: str, summary: dict[str, Any]) -> dict[str, Any]:
+    """The figures of a finished (or cut) part that decide, from its summary.json."""
+    if name == "kernel":
+        return {"kernel_check_passed": (summary.get("kernel_check") or {}).get("passed"),
+                **{shape: {k: v.get(k) for k in ("fused_over_sdpa_flash", "fused_over_chunked", "fp8_fwd_speedup")}
+                   for shape, v in summary.get("copy_kernel", {}).items()}}
+    if name in ("perf", "large", "compat_train"):
+        section = summary.get("training", {}) if name == "compat_train" else summary.get("perf", {})
+        runs = {f"{slot}.{key}": {k: run.get(k) for k in ("tokens_per_sec", "mfu_causal_attention",
+                                                            "step_time_over_base_auto", "peak_memory_gib",
+                                                            "micro_batch", "lm_head_loss")}
+                for slot, entry in section.items() for key, run in entry.items() if isinstance(run, dict)}
+        return {"runs": runs, "versus_peer": summary.get("versus_peer", [])}
+    if name == "study" and isinstance(summary.get("study"), dict):
+        study = summary["study"]
+        arms = {arm: {"tokens": (a.get("train") or {}).get("tokens"), "val_loss": a.get("val_loss"),
+                      "copy_accuracy": a.get("copy_accuracy"),
+                      "last_probe": (a.get("probes") or [None])[-1]} for arm, a in study.get("arms", {}).items()}
+        return {"complete": study.get("complete"), "equal_tokens": study.get("equal_tokens"), "arms": arms,
+                "comparisons": study.get("comparisons"), "controls": study.get("controls")}
+    if name == "peer_loss":
+        return {"peer": summary.get("peer", {}).get("perf"), "lm_head_loss": summary.get("lm_head_loss")}
+    return {}
+
+
+def lease_summary(out: Path, command: str, limit: int, dry_run: bool) -> int:
+    """OUT/lease_summary.json: every part of the lease with its status and its steps' statuses, where the lease
+    stopped (a part still `running` in a lease that is over: killed there) and each part's headline figures."""
+    lease = read_lease(out)
+    parts = list(lease["parts"].values())
+    for index, part in enumerate(parts):
+        folder = out / f"{index}_{part['name']}"
+        summary = _load(folder / "summary.json") or {}
+        part["folder"] = folder.name
+        part["summary"] = "summary.json" if summary else None
+        part["steps"] = [{"name": s["name"], "status": s["status"], "seconds": s["seconds"]}
+                         for s in summary.get("steps", [])]
+        part["missing"] = summary.get("missing")
+        part["headline"] = lease_headline(part["name"], summary) if summary else {}
+    running = [p["name"] for p in parts if p["status"] == "running"]
+    signal_info = lease["signal"]
+    stopped = (signal_info or {}).get("during") or (running[0] if running else None)
+    for part in parts:
+        if part["status"] == "running" and signal_info:
+            part["status"] = f"interrupted ({signal_info['signal']} to the lease)"
+    record = {
+        "dry_run": dry_run, "command": command, "limit_s": limit,
+        "note": "CPU dry run at tiny sizes: checks the script, NOT a measurement" if dry_run else "",
+        "complete": lease["done"] and all(p["status"] == "ok" for p in parts),
+        "finished": lease["done"],
+        "stopped_in": stopped,
+        "where": ("finished" if lease["done"] else
+                  f"stopped by {signal_info['signal']} during {stopped}" if signal_info else
+                  f"running {stopped} (if this file is the last word, the lease was killed there)" if stopped else
+                  "between parts"),
+        "parts": parts,
+    }
+    dest = out / "lease_summary.json"
+    tmp = dest.with_name(f".{dest.name}.tmp")
+    tmp.write_text(json.dumps(record, indent=2))
+    tmp.replace(dest)
+    print(f"[lease-summary] {dest}: " + ", ".join(f"{p['name']} {p['status']}" for p in parts) + f"; {record['where']}")
+    return 0
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("what", choices=["install-check", "compat", "summary"])
-    p.add_argument("work", type=Path, help="the run's working directory")
+    p.add_argument("what", choices=["install-check", "compat", "summary", "lease-summary"])
+    p.add_argument("work", type=Path, help="the run's working directory (lease-summary: the lease's OUT)")
     p.add_argument("dest", type=Path, nargs="?", help="summary: where to write summary.json")
     p.add_argument("--dry-run", action="store_true", help="summary: label it a CPU dry run")
     p.add_argument("--budget-limit", type=int, default=GPU_BUDGET_S, help="summary: the script's budget limit (s)")
     p.add_argument("--warmup-steps", type=int, default=3, help="summary: training steps left out of the timing")
+    p.add_argument("--command", default="first", help="lease-summary: which command of the lease")
+    p.add_argument("--limit", type=int, default=570, help="lease-summary: the command's limit (s)")
     args = p.parse_args(argv)
+    if args.what == "lease-summary":
+        return lease_summary(args.work, args.command, args.limit, args.dry_run)
     if args.what == "install-check":
         return install_check(args.work)
     if args.what == "compat":

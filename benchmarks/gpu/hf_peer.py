@@ -7,8 +7,12 @@ variant).
 
     python benchmarks/gpu/hf_peer.py WORK_DIR GROUP [--dry-run]
 
-The dry run trains the tiny preset on CPU and compiles with the `aot_eager` backend (it checks the script and the
-compile path's tracing, not a measurement; inductor's CPU code generation would take minutes on 2 cores).
+On a GPU the micro-batch is the largest that divides the slot's sequences per step and whose estimate (the planner's
+for our model with fp32 weights and Megatron's logits) times the peer's margin measured at that shape
+(model/planner.py peer_margin) fits the device's memory less a reserve: the 1.7B/4k slot trains micro-batch 4 on an H200 (85.9 GiB
+measured there) and 2 on an H100. The dry run trains the tiny preset on CPU and compiles with the `aot_eager` backend
+(it checks the script and the compile path's tracing, not a measurement; inductor's CPU code generation would take
+minutes on 2 cores).
 """
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ import argparse
 import json
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
@@ -47,12 +52,33 @@ def llama_config(preset: str, seq_len: int):
                        tie_word_embeddings=m.get("tie_embeddings", True), attn_implementation="sdpa")
 
 
+def peer_micro_batch(shape: Shape, device_gib: float):
+    """The planner's choice of the peer's micro-batch on a device of `device_gib` (model/planner.py)."""
+    from cplm_megatron.model.accounting import memory_estimate
+    from cplm_megatron.model.config import load_preset
+    from cplm_megatron.model.planner import choose_micro_batch, peer_margin
+
+    model = replace(load_preset(shape.preset), max_position_embeddings=max(shape.seq_len, 2048))
+
+    def estimate(micro: int) -> float:
+        return memory_estimate(model, None, tp=1, pp=1, dp=1, seq_len=shape.seq_len, micro_batch=micro,
+                               param_bytes=4, lm_head_loss="megatron")["total_gib"]
+
+    return choose_micro_batch(estimate, shape.global_batch, shape.micro_batch, device_gib,
+                              margin=peer_margin(shape.preset, shape.seq_len))
+
+
 def train_variant(shape: Shape, compiled: bool, device: str, dry_run: bool) -> dict:
     """One variant's figures."""
     import torch
     from common import sync
     from transformers import LlamaForCausalLM
 
+    choice = None
+    if device == "cuda":
+        choice = peer_micro_batch(shape, torch.cuda.get_device_properties(0).total_memory / 2**30)
+        print(f"[peer] {choice.line()}", flush=True)
+        shape = replace(shape, micro_batch=choice.micro_batch)
     torch.manual_seed(0)
     start = time.time()
     with torch.device(device):
@@ -81,7 +107,8 @@ def train_variant(shape: Shape, compiled: bool, device: str, dry_run: bool) -> d
     warmup = 1 if dry_run else WARMUP_STEPS
     step_time = sum(times[warmup:]) / len(times[warmup:])
     return {"preset": shape.preset, "seq_len": shape.seq_len, "micro_batch": shape.micro_batch,
-            "global_batch": shape.global_batch, "compiled": compiled,
+            "global_batch": shape.global_batch, "micro_batch_choice": choice.line() if choice else None,
+            "compiled": compiled,
             "compile_backend": ("aot_eager" if dry_run else "inductor") if compiled else None,
             "params": sum(p.numel() for p in model.parameters()), "iterations": shape.iters,
             "warmup_steps_excluded": warmup, "step_time": step_time,

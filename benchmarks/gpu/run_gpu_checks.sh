@@ -52,8 +52,14 @@
 #   perf_peer      45  hf_peer.py perf: the peer at the 1.7B seq 4096 shape, four micro-batches per step
 #   lm_head_loss   45  benchmarks/lm_head_loss.py (Megatron's LM-head loss path vs chunked vs fused)
 #   study:
-#   study         300  benchmarks/gpu/study_step.py: the code corpus from the machine's own Python sources, 135M
-#                      baseline vs CPLM on it, scored with their controls
+#   study         300  benchmarks/gpu/study_step.py: the code corpus from the machine's own Python sources, baseline
+#                      and CPLM trained the same tokens within the step's budget (probed every N steps), scored with
+#                      their controls (--budget study=S: a shorter budget, as benchmarks/gpu/lease.sh gives it)
+#   (the lease's parts, benchmarks/gpu/lease.sh, in no group):
+#   perf_small    150  train_runs.py perf --slots small: the lever matrix's 135M runs (each lever alone, all levers,
+#                      the LM-head loss paths), the most wanted first
+#   perf_large    150  train_runs.py perf --slots large_4k,large: its 1.7B runs (at seq 4096: the recipes'
+#                      defaults, all levers, the copy head with them, the fused loss; then seq 2048, chunked loss)
 #   every group:
 #   summary         5  benchmarks/gpu/gpu_steps.py summary (no torch) -> $OUT/summary.json
 #   (nvidia-smi     4  before the steps, outside the step table)
@@ -62,10 +68,15 @@ set -uo pipefail
 DRY_RUN=0
 ONLY=""
 GROUP=""
-usage() { echo "usage: run_gpu_checks.sh [--cpu-dry-run] [--group check|perf|study] [--steps NAME,NAME,...]" >&2; exit 2; }
+SHORTER=()
+usage() {
+  echo "usage: run_gpu_checks.sh [--cpu-dry-run] [--group check|perf|study] [--steps NAME,NAME,...] [--budget NAME=S]" >&2
+  exit 2
+}
 while [ $# -gt 0 ]; do
   case "$1" in
     --cpu-dry-run) DRY_RUN=1 ;;
+    --budget) [ $# -ge 2 ] || usage; SHORTER+=("$2"); shift ;;
     --steps) [ $# -ge 2 ] || usage; ONLY=$2; shift ;;
     --steps=*) ONLY=${1#--steps=} ;;
     --group) [ $# -ge 2 ] || usage; GROUP=$2; shift ;;
@@ -78,9 +89,11 @@ if [ -n "$ONLY" ] && [ -n "$GROUP" ]; then echo "--steps and --group: give one" 
 
 cd "$(dirname "$0")/../.." || exit 2
 ROOT=$PWD
-ORDER=(install compat kernel_check kernel_bench attention train peer perf_train perf_peer lm_head_loss study summary)
+ORDER=(install compat kernel_check kernel_bench attention train perf_small peer perf_train perf_peer lm_head_loss study
+       perf_large summary)
 declare -A BUDGET=([install]=30 [compat]=30 [kernel_check]=60 [kernel_bench]=40 [attention]=25 [train]=75
-                   [peer]=85 [perf_train]=230 [perf_peer]=45 [lm_head_loss]=45 [study]=300 [summary]=5)
+                   [peer]=85 [perf_train]=230 [perf_peer]=45 [lm_head_loss]=45 [study]=300 [summary]=5
+                   [perf_small]=150 [perf_large]=150)
 declare -A STEP_GROUPS=([check]="install compat kernel_check kernel_bench attention train peer summary"
                    [perf]="install perf_train perf_peer lm_head_loss summary"
                    [study]="install study summary")
@@ -100,6 +113,13 @@ else
   [ -n "${STEP_GROUPS[$GROUP]:-}" ] || { echo "--group: unknown group '$GROUP'; groups: ${!STEP_GROUPS[*]}" >&2; exit 2; }
   for name in ${STEP_GROUPS[$GROUP]}; do SELECTED[$name]=1; done
 fi
+for item in "${SHORTER[@]}"; do  # --budget NAME=S: a step's budget lowered (never raised) for this call
+  name=${item%%=*}
+  seconds=${item#*=}
+  [ -n "${BUDGET[$name]:-}" ] && [[ "$seconds" =~ ^[0-9]+$ ]] && [ "$seconds" -le "${BUDGET[$name]}" ] \
+    && [ "$seconds" -gt 5 ] || { echo "--budget $item: a step's budget lowered to 6..${BUDGET[$name]:-?} s" >&2; exit 2; }
+  BUDGET[$name]=$seconds
+done
 TOTAL=$NVIDIA_SMI_BUDGET
 for name in "${ORDER[@]}"; do
   if [ -n "${SELECTED[$name]:-}" ]; then TOTAL=$((TOTAL + BUDGET[$name])); fi
@@ -119,10 +139,13 @@ PY=${PYTHON:-python3}
 if [ "$DRY_RUN" = 1 ]; then
   if [ -z "${PYTHON:-}" ] && [ -x .venv/bin/python ]; then PY=.venv/bin/python; fi
   export CUDA_VISIBLE_DEVICES=""  # the CPU path even where a GPU is visible
+  export TRITON_INTERPRET=1  # the Triton kernels (the fused LM-head loss, the copy kernels) in the interpreter
 fi
 case "$PY" in /*) ;; */*) PY=$ROOT/$PY ;; esac  # the steps run in a scratch copy of the scripts
 WHEELS=${WHEEL_DIR:-.whl}
 case "$WHEELS" in /*) ;; *) WHEELS=$ROOT/$WHEELS ;; esac
+SHARED_SITE=${SITE_DIR:-}  # benchmarks/gpu/lease.sh: one site dir installed once, reused by every later call
+if [ -n "$SHARED_SITE" ]; then mkdir -p "$SHARED_SITE" && SHARED_SITE=$(cd "$SHARED_SITE" && pwd); fi
 WARMUP_STEPS=$((DRY_RUN ? 1 : 3))  # training figures leave out these first steps (compilation, allocator warm-up)
 export PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore TOKENIZERS_PARALLELISM=false WANDB_MODE=disabled
 export PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True  # the 1.7B steps: no fragmentation OOM near the peak
@@ -201,7 +224,8 @@ step() {  # step NAME CMD...: run CMD within NAME's budget (log: $WORK/logs/NAME
 # The project as users install it: the carried wheels in $WORK/site (the install step), the only PYTHONPATH entry;
 # the steps run from $WORK/tree, a copy of the scripts and recipes without the packages, so a script that puts
 # its checkout on sys.path still imports the installed project.
-mkdir -p "$WORK/site" "$WORK/tree"
+if [ -n "$SHARED_SITE" ]; then ln -s "$SHARED_SITE" "$WORK/site"; else mkdir -p "$WORK/site"; fi
+mkdir -p "$WORK/tree"
 cp -r benchmarks pretrain configs "$WORK/tree/"
 export PYTHONPATH="$WORK/site" PYTHONNOUSERSITE=1
 STUDY_PYTHONPATH=$PYTHONPATH  # the study trains on real shards: it imports the carried mosaicml-streaming
@@ -218,6 +242,11 @@ cd "$WORK/tree" || exit 2
 # shellcheck disable=SC2329  # run by `step install` through bash -c (timeout needs a command)
 install_wheels() {
   local mcore=("$WHEELS"/megatron_core-*.whl) project=("$WHEELS"/cplm_megatron-*.whl) wheels=("$WHEELS"/*.whl)
+  if [ -e "$WORK/site/.installed" ] && [ -e "$WORK/site/env.json" ]; then  # a shared site an earlier call installed
+    echo "reusing the site dir installed by an earlier call: $(readlink -f "$WORK/site")"
+    cp "$WORK/site/env.json" "$WORK/env.json"
+    return 0
+  fi
   if [ ! -e "${mcore[0]}" ] || [ ! -e "${project[0]}" ]; then
     echo "error: $WHEELS lacks the megatron-core or the project wheel: run bash benchmarks/gpu/prepare_wheels.sh" \
       "here first and carry .whl"
@@ -227,7 +256,8 @@ install_wheels() {
   # --ignore-requires-python: the dry run installs megatron-core 0.19.2's cp311 wheel (its metadata asks for 3.12)
   "$PY" -m pip install -q --disable-pip-version-check --no-index --no-deps --no-compile --no-cache-dir \
     --ignore-requires-python --upgrade --target "$WORK/site" "${wheels[@]}" || return 1
-  "$PY" benchmarks/gpu/gpu_steps.py install-check "$WORK"
+  "$PY" benchmarks/gpu/gpu_steps.py install-check "$WORK" || return 1
+  cp "$WORK/env.json" "$WORK/site/env.json" && touch "$WORK/site/.installed"
 }
 
 log "$([ "$DRY_RUN" = 1 ] && echo "CPU DRY RUN (tiny sizes, not a measurement)" || echo "GPU checks"); budgets ${TOTAL}s; \
@@ -253,15 +283,17 @@ else
   step attention "$PY" benchmarks/attention.py --json "$WORK/attention.json"
 fi
 step train "$PY" benchmarks/gpu/train_runs.py "$WORK" check "${DRY[@]}"
+step perf_small "$PY" benchmarks/gpu/train_runs.py "$WORK" perf --slots small "${DRY[@]}"
 step peer "$PY" benchmarks/gpu/hf_peer.py "$WORK" check "${DRY[@]}"
 step perf_train "$PY" benchmarks/gpu/train_runs.py "$WORK" perf "${DRY[@]}"
 step perf_peer "$PY" benchmarks/gpu/hf_peer.py "$WORK" perf "${DRY[@]}"
 LM_HEAD_ARGS=(--json "$WORK/lm_head_loss.json")
 if [ "$DRY_RUN" = 1 ]; then LM_HEAD_ARGS+=(--quick); fi
 step lm_head_loss "$PY" benchmarks/lm_head_loss.py "${LM_HEAD_ARGS[@]}"
-STUDY_ARGS=()
-if [ "$DRY_RUN" = 1 ]; then STUDY_ARGS=(--tiny); fi
+STUDY_ARGS=(--budget $((BUDGET[study] * TIMEOUT_SCALE - GRACE - 5)))  # its scoring ends before the step's SIGTERM
+if [ "$DRY_RUN" = 1 ]; then STUDY_ARGS+=(--tiny); fi
 step study env PYTHONPATH="$STUDY_PYTHONPATH" "$PY" benchmarks/gpu/study_step.py "$WORK" "${STUDY_ARGS[@]}"
+step perf_large "$PY" benchmarks/gpu/train_runs.py "$WORK" perf --slots large_4k,large "${DRY[@]}"
 
 step summary "$PY" benchmarks/gpu/gpu_steps.py summary "$WORK" "$OUT/summary.json" "${SUMMARY_FLAGS[@]}"
 RESULT=$(awk -F'\t' '$3 != 0 { bad = 1 } END { print bad + 0 }' "$WORK/steps.tsv")

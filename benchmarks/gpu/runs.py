@@ -4,7 +4,10 @@ A run is one `pretrain/pretrain_cplm.py` launch on synthetic data (bf16, SDPA, n
 (the model, sequence length, micro-batch, micro-batches per step), baseline or CPLM, the LM-head loss path and,
 in the perf matrix, the levers it turns (`model.compile`, the optimizer's fused step, ...). Every run of a group
 trains in one process (benchmarks/gpu/train_runs.py), so the 10-15 s of importing megatron-core and starting CUDA
-is paid once per group, not once per run. The dry run trains the tiny preset at tiny sizes instead.
+is paid once per group, not once per run. The dry run trains the tiny preset at tiny sizes instead, with the fused
+AdamW and (where a run asks for it) the fused LM-head loss in the Triton interpreter: the CUDA defaults, on CPU.
+The micro-batch is the device's (train_runs.py: the largest the planner, with its measured margin, fits in the
+device's memory less a reserve; on an H100 the 1.7B/4k slot trains micro-batch 2, the same 16 sequences per step).
 
 Groups: `check`, the default pass (what users run: SmolLM2-135M, and the 1.7B at seq 4096 with four micro-batches
 per step, where the copy head's overhead is read, each with the recipes' defaults), and `perf`, the lever matrix:
@@ -16,7 +19,7 @@ chunked-loss rows. The runs whose name says `profile` end with two steps under t
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 
 @dataclass(frozen=True)
@@ -87,10 +90,10 @@ PERF: List[TrainRun] = [
     TrainRun("small", "base", "auto", (("optimizer.fused", "false"),), "unfused_adam"),
     TrainRun("small", "base", "auto", ALL_LEVERS, "levers", profile=True),
     TrainRun("small", "cplm", "auto", ALL_LEVERS, "levers"),
+    TrainRun("small", "base", "fused"), TrainRun("small", "base", "chunked"),
     TrainRun("large_4k", "base", "auto", profile=True),
     TrainRun("large_4k", "base", "auto", ALL_LEVERS, "levers", profile=True),
     TrainRun("large_4k", "cplm", "auto", ALL_LEVERS, "levers"),
-    TrainRun("small", "base", "fused"), TrainRun("small", "base", "chunked"),
     TrainRun("large_4k", "base", "fused"),
     TrainRun("large", "base", "chunked"), TrainRun("large", "cplm", "chunked"),
 ]
@@ -107,24 +110,23 @@ def shape(run: TrainRun, dry_run: bool) -> Shape:
     return SHAPES[run.slot][1 if dry_run else 0]
 
 
-def loss_path(run: TrainRun, dry_run: bool) -> str:
-    """The run's `model.lm_head_loss`; in the dry run `fused` trains as `chunked` (the same values: the Triton CPU
-    interpreter would take minutes per step)."""
-    return "chunked" if dry_run and run.loss == "fused" else run.loss
-
-
-def overrides(run: TrainRun, dry_run: bool, run_dir: str) -> List[str]:
-    """The run's `--set` overrides of configs/smollm2_135m.yaml."""
+def overrides(run: TrainRun, dry_run: bool, run_dir: str, micro_batch: Optional[int] = None) -> List[str]:
+    """The run's `--set` overrides of configs/smollm2_135m.yaml; `micro_batch`: the one the device holds (train_runs.py
+    chooses it by the device's memory; default the shape's). The dry run trains the defaults that only run on CUDA
+    on the CPU: the fused AdamW (`optimizer.fused=true`, unless the run sets it) and the fused LM-head loss (the
+    runs that ask for it, in the Triton interpreter)."""
     s = shape(run, dry_run)
-    out = [f"run.dir={run_dir}", f"model.preset={s.preset}", f"model.lm_head_loss={loss_path(run, dry_run)}",
+    out = [f"run.dir={run_dir}", f"model.preset={s.preset}", f"model.lm_head_loss={run.loss}",
            f"copy_head.enabled={'true' if run.variant == 'cplm' else 'false'}", f"train.iters={s.iters}",
-           f"train.seq_len={s.seq_len}", f"train.micro_batch={s.micro_batch}", f"train.global_batch={s.global_batch}",
-           *COMMON]
+           f"train.seq_len={s.seq_len}", f"train.micro_batch={micro_batch or s.micro_batch}",
+           f"train.global_batch={s.global_batch}", *COMMON]
     if s.seq_len > 2048:
         out.append(f"model.max_position_embeddings={s.seq_len}")
     profiled = run.profile_steps(dry_run)
     if profiled:
         out.append(f"train.profile_steps=[{profiled[0]},{profiled[1]}]")
+    if dry_run and "optimizer.fused" not in dict(run.levers):
+        out.append("optimizer.fused=true")
     return out + [f"{key}={value}" for key, value in run.levers]
 
 
@@ -133,6 +135,7 @@ def run_stem(group: str, run: TrainRun) -> str:
     return f"train_{group}_{run.name}"
 
 
-def group_runs(group: str) -> List[TrainRun]:
-    """The runs of a group, in the order they train (the most wanted first: a budget cut loses the last)."""
-    return GROUPS[group]
+def group_runs(group: str, slots: Optional[Sequence[str]] = None) -> List[TrainRun]:
+    """The runs of a group (those of `slots` only, if given), in the order they train (the most wanted first: a
+    budget cut loses the last)."""
+    return [run for run in GROUPS[group] if slots is None or run.slot in slots]

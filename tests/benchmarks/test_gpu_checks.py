@@ -4,8 +4,10 @@ dir and every module a step imports comes from there, never from the checkout; `
 at tiny sizes on CPU in an environment with only the GPU image's packages (.venv-gpu-image, cached) and writes a
 complete summary.json naming each run's loss path, attention implementation and both MFU conventions; a step
 killed mid-run and the script itself stopped by a signal still leave summary.json, steps.log and the tarball
-listing every step with its status; the budgets leave room for a rerun and match the README; both GPU scripts
-pass shellcheck."""
+listing every step with its status; the budgets leave room for a rerun and match the README; the GPU scripts
+pass shellcheck. The lease's command (benchmarks/gpu/lease.sh) runs every part in one command on CPU, and stopped in
+its second part still leaves the first part's summary and a top-level summary saying where it stopped; the check
+chooses each run's micro-batch by the device's memory (an H100 trains the 1.7B/4k runs at micro-batch 2)."""
 import json
 import math
 import os
@@ -16,6 +18,7 @@ import subprocess
 import sys
 import tarfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -23,6 +26,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 GPU_DIR = REPO / "benchmarks" / "gpu"
 SCRIPT = GPU_DIR / "run_gpu_checks.sh"
+LEASE = GPU_DIR / "lease.sh"
 IMAGE_VENV = REPO / ".venv-gpu-image"
 IMAGE_PYTHON = IMAGE_VENV / "bin" / "python"
 IMAGE_WHEELS = IMAGE_VENV / "wheels"
@@ -160,21 +164,6 @@ def test_a_selection_over_one_calls_budget_is_refused():
     assert proc.returncode == 2 and "give one" in proc.stderr
 
 
-def _dry_run(tmp_path: Path, *args: str) -> tuple[Path, dict, subprocess.CompletedProcess]:
-    """`make gpu-dry-run OUT=DIR ARGS...`: (out dir, summary, the process), asserting it succeeded."""
-    out = tmp_path / "out"
-    proc = subprocess.run(["make", "--no-print-directory", "gpu-dry-run", f"OUT={out}", *args], cwd=REPO,
-                          env=_env(tmp_path, {}), capture_output=True, text=True, timeout=1700)
-    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
-    assert sorted(p.name for p in out.iterdir()) == OUTPUTS
-    summary = json.loads((out / "summary.json").read_text())
-    assert summary["dry_run"] and "NOT a measurement" in summary["note"]
-    assert summary["missing"] == [] and summary["summary_imported_torch"] is False
-    assert all(s["rc"] == 0 and s["status"] == "ok" for s in summary["steps"]), summary["steps"]
-    assert summary["budget_total_s"] + 4 <= summary["budget_limit_s"] == 360  # + nvidia-smi's 4 s
-    return out, summary, proc
-
-
 def _assert_run(run: dict, train_run, loss: str) -> None:
     """A training run's figures in the dry run: its shape, its resolved loss path, warm-up left out."""
     shape = gpu_runs.shape(train_run, dry_run=True)
@@ -191,85 +180,14 @@ def _assert_run(run: dict, train_run, loss: str) -> None:
         assert run["profile"]["iterations"] == list(profiled) and run["profile"]["kernel_launches_per_step"] == 0
     assert {k: str(v).lower() for k, v in run["levers"].items() if k in dict(train_run.levers)} == \
         dict(train_run.levers)
+    if "optimizer.fused" not in dict(train_run.levers):  # the CUDA default, stepped on CPU
+        assert run["levers"]["optimizer.fused"] is True
     assert run["tokens_per_sec"] == pytest.approx(shape.global_batch * shape.seq_len / run["step_time"])
     assert run["train_flops_per_token_causal"] < run["train_flops_per_token_full"]
     assert 0 < run["mfu_causal_attention"] < run["mfu_full_attention"]
     assert run["mfu_full_attention"] / run["mfu_causal_attention"] == pytest.approx(
         run["train_flops_per_token_full"] / run["train_flops_per_token_causal"])
     assert run["record"] == "complete" and run["peak_memory_gib"] > 0 and run["memory_estimate_gib"] > 0
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(1800)  # ~4 min on a shared 2-core machine
-def test_gpu_dry_run_runs_every_check_step_as_the_gpu_machine_sees_it(tmp_path: Path, image_env):
-    """`make gpu-dry-run OUT=DIR` (the check group): the image-only env (cached by the fixture), the wheels installed
-    by the script's own install step, nothing editable; a step importing a package the image lacks fails there.
-    Every training run of benchmarks/gpu/runs.py's check group trains (one process) and reports its figures with
-    the loss path `auto` resolved to; the peer trains eager and compiled; ours over the peer is in the summary."""
-    out, summary, proc = _dry_run(tmp_path)
-    assert [s["name"] for s in summary["steps"]] == GROUP_STEPS["check"]
-    env = summary["environment"]
-    assert env["megatron-core"] == "0.19.2" and env["python"].startswith("3.11")
-    assert all("/site/" in origin for origin in env["module_origins"].values())
-    assert summary["compat"]["ok"] and "rng_tracker" in summary["compat"]["applied"]
-    assert summary["kernel_check"]["passed"] and summary["kernel_check"]["complete"]
-    assert len(summary["kernel_check"]["cases"]) == 9
-    assert "T=32,d=128" in summary["copy_kernel"]  # the head-width-128 rows that answer the FP8 question
-    kernel = summary["copy_kernel"]["T=64,d=32"]  # the largest dry-run shape: every GPU-table figure present
-    assert kernel["seq_len"] == 64 and kernel["dtype"].startswith("bf16") and kernel["micro_batch"] > 0
-    assert kernel["fused_over_sdpa_flash"] > 0 and kernel["fused_over_chunked"] > 0 and kernel["fp8_fwd_speedup"] > 0
-    assert 0 < kernel["fused_extra_mem_bytes"] < kernel["naive_extra_mem_bytes"] and kernel["naive_basis"] == "measured"
-    assert "full T x T" in summary["flops_convention"] and "causal" in summary["flops_convention"]
-    for train_run in gpu_runs.CHECK:
-        _assert_run(summary["training"][train_run.slot][train_run.key], train_run,
-                    "megatron" if train_run.loss == "auto" else train_run.loss)
-    training = summary["training"]
-    for slot, loss in (("small", "auto"), ("large_4k", "auto")):
-        entry = training[slot]
-        assert entry[f"cplm_{loss}"]["memory_estimate_gib"] > entry[f"base_{loss}"]["memory_estimate_gib"] > 0
-        assert entry[f"cplm_step_time_overhead_{loss}"] == pytest.approx(
-            entry[f"cplm_{loss}"]["step_time"] / entry[f"base_{loss}"]["step_time"] - 1, abs=1e-3)  # 4 decimals
-    assert training["large_4k"]["base_auto"]["global_batch"] == 2 * training["large_4k"]["base_auto"]["micro_batch"]
-    peer = summary["peer"]["check"]["variants"]
-    assert set(peer) == {"small_eager", "small_compiled"} and peer["small_compiled"]["compiled"]
-    assert all(row["tokens_per_sec"] > 0 and row["seq_len"] == 64 for row in peer.values())
-    [versus] = summary["versus_peer"]
-    assert versus["slot"] == "small" and versus["ours_over_peer_eager"] == pytest.approx(
-        training["small"]["base_auto"]["tokens_per_sec"] / peer["small_eager"]["tokens_per_sec"], rel=1e-3)
-    assert versus["ours_over_peer_compiled"] > 0
-    attention = summary["attention"]
-    assert attention["selected_backend"] == "per_document"  # CPU: the exact path
-    assert attention["variants"] == ["dense", "causal", "documents:per_document"]
-    [ratio] = attention["ratios"]  # per document vs dense mask: the same function (fp32 on CPU)
-    assert ratio["backend"] == "per_document" and ratio["selected_at_build"] and ratio["dtype"] == "float32"
-    assert ratio["max_rel_err_vs_dense"] < 1e-5 and ratio["memory_vs_dense"] > 0
-    log = (out / "steps.log").read_text()
-    assert "CPU DRY RUN" in log and "[summary]" in proc.stdout
-    with tarfile.open(out / "details.tar.gz") as tar:
-        names = set(tar.getnames())
-    assert {f"./logs/{s}.log" for s in GROUP_STEPS["check"]} <= names
-    assert "./train_check_large_4k_cplm_auto.json" in names and "./peer_check.json" in names
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(1800)
-def test_gpu_dry_run_of_the_perf_matrix(tmp_path: Path, image_env):
-    """`make gpu-dry-run GROUP=perf`: every lever run of the matrix trains with its levers set and is compared with
-    its slot's `base_auto`; the profiled runs report their per-step counts (compiled regions with model.compile);
-    the peer at the 1.7B/4k shape; the LM-head loss benchmark."""
-    _, summary, _ = _dry_run(tmp_path, "GROUP=perf")
-    assert [s["name"] for s in summary["steps"]] == GROUP_STEPS["perf"]
-    for train_run in gpu_runs.PERF:
-        run = summary["perf"][train_run.slot][train_run.key]
-        _assert_run(run, train_run, {"auto": "megatron", "fused": "chunked"}.get(train_run.loss, train_run.loss))
-        if train_run.key != "base_auto" and train_run.slot != "large":
-            assert run["step_time_over_base_auto"] > 0
-    compiled = summary["perf"]["small"]["base_auto_compile"]["profile"]
-    assert compiled["compiled_regions_per_step"] > 0  # the layers ran compiled
-    assert summary["perf"]["large"]["cplm_step_time_overhead_chunked"] is not None
-    assert set(summary["peer"]["perf"]["variants"]) == {"large_4k_eager"}
-    assert [row["slot"] for row in summary["versus_peer"]] == ["large_4k"]
-    assert summary["lm_head_loss"]["complete"] and summary["lm_head_loss"]["rows"]
 
 
 def _wait_for(path: Path, text: str, proc: subprocess.Popen, timeout: float = 300) -> str:
@@ -282,6 +200,26 @@ def _wait_for(path: Path, text: str, proc: subprocess.Popen, timeout: float = 30
         assert proc.poll() is None, f"the script ended before {text!r}: {content}"
         time.sleep(0.1)
     raise TimeoutError(text)
+
+
+@contextmanager
+def _session(command: list, env: dict):
+    """The command in its own session (quiet); whatever of it is left is killed on the way out."""
+    proc = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        yield proc
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _terminate(proc: subprocess.Popen) -> int:
+    """SIGTERM to the script; its exit code."""
+    os.kill(proc.pid, signal.SIGTERM)
+    return proc.wait(timeout=120)
 
 
 def _cmdline(pid: int) -> bytes:
@@ -297,25 +235,46 @@ def _descendants(pid: int) -> list[int]:
     return direct + [d for c in direct for d in _descendants(c)]
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-def test_gpu_dry_run_of_the_study_step(tmp_path: Path, image_env):
-    """`make gpu-dry-run GROUP=study` (issue 44): the code corpus built from the image env's own sources, the baseline
-    and the CPLM trained on it, and the summary's study section with each arm's validation loss, the baseline + cache
-    control, the one-token-match copier and the chance values beside them, and the paired differences."""
-    out, summary, _ = _dry_run(tmp_path, "GROUP=study")
-    assert [s["name"] for s in summary["steps"]] == GROUP_STEPS["study"]
-    study = summary["study"]
+LEASE_PARTS = ["install", "kernel", "perf", "study", "large"]
+PART_FILES = ["details.tar.gz", "steps.log", "summary.json"]
+
+
+def _part(out: Path, index: int, name: str) -> dict:
+    """A lease part's summary.json (its folder holds its three files)."""
+    folder = out / f"{index}_{name}"
+    assert sorted(p.name for p in folder.iterdir()) == PART_FILES, folder
+    return json.loads((folder / "summary.json").read_text())
+
+
+def _assert_study(study: dict) -> None:
+    """The study part (issue: the study step measures something): the corpus split by the GPU's rules on the image
+    env's package set, the same tokens per arm, probes from step 0, both arms' validation loss and the cache
+    control scored first, the synthetic tasks with their controls."""
+    from cplm_megatron.data.code_corpus import CodeCorpusSettings
+
     assert study["dry_run"] and study["complete"] and all(p["ok"] for p in study["phases"].values())
-    vocab = study["sizes"]["vocab_size"]
-    corpus = study["corpus"]
+    assert list(study["phases"]) == ["corpus", "train_cplm", "train_baseline", "score_val", "score_tasks"]
+    vocab, corpus, gpu_rules = study["sizes"]["vocab_size"], study["corpus"], CodeCorpusSettings()
     assert corpus["vocab_size"] == vocab and corpus["val_files_in_train"] == 0
     assert all(corpus["splits"][split]["documents"] > 0 for split in ("train", "dev", "val"))
+    for split, fraction in (("val", gpu_rules.val_fraction), ("dev", gpu_rules.dev_fraction)):
+        rule = corpus["split_rules"][split]  # the GPU's rules asked; on this small package set they adapt
+        asked = (f"the asked {fraction:.1%} of the bytes, <= {gpu_rules.max_distribution_share:.0%} per "
+                 f"distribution, <= {gpu_rules.max_document_share:.1%} per document")
+        assert rule["adapted"] is None and rule["fraction"] == fraction or asked in rule["adapted"], rule
     arms, controls, paired = study["arms"], study["controls"], study["comparisons"]
+    assert study["equal_tokens"] and arms["cplm"]["train"]["tokens"] == arms["baseline"]["train"]["tokens"] > 0
     for arm in ("baseline", "cplm"):
-        assert arms[arm]["train"]["exit_code"] == 0 and arms[arm]["train"]["iterations"] == study["sizes"]["iters"]
+        train = arms[arm]["train"]
+        assert train["exit_code"] in (0, 75) and train["tokens"] == train["iterations"] * 4 * 128
+        probes = arms[arm]["probes"]
+        assert probes[0]["iteration"] == 0 and [p["iteration"] for p in probes[1:]] == list(
+            range(5, train["iterations"] + 1, 5))
+        assert all(0 <= p["probe_copy_accuracy"] <= 1 and math.isfinite(p["probe_in_context_score"]) for p in probes)
         assert arms[arm]["val_loss_ci_low"] <= arms[arm]["val_loss"] <= arms[arm]["val_loss_ci_high"]
         assert 0 < arms[arm]["val_loss"] < 2 * math.log(vocab)  # a few steps: near ln V, not diverged
+    assert arms["cplm"]["train"]["stopped_by"] == "time share"  # 25 s, far from the cap of 400 steps
+    assert arms["baseline"]["train"]["stopped_by"] == "the CPLM's iteration count"
     assert 0 < controls["baseline_plus_cache"]["val_loss"] and 0 <= controls["baseline_plus_cache"]["lambda"] <= 1
     assert 0 <= controls["copy_one_token_match_copier"]["copy_accuracy"] <= 1
     # chance: the copy task's 1/(V-1) candidates, the passkey's 1/(V-3) (the needle's delimiters excluded)
@@ -326,6 +285,201 @@ def test_gpu_dry_run_of_the_study_step(tmp_path: Path, image_env):
         arms["cplm"]["val_loss"] - arms["baseline"]["val_loss"], abs=1e-9)
     assert paired["cplm_minus_baseline_plus_cache"]["val_loss"] == pytest.approx(
         arms["cplm"]["val_loss"] - controls["baseline_plus_cache"]["val_loss"], abs=1e-9)
+    assert study["estimate"]["tokens_per_sec_h200"]["cplm"] > 0
+
+
+def _lease_dry_run(tmp_path: Path, command: str) -> tuple[Path, dict, dict]:
+    """`make gpu-dry-run OUT=DIR LEASE=COMMAND` in the image-only env (cached by the fixture; the wheels installed
+    by the lease's own install part, nothing editable): (out dir, lease_summary.json, each part's summary.json),
+    asserting that every part ran to its end with every figure of its steps."""
+    out = tmp_path / "out"
+    proc = subprocess.run(["make", "--no-print-directory", "gpu-dry-run", f"OUT={out}", f"LEASE={command}"],
+                          cwd=REPO, env=_env(tmp_path, {}), capture_output=True, text=True, timeout=2900)
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+    lease = json.loads((out / "lease_summary.json").read_text())
+    names = LEASE_PARTS if command == "first" else ["install", "compat_train", "peer_loss"]
+    assert lease["complete"] and lease["where"] == "finished" and lease["stopped_in"] is None and lease["dry_run"]
+    assert [(p["name"], p["status"]) for p in lease["parts"]] == [(name, "ok") for name in names]
+    summaries = {name: _part(out, i, name) for i, name in enumerate(names)}
+    for name, summary in summaries.items():
+        assert summary["dry_run"] and "NOT a measurement" in summary["note"], name
+        assert summary["missing"] == [] and summary["summary_imported_torch"] is False, (name, summary["missing"])
+        assert all(s["rc"] == 0 and s["status"] == "ok" for s in summary["steps"]), (name, summary["steps"])
+        assert summary["budget_total_s"] + 4 <= summary["budget_limit_s"] == 360  # + nvidia-smi's 4 s
+        env = summary["environment"]  # the image's versions, the project and megatron-core from the wheels
+        assert (env["triton"], env["transformers"], env["megatron-core"]) == ("3.6.0", "5.17.0", "0.19.2")
+        assert env["python"].startswith("3.11") and all("/site/" in o for o in env["module_origins"].values())
+    assert "CPU DRY RUN" in (out / "lease.log").read_text()
+    return out, lease, summaries
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3000)
+def test_the_lease_dry_run_finishes_every_part_in_one_command(tmp_path: Path, image_env):
+    """`make gpu-dry-run LEASE=first`: the lease's command on CPU: install once; the copy kernels against the
+    reference and their benchmark; the 135M levers (every run steps the fused AdamW; the fused LM-head loss trains in
+    the Triton interpreter; the compiled layers run compiled) beside the transformers peer eager and compiled; the
+    study; the 1.7B/4k and 1.7B runs; the top-level summary says the lease finished, with each part's headline."""
+    out, lease, summaries = _lease_dry_run(tmp_path, "first")
+    kernel = summaries["kernel"]
+    assert [s["name"] for s in kernel["steps"]] == ["install", "kernel_check", "kernel_bench", "summary"]
+    assert kernel["kernel_check"]["passed"] and kernel["kernel_check"]["complete"]
+    assert len(kernel["kernel_check"]["cases"]) == 9
+    assert "T=32,d=128" in kernel["copy_kernel"]  # the head-width-128 rows that answer the FP8 question
+    row = kernel["copy_kernel"]["T=64,d=32"]  # the largest dry-run shape: every GPU-table figure present
+    assert row["seq_len"] == 64 and row["dtype"].startswith("bf16") and row["micro_batch"] > 0
+    assert row["fused_over_sdpa_flash"] > 0 and row["fused_over_chunked"] > 0 and row["fp8_fwd_speedup"] > 0
+    assert 0 < row["fused_extra_mem_bytes"] < row["naive_extra_mem_bytes"] and row["naive_basis"] == "measured"
+    perf = summaries["perf"]
+    assert [s["name"] for s in perf["steps"]] == ["install", "perf_small", "peer", "summary"]
+    assert "full T x T" in perf["flops_convention"] and "causal" in perf["flops_convention"]
+    for train_run in gpu_runs.group_runs("perf", ["small"]):
+        run = perf["perf"]["small"][train_run.key]
+        _assert_run(run, train_run, "megatron" if train_run.loss == "auto" else train_run.loss)
+        assert train_run.key == "base_auto" or run["step_time_over_base_auto"] > 0
+    assert perf["perf"]["small"]["base_fused"]["lm_head_loss"] == "fused"  # trained in the Triton interpreter
+    assert perf["perf"]["small"]["base_auto_compile"]["profile"]["compiled_regions_per_step"] > 0
+    peer = perf["peer"]["check"]["variants"]
+    assert set(peer) == {"small_eager", "small_compiled"} and peer["small_compiled"]["compiled"]
+    assert all(row["tokens_per_sec"] > 0 and row["seq_len"] == 64 for row in peer.values())
+    [versus] = perf["versus_peer"]
+    assert versus["slot"] == "small" and versus["ours_over_peer_eager"] == pytest.approx(
+        perf["perf"]["small"]["base_auto"]["tokens_per_sec"] / peer["small_eager"]["tokens_per_sec"], rel=1e-3)
+    assert versus["ours_over_peer_compiled"] > 0
+    _assert_study(summaries["study"]["study"])
+    large = summaries["large"]["perf"]
+    for train_run in gpu_runs.group_runs("perf", ["large_4k", "large"]):
+        _assert_run(large[train_run.slot][train_run.key], train_run,
+                    "megatron" if train_run.loss == "auto" else train_run.loss)
+    assert large["large"]["cplm_step_time_overhead_chunked"] is not None
+    headline = {p["name"]: p["headline"] for p in lease["parts"]}
+    assert headline["kernel"]["kernel_check_passed"] and headline["study"]["equal_tokens"]
+    assert headline["perf"]["runs"]["small.base_auto"]["tokens_per_sec"] > 0
+    with tarfile.open(out / "2_perf" / "details.tar.gz") as tar:
+        names = set(tar.getnames())
+    assert {"./logs/perf_small.log", "./logs/peer.log", "./peer_check.json"} <= names
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(2400)
+def test_the_rest_of_a_lease_dry_run(tmp_path: Path, image_env):
+    """`make gpu-dry-run LEASE=rest`: the compat layer's scope; every training run of the check group (the recipes'
+    defaults: `auto` resolved, the copy head's step-time overhead); the transformers peer at the 1.7B/4k shape; the
+    LM-head loss benchmark; document masking by every backend against the dense mask."""
+    _, _, summaries = _lease_dry_run(tmp_path, "rest")
+    check = summaries["compat_train"]
+    assert [s["name"] for s in check["steps"]] == ["install", "compat", "train", "summary"]
+    assert check["compat"]["ok"] and "rng_tracker" in check["compat"]["applied"]
+    for train_run in gpu_runs.CHECK:
+        _assert_run(check["training"][train_run.slot][train_run.key], train_run,
+                    "megatron" if train_run.loss == "auto" else train_run.loss)
+    training = check["training"]
+    for slot in ("small", "large_4k"):
+        entry = training[slot]
+        assert entry["cplm_auto"]["memory_estimate_gib"] > entry["base_auto"]["memory_estimate_gib"] > 0
+        assert entry["cplm_step_time_overhead_auto"] == pytest.approx(
+            entry["cplm_auto"]["step_time"] / entry["base_auto"]["step_time"] - 1, abs=1e-3)  # 4 decimals
+    assert training["large_4k"]["base_auto"]["global_batch"] == 2 * training["large_4k"]["base_auto"]["micro_batch"]
+    rest = summaries["peer_loss"]
+    assert [s["name"] for s in rest["steps"]] == ["install", "attention", "perf_peer", "lm_head_loss", "summary"]
+    assert set(rest["peer"]["perf"]["variants"]) == {"large_4k_eager"}
+    assert rest["lm_head_loss"]["complete"] and rest["lm_head_loss"]["rows"]
+    attention = rest["attention"]
+    assert attention["selected_backend"] == "per_document"  # CPU: the exact path
+    assert attention["variants"] == ["dense", "causal", "documents:per_document"]
+    [ratio] = attention["ratios"]  # per document vs dense mask: the same function (fp32 on CPU)
+    assert ratio["backend"] == "per_document" and ratio["selected_at_build"] and ratio["dtype"] == "float32"
+    assert ratio["max_rel_err_vs_dense"] < 1e-5 and ratio["memory_vs_dense"] > 0
+
+
+def test_the_lease_commands_fit_their_limits_and_the_docs_name_them():
+    """The command stays within 570 s (the device's 600 s less slack) and the rest within 240 s; each part is one
+    call of run_gpu_checks.sh within its 360 s; the study's budget is kept while the parts before it run; the docs
+    give both commands, the kind of GPU and what travels."""
+    text = LEASE.read_text()
+    limits = dict(re.findall(r"\[(\w+)\]=(\d+)", re.search(r"declare -A LIMIT_OF=\((.*?)\)\n", text).group(1)))
+    assert {k: int(v) for k, v in limits.items()} == {"first": 570, "rest": 240}
+    parts = dict(re.findall(r'\[(\w+)\]="([^"]*)"', re.search(r"declare -A PARTS_OF=\((.*?)\)\n", text).group(1)))
+    assert parts == {"first": " ".join(LEASE_PARTS), "rest": "install compat_train peer_loss"}
+    assert re.search(r"perf_large .*--slots large_4k,large", SCRIPT.read_text())
+    steps = dict(re.findall(r'\[(\w+)\]="([^"]*)"', re.search(r"declare -A STEPS=\((.*?)\)\n", text, re.S).group(1)))
+    budgets = _script_budgets()
+    for part, names in steps.items():
+        assert sum(budgets[n] for n in {"install", "summary", "nvidia-smi", *names.split(",")}) <= 360, part
+    assert re.search(r'declare -A SHORTER=\(\[study\]="study=200"\)', text)
+    keep = re.search(r"declare -A KEEP=\((.*?)\)\n", text).group(1)
+    overhead = int(re.search(r"^CALL_OVERHEAD=(\d+)", text, re.M).group(1))
+    assert set(re.findall(r"=(\d+)", keep)) == {str(200 + overhead)}
+    page = (REPO / "docs" / "gpu-check.md").read_text()
+    for line in ("bash benchmarks/gpu/lease.sh ", "bash benchmarks/gpu/lease.sh --rest", "H200 141GB", "H100 80GB",
+                 "What travels to the GPU machine", ".whl", "What comes back", "only one command",
+                 "make gpu-dry-run OUT=DIR LEASE=first"):
+        assert line in page, line
+    for wording in ("lent", "device tool", "nvidia-h", "carry`", "issue 49", "this wave"):  # a user's own GPU
+        assert wording not in page, wording
+
+
+def test_the_check_chooses_micro_batches_by_the_devices_memory(monkeypatch):
+    """Ours and the transformers peer at the 1.7B/4k shape (16 sequences per step): micro-batch 4 on an H200's
+    140.4 GiB (ours peaked at 78.5 GiB there, the peer at 85.9), 2 on an H100's 79.6 GiB; the 135M keeps 8."""
+    monkeypatch.chdir(REPO)  # the recipe's path, as in the check's scratch tree
+    sys.path.insert(0, str(GPU_DIR))
+    try:
+        import hf_peer
+        import train_runs
+    finally:
+        sys.path.remove(str(GPU_DIR))
+    h100, h200 = 81_559 / 1024, 143_771 / 1024
+    large = next(r for r in gpu_runs.CHECK if r.slot == "large_4k" and r.variant == "cplm")
+    small = next(r for r in gpu_runs.CHECK if r.slot == "small")
+    assert [train_runs.micro_batch_choice(large, gib).micro_batch for gib in (h100, h200)] == [2, 4]
+    assert train_runs.micro_batch_choice(small, h100).micro_batch == 8
+    peer_shape = gpu_runs.SHAPES["large_4k"][0]
+    assert [hf_peer.peer_micro_batch(peer_shape, gib).micro_batch for gib in (h100, h200)] == [2, 4]
+    run = gpu_runs.overrides(large, False, "r", 2)
+    assert "train.micro_batch=2" in run and "train.global_batch=16" in run
+
+
+def test_a_lease_killed_outright_still_says_where_it_stopped(tmp_path: Path):
+    """The top-level summary is written as each part starts: read after a SIGKILL of everything (no trap runs), it
+    names the part that was running; with the part's end recorded, the next one."""
+    sys.path.insert(0, str(GPU_DIR))
+    try:
+        import gpu_steps
+    finally:
+        sys.path.remove(str(GPU_DIR))
+    rows = ["plan\tinstall\tinstall", "plan\tkernel\tkernel_check,kernel_bench", "plan\tperf\tperf_small,peer",
+            "start\tinstall\t560\t0", "end\tinstall\t0\t15", "start\tkernel\t540\t15"]
+    (tmp_path / "lease.tsv").write_text("\n".join(rows) + "\n")
+    gpu_steps.lease_summary(tmp_path, "first", 570, False)
+    lease = json.loads((tmp_path / "lease_summary.json").read_text())
+    assert [p["status"] for p in lease["parts"]] == ["ok", "running", "not run"]
+    assert lease["stopped_in"] == "kernel" and lease["where"].startswith("running kernel") and not lease["finished"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_lease_stopped_in_its_second_part_keeps_the_first_parts_summary(tmp_path: Path, image_env):
+    """`lease.sh --cpu-dry-run --parts kernel`: the install part finishes, SIGTERM reaches the lease while its second
+    part runs: the part stops as at its timeout and writes its summary, the first part's summary is there, and the
+    top-level summary says the lease stopped by TERM during `kernel` (exit 143)."""
+    out = tmp_path / "out"
+    with _session(["bash", str(LEASE), "--cpu-dry-run", "--parts", "kernel"], _env(tmp_path, image_env)) as proc:
+        _wait_for(out / "lease.tsv", "start\tkernel", proc, timeout=400)
+        _wait_for(out / "1_kernel" / "steps.log", "start kernel_check", proc, timeout=120)
+        rc = _terminate(proc)
+    assert rc == 143
+    lease = json.loads((out / "lease_summary.json").read_text())
+    assert [(p["name"], p["status"]) for p in lease["parts"]] == [("install", "ok"),
+                                                                  ("kernel", "interrupted (TERM to the lease)")]
+    assert lease["stopped_in"] == "kernel" and lease["where"] == "stopped by TERM during kernel"
+    first = _part(out, 0, "install")
+    assert [(s["name"], s["status"]) for s in first["steps"]] == [("install", "ok"), ("summary", "ok")]
+    second = _part(out, 1, "kernel")
+    status = {s["name"]: s["status"] for s in second["steps"]}
+    assert status["install"] == "ok" and status["kernel_check"].startswith("interrupted"), status
+    assert status["kernel_bench"] == "not run"
+    assert "received TERM during kernel" in (out / "lease.log").read_text()
 
 
 @pytest.mark.slow
@@ -336,10 +490,8 @@ def test_a_killed_step_and_a_stopped_script_still_leave_every_result(tmp_path: P
     steps.log and the tarball are there and list all five planned steps: killed, ok, interrupted, not run, not run
     (summary)."""
     out = tmp_path / "out"
-    proc = subprocess.Popen(["bash", str(SCRIPT), "--cpu-dry-run", "--steps", "compat,kernel_check,lm_head_loss"],
-                            cwd=REPO, env=_env(tmp_path, image_env), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True)
-    try:
+    with _session(["bash", str(SCRIPT), "--cpu-dry-run", "--steps", "compat,kernel_check,lm_head_loss"],
+                  _env(tmp_path, image_env)) as proc:
         line = _wait_for(out / "steps.log", "start install", proc)
         timeout_pid = int(line.rsplit("pid ", 1)[1].rstrip(")"))
         deadline = time.time() + 120
@@ -360,13 +512,7 @@ def test_a_killed_step_and_a_stopped_script_still_leave_every_result(tmp_path: P
             time.sleep(0.1)
         _wait_for(out / "steps.log", "start kernel_check", proc)
         time.sleep(1.0)
-        os.kill(proc.pid, signal.SIGTERM)
-        rc = proc.wait(timeout=120)
-    finally:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        rc = _terminate(proc)
     assert rc == 143
     assert sorted(p.name for p in out.iterdir()) == OUTPUTS
     summary = json.loads((out / "summary.json").read_text())
