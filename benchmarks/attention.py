@@ -51,8 +51,8 @@ def variants() -> List[str]:
 def _init() -> None:
     from cplm_megatron.model.config import ModelConfig
     from cplm_megatron.model.layout import init_distributed
-    from cplm_megatron.parallel.cpu_compat import setup_compat
     from cplm_megatron.parallel.distributed import ParallelConfig, free_port
+    from cplm_megatron.parallel.megatron_patches import setup_compat
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ["MASTER_PORT"] = str(free_port())

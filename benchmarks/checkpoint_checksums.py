@@ -99,7 +99,7 @@ def measure(root: Path, chunks, optimizer, scheduler, repeats: int) -> dict:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from cplm_megatron.parallel.cpu_compat import setup_compat
+    from cplm_megatron.parallel.megatron_patches import setup_compat
 
     setup_compat()
     import torch

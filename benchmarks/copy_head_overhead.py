@@ -39,8 +39,8 @@ def _build(model_name: str, copy: bool, seq: int, dtype: str = "fp32"):
     from cplm_megatron.model.config import load_preset
     from cplm_megatron.model.copy_head import CopyHeadConfig
     from cplm_megatron.model.layout import init_distributed
-    from cplm_megatron.parallel.cpu_compat import setup_compat
     from cplm_megatron.parallel.distributed import ParallelConfig, set_seed
+    from cplm_megatron.parallel.megatron_patches import setup_compat
 
     spec = dict(MODELS[model_name])
     cfg = load_preset(spec.pop("preset"), max_position_embeddings=max(seq, 2048), **spec)

@@ -95,8 +95,8 @@ def init_megatron() -> None:
     """One-process torch.distributed + Megatron parallel state (TP=PP=1)."""
     from cplm_megatron.model.config import ModelConfig
     from cplm_megatron.model.layout import init_distributed
-    from cplm_megatron.parallel.cpu_compat import setup_compat
     from cplm_megatron.parallel.distributed import ParallelConfig
+    from cplm_megatron.parallel.megatron_patches import setup_compat
 
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     if "MASTER_PORT" not in os.environ:

@@ -8,7 +8,7 @@ import sys
 import warnings
 from typing import Callable, Optional, Sequence
 
-# Start-up details (the CPU-compat patches, megatron-core's notes and warnings, the optimizer's kernel) are shown
+# Start-up details (the megatron-core patches, megatron-core's notes and warnings, the optimizer's kernel) are shown
 # only when verbose: `--verbose` of pretrain, or this variable (=1) for every entry point and its child processes.
 VERBOSE_ENV = "CPLM_VERBOSE"
 

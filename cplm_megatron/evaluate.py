@@ -80,7 +80,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="with --all-checkpoints: also the untrained model (iteration 0, rebuilt from the run's seed)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("-v", "--verbose", action="store_true",
-                   help="start-up details: the CPU-compat patches, megatron-core's and torch's warnings")
+                   help="start-up details: the megatron-core patches, megatron-core's and torch's warnings")
     return p.parse_args(argv)
 
 
@@ -182,7 +182,7 @@ def run(args: argparse.Namespace, tasks: list[str], options: EvalOptions) -> dic
     if args.hf and not args.all_checkpoints:
         return evaluate(_load_hf(args.hf), tasks, options)
     from cplm_megatron.checkpoint.lookup import read_live
-    from cplm_megatron.parallel.cpu_compat import setup_compat
+    from cplm_megatron.parallel.megatron_patches import setup_compat
 
     setup_compat()  # a Megatron model from here on
     if args.all_checkpoints:

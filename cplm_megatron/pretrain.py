@@ -37,7 +37,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--describe", action="store_true",
                    help="with --print-config: each key's meaning as a comment (docs/config-reference.md)")
     p.add_argument("-v", "--verbose", action="store_true",
-                   help="start-up details too: the CPU-compat patches, megatron-core's warnings, the optimizer's "
+                   help="start-up details too: the megatron-core patches, megatron-core's warnings, the optimizer's "
                         "kernel (CPLM_VERBOSE=1 does the same)")
     return p.parse_args(argv)
 
@@ -85,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         from cplm_megatron.checkpoint.checkpointer import CheckpointWriterDied
         from cplm_megatron.evaluation.probes import probe_callbacks
-        from cplm_megatron.parallel.cpu_compat import setup_compat
+        from cplm_megatron.parallel.megatron_patches import setup_compat
         from cplm_megatron.training.trainer import NonFiniteLossError, train
 
         setup_compat()

@@ -83,10 +83,10 @@ def name_group(item, group: str) -> None:
 
 
 @pytest.fixture(autouse=True)
-def _cpu_compat_for_megatron_tests(request):
+def _megatron_patches_for_megatron_tests(request):
     """pytest is the entry point of the in-process megatron tests (single_process_megatron in this process):
-    it applies the CPU-compat layer as the other entry points do (cpu_compat.setup_compat, here quietly)."""
+    it applies the megatron-core patch layer as the other entry points do (megatron_patches.setup_compat, here quietly)."""
     if request.node.get_closest_marker("mcore"):
-        from cplm_megatron.parallel.cpu_compat import apply_compat
+        from cplm_megatron.parallel.megatron_patches import apply_compat
 
         apply_compat()

@@ -88,7 +88,7 @@ def _case_worker(rank: int, calls: Sequence[Call], world_size: int, port: int, o
     import torch.distributed as dist
 
     if init_group and compat:  # the worker is the entry point of the megatron tests' processes
-        from cplm_megatron.parallel.cpu_compat import setup_compat
+        from cplm_megatron.parallel.megatron_patches import setup_compat
 
         setup_compat()
     if not init_group:
@@ -136,7 +136,7 @@ def run_cases(calls: Sequence[Call], world_size: int, env: Optional[dict] = None
               timeout: float = PROCESS_TIMEOUT_S, compat: bool = True) -> Dict[str, List[Any]]:
     """Every call in turn in one group of `world_size` warm processes: {name: per-rank results}.
     A failing case raises here with every rank's error; the cases after it do not run. The processes apply
-    the CPU-compat layer first, as the entry points do (`compat=False`: the compat tests apply it themselves)."""
+    the megatron-core patch layer first, as the entry points do (`compat=False`: the compat tests apply it themselves)."""
     names = [c.name for c in calls]
     assert len(set(names)) == len(names), names
     ctx = warm_context()

@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     os.environ["CUDA_VISIBLE_DEVICES"] = ""  # before CUDA initializes: the model it builds stays on CPU
     from cplm_megatron.hf.convert import convert_from_hf
-    from cplm_megatron.parallel.cpu_compat import setup_compat
+    from cplm_megatron.parallel.megatron_patches import setup_compat
 
     logging.basicConfig(level=logging.WARNING, format="[convert_from_hf] %(message)s")
     logging.getLogger("cplm_megatron").setLevel(logging.INFO)

@@ -29,7 +29,7 @@ from cplm_megatron.errors import ConfigError
 from cplm_megatron.model.config import available_presets
 from cplm_megatron.model.info import format_table, parse_memory, report, resolve_request
 from cplm_megatron.model.planner import DEVICE_RESERVE
-from cplm_megatron.parallel.cpu_compat import setup_compat
+from cplm_megatron.parallel.megatron_patches import setup_compat
 
 
 def gpu_memory(text: str) -> float:

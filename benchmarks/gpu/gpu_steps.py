@@ -37,7 +37,7 @@ PEER_STEPS = {"check": "peer", "perf": "perf_peer"}
 STEP_MODULES = ("megatron.core", "cplm_kernels", "cplm_kernels.configs", "cplm_kernels.linear_ce", "cplm_megatron",
                 "cplm_megatron.recipes", "cplm_megatron.model.config", "cplm_megatron.model.accounting",
                 "cplm_megatron.model.attention", "cplm_megatron.model.document_mask", "cplm_megatron.model.layout",
-                "cplm_megatron.model.lm_head_loss", "cplm_megatron.parallel.cpu_compat",
+                "cplm_megatron.model.lm_head_loss", "cplm_megatron.parallel.megatron_patches",
                 "cplm_megatron.parallel.distributed", "cplm_megatron.entry_points", "cplm_megatron.pretrain")
 FLOPS_CONVENTION = (
     "matmul FLOPs only (2mnk), training = 3 x forward (+ recomputed forward); mfu_full_attention counts attention "
@@ -98,7 +98,7 @@ def check_compat(work: Path) -> int:
     torch-fallback fix this megatron-core needs does. -> compat.json; exit 1 if either fails."""
     import torch
 
-    from cplm_megatron.parallel.cpu_compat import PATCHES, apex_or_te_present, apply_compat, describe_compat
+    from cplm_megatron.parallel.megatron_patches import PATCHES, apex_or_te_present, apply_compat, describe_compat
 
     applied = set(apply_compat())
     cuda = torch.cuda.is_available()

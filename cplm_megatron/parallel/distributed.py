@@ -2,7 +2,7 @@
 
 `init_process_groups` (called by cplm_megatron/model/layout.py's `init_distributed`, which checks the layout
 against the model first, so a bad layout fails before any rendezvous) refuses to fall back to CPU where GPUs
-were promised, checks that the entry point applied the CPU-compat layer (cpu_compat.setup_compat), picks
+were promised, checks that the entry point applied the megatron-core patch layer (megatron_patches.setup_compat), picks
 nccl on CUDA and gloo on CPU,
 initializes Megatron's parallel state (tp, pp, virtual pp, sp; dp derived) and seeds every RNG the
 way Megatron-LM does.
@@ -61,13 +61,13 @@ def set_seed(seed: int) -> None:
 def init_process_groups(parallel: ParallelConfig, seed: int = 1234, env: Optional[DistEnv] = None) -> RankLayout:
     """Initialize torch.distributed + Megatron parallel state for this process (the layout checked against the
     model first: cplm_megatron/model/layout.py's init_distributed)."""
-    from cplm_megatron.parallel.cpu_compat import check_cuda_expected, require_compat
+    from cplm_megatron.parallel.megatron_patches import check_cuda_expected, require_compat
 
     env = env or detect_env()
     dp = check_world(env.world_size, parallel)
     if parallel.backend == "auto":  # an explicit gloo (e.g. CPU-side conversion) is a choice, not an accident
         check_cuda_expected()
-    require_compat()  # applied by the entry point (cpu_compat.setup_compat), not here
+    require_compat()  # applied by the entry point (megatron_patches.setup_compat), not here
     cuda = torch.cuda.is_available()
     backend = parallel.backend if parallel.backend != "auto" else ("nccl" if cuda else "gloo")
     if cuda:

@@ -21,12 +21,12 @@ def tiny_config(run_dir: Path, *overrides: str) -> RunConfig:
 
 def write_checkpoints(cfg: RunConfig, iterations: Iterable[int]) -> Path:
     """Checkpoints (weights, RNG, config; no optimizer) at `iterations` under run.dir/checkpoints, via the
-    trainer's Checkpointer in a one-process group; returns the checkpoint root. Applies the CPU-compat layer (the
+    trainer's Checkpointer in a one-process group; returns the checkpoint root. Applies the megatron-core patch layer (the
     entry point's job: module fixtures calling this run before the suite's per-test one in tests/conftest.py)."""
     from cplm_megatron.checkpoint.checkpointer import Checkpointer, TrainState
     from cplm_megatron.model.builder import build_run, model_run
     from cplm_megatron.model.layout import single_process_megatron
-    from cplm_megatron.parallel.cpu_compat import apply_compat
+    from cplm_megatron.parallel.megatron_patches import apply_compat
 
     apply_compat()
     iterations = list(iterations)

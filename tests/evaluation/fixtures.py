@@ -10,9 +10,9 @@ import pytest
 @pytest.fixture(scope="module")
 def megatron(runs: dict[str, Path]):
     """{'baseline': MegatronScorer, 'cplm': MegatronScorer} of the last checkpoints (one process group). A module
-    fixture builds its models before any function fixture: it applies the CPU-compat layer itself, as an entry point."""
+    fixture builds its models before any function fixture: it applies the megatron-core patch layer itself, as an entry point."""
     from cplm_megatron.evaluation.scorers import MegatronScorer, single_process_megatron
-    from cplm_megatron.parallel.cpu_compat import apply_compat
+    from cplm_megatron.parallel.megatron_patches import apply_compat
 
     apply_compat()
     with single_process_megatron():

@@ -10,8 +10,6 @@ from tests.trained_runs import PROBES, REFERENCE_ITERS
 from tests.training import pretrain_utils as pu
 
 
-
-
 @pytest.mark.mcore
 @pytest.mark.slow
 def test_probe_copy_accuracy_is_the_copy_tasks_on_the_saved_checkpoint(reference_run, isolated_streaming):

@@ -1,4 +1,4 @@
-"""Scenarios for the CPU-compat tests. Each runs in fresh (warm, forked) processes, since the patches are
+"""Scenarios for the megatron-core patch tests. Each runs in fresh (warm, forked) processes, since the patches are
 process-wide: `run_scenario(NAME, skip)` with CPLM_COMPAT_SKIP=skip to leave a patch out; the scenario
 behaved correctly when its outcome's exit code is 0."""
 from __future__ import annotations
@@ -89,7 +89,7 @@ def _pp_step(rank: int) -> float:
 def _norm(rank: int) -> dict:
     from megatron.core.optimizer.clip_grads import get_grad_norm_fp32
 
-    from cplm_megatron.parallel.cpu_compat import apply_compat
+    from cplm_megatron.parallel.megatron_patches import apply_compat
 
     apply_compat()
     g = torch.Generator().manual_seed(0)

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 # Imported once by the forkserver: modules without import-time state that a job changes (the megatron-core
-# fixes are applied per process, by the job's entry point: cpu_compat.setup_compat).
+# fixes are applied per process, by the job's entry point: megatron_patches.setup_compat).
 PRELOAD = (
     "cplm_megatron.experiments.launch.forkserver_init", "torch", "torch.distributed", "megatron.core",
     "megatron.core.models.gpt", "megatron.core.optimizer",

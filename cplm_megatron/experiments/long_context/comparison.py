@@ -359,7 +359,7 @@ def evaluate(args: argparse.Namespace, runs: Dict[str, Dict[str, Any]]) -> None:
     from cplm_megatron.evaluation.long_context import evaluate_by_length
     from cplm_megatron.evaluation.options import EvalOptions
     from cplm_megatron.evaluation.scorers import MegatronScorer, single_process_megatron
-    from cplm_megatron.parallel.cpu_compat import setup_compat
+    from cplm_megatron.parallel.megatron_patches import setup_compat
 
     setup_compat()
     options = EvalOptions(batch_size=args.batch_size, limit=args.samples, passkey_depths=tuple(args.depths),

@@ -1,7 +1,7 @@
-"""The CPU-compat layer: the only place where megatron-core is patched.
+"""The megatron-core patch layer: the only place where megatron-core is patched.
 
 megatron-core assumes CUDA (and Apex or Transformer Engine). Each patch below names the megatron-core
-code it replaces and why (README "The CPU-compat layer" lists what each fixes). Two scopes:
+code it replaces and why (README "The megatron-core patch layer" lists what each fixes). Two scopes:
 
 * ``cpu``            — applied only when CUDA is absent (``torch.cuda.is_available()`` is False);
                        these never touch a GPU run.
@@ -429,8 +429,8 @@ def setup_compat() -> List[str]:
 def require_compat() -> None:
     """Raise if this process creates process groups before its entry point applied the layer."""
     if not _APPLIED:
-        raise RuntimeError("megatron-core's CPU-compat layer is not applied in this process: call "
-                           "cplm_megatron.parallel.cpu_compat.setup_compat() in the entry point, before "
+        raise RuntimeError("the megatron-core patch layer is not applied in this process: call "
+                           "cplm_megatron.parallel.megatron_patches.setup_compat() in the entry point, before "
                            "creating process groups (init_distributed, single_process_megatron)")
 
 

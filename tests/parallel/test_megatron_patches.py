@@ -1,4 +1,4 @@
-"""The CPU-compat layer: every patch is needed on the installed megatron-core (its scenario fails
+"""The megatron-core patch layer: every patch is needed on the installed megatron-core (its scenario fails
 without it, in fresh processes: tests/harness.py) or, where that megatron-core lacks the code it fixes, not applied; all
 scenarios pass with the layer; nothing CPU-only is applied when CUDA is present; rank 0 logs what was
 applied; and a job that was promised GPUs but has no CUDA stops instead of training on CPU."""
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from cplm_megatron.errors import UserError
-from cplm_megatron.parallel.cpu_compat import PATCHES, SCOPES, check_cuda_expected, gpus_expected
+from cplm_megatron.parallel.megatron_patches import PATCHES, SCOPES, check_cuda_expected, gpus_expected
 from tests.harness import run_distributed
 from tests.parallel.compat_scenarios import run_scenario
 from tests.training import pretrain_utils as pu
@@ -32,7 +32,7 @@ NEEDED_BY = {
 
 
 def _applied(rank: int, claims_cuda: bool) -> tuple[list[str], str]:
-    from cplm_megatron.parallel import cpu_compat as c
+    from cplm_megatron.parallel import megatron_patches as c
 
     if claims_cuda:
         torch.cuda.is_available = lambda: True  # what a GPU machine reports (selection logic only)
@@ -88,7 +88,7 @@ def test_gpu_machines_without_apex_te_get_only_the_torch_fallback_fixes():
 def _idempotent(rank: int) -> str:
     from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer as D
 
-    from cplm_megatron.parallel import cpu_compat as c
+    from cplm_megatron.parallel import megatron_patches as c
 
     a = c.apply_compat()
     f = D.load_state_dict
@@ -135,7 +135,7 @@ def test_training_stops_with_exit_2_when_gpus_are_promised_but_cuda_is_missing(t
 def _groups_without_the_layer(rank: int) -> tuple[str, list]:
     from cplm_megatron.model.config import ModelConfig
     from cplm_megatron.model.layout import init_distributed
-    from cplm_megatron.parallel import cpu_compat as c
+    from cplm_megatron.parallel import megatron_patches as c
     from cplm_megatron.parallel.config import ParallelConfig
 
     with pytest.raises(RuntimeError) as e:
@@ -188,7 +188,7 @@ def test_foreach_grad_norm_reads_nothing_back_and_matches_megatron_core():
     megatron-core's local norm reads each tensor's norm back to the host, the replacement none."""
     from megatron.core.utils import local_multi_tensor_l2_norm
 
-    from cplm_megatron.parallel.cpu_compat import foreach_l2_norm
+    from cplm_megatron.parallel.megatron_patches import foreach_l2_norm
 
     g = torch.Generator().manual_seed(0)
     grads = [torch.randn(64, 32, generator=g) * 10 ** (i % 3) for i in range(12)]
