@@ -135,7 +135,7 @@ def test_no_import_circle_in_the_model_package():
     """cplm_megatron/model/ imports one way inside too: the planner sits above accounting and step_time, and
     the backbones read a model's shape (a Protocol) instead of importing the config module that registers them."""
     graph = module_imports(PACKAGE / "model", PACKAGE.parent)
-    assert "cplm_megatron.model.planner" in graph and graph["cplm_megatron.model.backbones.base"] is not None
+    assert "cplm_megatron.model.sizing.planner" in graph and graph["cplm_megatron.model.backbones.base"] is not None
     assert cycles(graph) == []
 
 

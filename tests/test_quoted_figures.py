@@ -725,7 +725,7 @@ QUOTES = [
     Quote("docs/evaluation.md", "the test-time cache alone buys {:.0%} (tiny) and {:.0%} (small) of `aux1`'s gain",
           (STUDY,), cache_share),
     Quote("docs/evaluation.md", "~{:.0f} GPU-hours at 135M and ~{:.0f} at 360M (~{:.0f} in all: training FLOPs from "
-          "`model/accounting.py` at {:.0%} of an H100's bf16 peak, the MFU measured at 135M on one H200",
+          "`model/sizing/accounting.py` at {:.0%} of an H100's bf16 peak, the MFU measured at 135M on one H200",
           (SUMMARY_GPU,), cluster_estimate),
     Quote("docs/evaluation.md", "the two scales is {} runs of {} steps at the recipes' batches ({:.1f}B tokens per run "
           "at 135M, {:.1f}B at 360M)", (), cluster_plan),

@@ -1,6 +1,6 @@
 #!/usr/bin/env python
 """Parameter counts, FLOPs per token and a per-GPU memory estimate for a model preset or a recipe and a layout;
-whether it fits a GPU, and which layouts fit (cplm_megatron/model/info.py).
+whether it fits a GPU, and which layouts fit (cplm_megatron/model/sizing/info.py).
 
 The model is built for real by `build_run` on the meta device and its parameter count checked against the
 analytic formula. The memory estimate counts the LM head's loss per `--lm-head-loss` and the optimizer states left
@@ -27,13 +27,13 @@ from typing import List, Optional
 from cplm_megatron.entry_points import exit_2_on, positive_int, quiet_known_warnings
 from cplm_megatron.errors import ConfigError
 from cplm_megatron.model.config import available_presets
-from cplm_megatron.model.info import format_table, parse_memory, report, resolve_request
-from cplm_megatron.model.planner import DEVICE_RESERVE
+from cplm_megatron.model.sizing.info import format_table, parse_memory, report, resolve_request
+from cplm_megatron.model.sizing.planner import DEVICE_RESERVE
 from cplm_megatron.parallel.megatron_patches import setup_compat
 
 
 def gpu_memory(text: str) -> float:
-    """An argparse type: a GPU's memory in GiB (cplm_megatron.model.info.parse_memory)."""
+    """An argparse type: a GPU's memory in GiB (cplm_megatron.model.sizing.info.parse_memory)."""
     try:
         return parse_memory(text)
     except ValueError as err:

@@ -35,7 +35,7 @@ PEER_STEPS = {"check": "peer", "perf": "perf_peer"}
 # Every module a step imports from the project and megatron-core (the install check imports them all and each
 # must come from the private site dir, not from the checkout or an editable install)
 STEP_MODULES = ("megatron.core", "cplm_kernels", "cplm_kernels.configs", "cplm_kernels.linear_ce", "cplm_megatron",
-                "cplm_megatron.recipes", "cplm_megatron.model.config", "cplm_megatron.model.accounting",
+                "cplm_megatron.recipes", "cplm_megatron.model.config", "cplm_megatron.model.sizing.accounting",
                 "cplm_megatron.model.attention", "cplm_megatron.model.document_mask", "cplm_megatron.model.layout",
                 "cplm_megatron.model.lm_head_loss", "cplm_megatron.parallel.megatron_patches",
                 "cplm_megatron.parallel.distributed", "cplm_megatron.entry_points", "cplm_megatron.pretrain")
@@ -170,8 +170,8 @@ def kernel_figures(report: Optional[dict]) -> dict[str, Any]:
 
 def _shapes(config: dict):
     """The ModelConfig and copy-head shape of a run's resolved config (a dict, as the run wrote it)."""
-    from cplm_megatron.model.accounting import CopyHeadShape
     from cplm_megatron.model.config import ModelConfig
+    from cplm_megatron.model.sizing.accounting import CopyHeadShape
 
     head = config["copy_head"]
     copy = (CopyHeadShape(head["heads"], head["head_dim"], head["qk_norm"], head.get("mixing", "gate"))
@@ -184,7 +184,7 @@ def memory_estimate_gib(config: dict, record: dict) -> float:
     the same accounting.memory_estimate call on its config (one GPU: tp = pp = dp = 1)."""
     if record.get("memory_estimate_gib") is not None:
         return float(record["memory_estimate_gib"])
-    from cplm_megatron.model.accounting import memory_estimate
+    from cplm_megatron.model.sizing.accounting import memory_estimate
 
     model, copy = _shapes(config)
     train = config["train"]
@@ -229,7 +229,7 @@ def train_flops(config: dict, record: dict) -> dict[str, float]:
     ((T+1)/2 keys per query): its record's, or for a run stopped before writing one, from its config."""
     if record.get("causal_flops_per_token") is not None:
         return {"full": record["flops_per_token"], "causal": record["causal_flops_per_token"]}
-    from cplm_megatron.model.accounting import train_flops_figures
+    from cplm_megatron.model.sizing.accounting import train_flops_figures
 
     model, copy = _shapes(config)
     flops = train_flops_figures(model, config["train"]["seq_len"], copy, config["recompute"]["granularity"])

@@ -9,10 +9,10 @@ variant).
 
 On a GPU the micro-batch is the largest that divides the slot's sequences per step and whose estimate (the planner's
 for our model with fp32 weights and Megatron's logits) times the peer's margin measured at that shape
-(model/planner.py peer_margin) fits the device's memory less a reserve: the 1.7B/4k slot trains micro-batch 4 on an H200 (85.9 GiB
-measured there) and 2 on an H100. The dry run trains the tiny preset on CPU and compiles with the `aot_eager` backend
-(it checks the script and the compile path's tracing, not a measurement; inductor's CPU code generation would take
-minutes on 2 cores).
+(model/sizing/planner.py peer_margin) fits the device's memory less a reserve: the 1.7B/4k slot trains micro-batch 4
+on an H200 (85.9 GiB measured there) and 2 on an H100. The dry run trains the tiny preset on CPU and compiles with
+the `aot_eager` backend (it checks the script and the compile path's tracing, not a measurement; inductor's CPU
+code generation would take minutes on 2 cores).
 """
 from __future__ import annotations
 
@@ -53,10 +53,10 @@ def llama_config(preset: str, seq_len: int):
 
 
 def peer_micro_batch(shape: Shape, device_gib: float):
-    """The planner's choice of the peer's micro-batch on a device of `device_gib` (model/planner.py)."""
-    from cplm_megatron.model.accounting import memory_estimate
+    """The planner's choice of the peer's micro-batch on a device of `device_gib` (model/sizing/planner.py)."""
     from cplm_megatron.model.config import load_preset
-    from cplm_megatron.model.planner import choose_micro_batch, peer_margin
+    from cplm_megatron.model.sizing.accounting import memory_estimate
+    from cplm_megatron.model.sizing.planner import choose_micro_batch, peer_margin
 
     model = replace(load_preset(shape.preset), max_position_embeddings=max(shape.seq_len, 2048))
 

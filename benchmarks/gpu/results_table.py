@@ -55,8 +55,8 @@ class RunFigures:
 
 def current_estimate(run: RunFigures) -> float:
     """The current planner's memory estimate (GiB) of a run of the check: one device, bf16 weights."""
-    from cplm_megatron.model.accounting import CopyHeadShape, memory_estimate
     from cplm_megatron.model.config import load_preset
+    from cplm_megatron.model.sizing.accounting import CopyHeadShape, memory_estimate
 
     model = replace(load_preset(run.preset), max_position_embeddings=max(run.seq_len, 2048))
     return memory_estimate(model, CopyHeadShape() if run.copy_head else None, tp=1, pp=1, dp=1, seq_len=run.seq_len,
@@ -71,8 +71,8 @@ def _check_run(entry: dict) -> RunFigures:
 
 def _metrics_run(path: Path, copy_head: bool, peak_tflops: float) -> RunFigures:
     """A 1.7B seq-4096 run (micro-batch 4, Megatron's loss) from its per-step records."""
-    from cplm_megatron.model.accounting import CopyHeadShape, train_flops_figures
     from cplm_megatron.model.config import load_preset
+    from cplm_megatron.model.sizing.accounting import CopyHeadShape, train_flops_figures
     from cplm_megatron.training.metrics_log import read_metrics
 
     records = sorted((r for r in read_metrics(path) if "iteration" in r and "time" in r), key=lambda r: r["iteration"])

@@ -111,8 +111,8 @@ def throughput_fit() -> Tuple[float, float]:
     """(a, R) of seconds per token = layers x a + training FLOPs per token / R, solved from the two MEASURED runs."""
     from dataclasses import replace
 
-    from cplm_megatron.model.accounting import train_flops_per_token
     from cplm_megatron.model.config import load_preset
+    from cplm_megatron.model.sizing.accounting import train_flops_per_token
 
     rows = []
     for preset, seq, tokens_per_sec in MEASURED:
@@ -125,7 +125,7 @@ def throughput_fit() -> Tuple[float, float]:
 
 def estimated_tokens_per_sec(model, copy, seq_len: int) -> float:
     """The H200 tokens/s of a model by the fit (`throughput_fit`): an estimate, to be measured."""
-    from cplm_megatron.model.accounting import train_flops_per_token
+    from cplm_megatron.model.sizing.accounting import train_flops_per_token
 
     a, rate = throughput_fit()
     return 1 / (model.num_layers * a + train_flops_per_token(model, seq_len, copy) / rate)
@@ -224,7 +224,7 @@ def replace_sizes(sizes: Sizes, **changes: Any) -> Sizes:
 def estimate(sizes: Sizes, vocab: int) -> Dict[str, Any]:
     """The arms' estimated H200 tokens/s, the tokens that gives in the longest arm share, and the candidate shapes'
     baseline tokens/s and tokens in an arm's share of the lease's study."""
-    from cplm_megatron.model.accounting import CopyHeadShape, train_flops_per_token
+    from cplm_megatron.model.sizing.accounting import CopyHeadShape, train_flops_per_token
 
     model = study_model(sizes, vocab, sizes.seq_len)
     rates = {arm: estimated_tokens_per_sec(model, CopyHeadShape() if arm == "cplm" else None, sizes.seq_len)

@@ -6,7 +6,7 @@ profile.json} as it ends.
     python benchmarks/gpu/train_runs.py WORK_DIR GROUP [--slots SLOT,SLOT] [--dry-run]
 
 On a GPU each run's micro-batch is the largest that divides its sequences per step and whose planner estimate,
-times the margin measured on a GPU, fits the device's memory less a reserve (model/planner.py choose_micro_batch:
+times the margin measured on a GPU, fits the device's memory less a reserve (model/sizing/planner.py choose_micro_batch:
 the 1.7B/4k slot trains micro-batch 4 on an H200, 2 on an H100); the choice and its figures go to
 WORK_DIR/train_<group>_<name>.micro.json. The dry run keeps the shapes' micro-batches and runs the Triton kernels
 in the interpreter (the fused LM-head loss).
@@ -60,8 +60,8 @@ def release_memory() -> None:
 
 
 def micro_batch_choice(run: TrainRun, device_gib: float, run_dir: str = "run"):
-    """The planner's choice of the run's micro-batch on a device of `device_gib` (model/planner.py)."""
-    from cplm_megatron.model.planner import choose_micro_batch
+    """The planner's choice of the run's micro-batch on a device of `device_gib` (model/sizing/planner.py)."""
+    from cplm_megatron.model.sizing.planner import choose_micro_batch
     from cplm_megatron.run_config import load_run_config
     from cplm_megatron.training.preflight import memory_needed
 

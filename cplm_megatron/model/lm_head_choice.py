@@ -14,9 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Optional
 
-from cplm_megatron.model.accounting import GIB, lm_head_loss_bytes
 from cplm_megatron.model.config import ModelConfig
-from cplm_megatron.model.planner import DEVICE_RESERVE, PEAK_MARGIN
+from cplm_megatron.model.sizing.accounting import GIB, lm_head_loss_bytes
+from cplm_megatron.model.sizing.planner import DEVICE_RESERVE, PEAK_MARGIN
 
 AUTO_LOGITS_SHARE = 0.25  # Megatron's logits may take up to this share of the device's memory
 

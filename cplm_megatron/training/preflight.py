@@ -11,7 +11,7 @@ from pathlib import Path
 
 from cplm_megatron.checkpoint.storage import check_file_size_limit, check_free_space, check_writable, format_bytes
 from cplm_megatron.errors import ConfigError
-from cplm_megatron.model.accounting import GIB, CopyHeadShape, checkpoint_bytes, memory_estimate
+from cplm_megatron.model.sizing.accounting import GIB, CopyHeadShape, checkpoint_bytes, memory_estimate
 from cplm_megatron.run_config import RunConfig
 
 

@@ -15,8 +15,8 @@ import torch
 
 from cplm_megatron.checkpoint.checkpointer import Checkpointer, TrainState
 from cplm_megatron.checkpoint.lookup import layout_text
-from cplm_megatron.model.accounting import CopyHeadShape, train_flops_figures
 from cplm_megatron.model.builder import Vocabulary
+from cplm_megatron.model.sizing.accounting import CopyHeadShape, train_flops_figures
 from cplm_megatron.run_config import RunConfig, dump_run_config
 from cplm_megatron.training.callbacks import Callback
 from cplm_megatron.training.metrics_log import MetricsLogger, format_line, objective_terms, rank0_print

@@ -60,9 +60,9 @@ def test_the_smollm2_recipes_choose_their_lm_head_loss_by_memory():
     sequence, auto keeps Megatron's logits on an 80 GiB GPU and takes the fused loss on a 24 GiB one at 135M."""
     import yaml
 
-    from cplm_megatron.model.accounting import GIB
     from cplm_megatron.model.config import load_preset
     from cplm_megatron.model.lm_head_choice import choose_lm_head_loss
+    from cplm_megatron.model.sizing.accounting import GIB
 
     repo = SCRIPT.parents[1]
     for recipe in ("smollm2_135m", "smollm2_360m", "smollm2_1p7b", "smollm2_1p7b_32k"):

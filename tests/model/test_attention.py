@@ -136,7 +136,7 @@ def test_tiny_recipe_trains_to_the_same_losses(stdlib_corpus, tmp_path, masking)
 def test_memory_estimate_follows_the_attention_in_use(results):
     """What one layer's core attention keeps for its backward (measured through autograd's saved tensors, bf16)
     is what accounting.attention_bytes counts, and the planner's totals follow model.attention_impl."""
-    from cplm_megatron.model.accounting import GIB, attention_bytes, memory_estimate
+    from cplm_megatron.model.sizing.accounting import GIB, attention_bytes, memory_estimate
 
     _, [saved, *_] = results
     saved = saved["saved"]

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from cplm_megatron.model.accounting import GIB, lm_head_loss_bytes
 from cplm_megatron.model.config import load_preset
 from cplm_megatron.model.lm_head_choice import AUTO_LOGITS_SHARE, choose_lm_head_loss
+from cplm_megatron.model.sizing.accounting import GIB, lm_head_loss_bytes
 
 SMOLLM2_135M = load_preset("smollm2-135m")
 TOKENS = 2048 * 8  # the 135M recipe's micro-batch
@@ -56,8 +56,8 @@ def test_auto_keeps_a_reserve():
     loss does, and auto takes it; on an H200 Megatron's path fits."""
     from dataclasses import replace
 
-    from cplm_megatron.model.accounting import memory_estimate
     from cplm_megatron.model.lm_head_choice import run_fits
+    from cplm_megatron.model.sizing.accounting import memory_estimate
 
     model = replace(load_preset("smollm2-1.7b"), max_position_embeddings=4096)
 

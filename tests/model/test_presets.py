@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from cplm_megatron.errors import ConfigError
-from cplm_megatron.model.accounting import CopyHeadShape, backbone_params, copy_head_params
 from cplm_megatron.model.config import available_presets, load_preset
+from cplm_megatron.model.sizing.accounting import CopyHeadShape, backbone_params, copy_head_params
 from tests.harness import run_distributed
 
 pytestmark = pytest.mark.mcore  # the outcome depends on megatron-core (both CI legs)
@@ -97,9 +97,9 @@ def _build_all(rank: int) -> dict:
     """Every preset built by megatron-core on the meta device, in a fresh process: counts and RSS growth."""
     import resource
 
-    from cplm_megatron.model.accounting import CopyHeadShape
     from cplm_megatron.model.config import available_presets
-    from cplm_megatron.model.info import count_built_params
+    from cplm_megatron.model.sizing.accounting import CopyHeadShape
+    from cplm_megatron.model.sizing.info import count_built_params
     out = {}
     for name in available_presets():
         before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

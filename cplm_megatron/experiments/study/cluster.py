@@ -27,7 +27,7 @@ from cplm_megatron.experiments.run import Evaluation, Run
 from cplm_megatron.experiments.study.plan import ACTIVE_ARMS, ARMS
 
 SCALES = ("135m", "360m", "1p7b")  # <slurm_dir>/pretrain_<scale>.sh
-# GPU-hours are estimated from the training FLOPs (model/accounting.py) at this fraction of an H100's dense
+# GPU-hours are estimated from the training FLOPs (model/sizing/accounting.py) at this fraction of an H100's dense
 # bf16 peak (989 TFLOP/s): the MFU measured at SmolLM2-135M (seq 2048, micro-batch 8) on one H200 of the same peak
 # (results/gpu/2026-12-04, 16.0%); larger models reach more (1.7B: 27-48%), so at 360M the hours are an upper bound.
 ASSUMED_MFU = 0.16
@@ -104,7 +104,7 @@ def plan(settings: ClusterStudySettings, output: Path) -> list[tuple[Run, Cluste
     """Every run, scale by scale and seed by seed, with its submission record; each run's config is resolved (and
     checked) here."""
     from cplm_megatron.experiments.launch.launcher import eval_command, train_command
-    from cplm_megatron.model.accounting import CopyHeadShape, train_flops_per_token
+    from cplm_megatron.model.sizing.accounting import CopyHeadShape, train_flops_per_token
     from cplm_megatron.run_config import load_run_config
 
     settings.validate()

@@ -7,7 +7,7 @@ interval; else the trainer's last periodic validation), the cache control's val 
 passkey retrieval per context length, the gradient figures, and the training efficiency: the fraction of
 the baseline's training tokens at which the run's validation loss first reaches the baseline's final
 validation loss (linear interpolation between evaluations; the paper's "training becomes more efficient"),
-in tokens and in training FLOPs (the Copy-Paste head's FLOPs counted: cplm_megatron.model.accounting).
+in tokens and in training FLOPs (the Copy-Paste head's FLOPs counted: cplm_megatron.model.sizing.accounting).
 Per arm and scale: mean and sample standard deviation over seeds, and differences vs the baseline of
 the same seed with their 95% paired t-interval over seeds (paired.py). The decision: decision.py's `decide`.
 """

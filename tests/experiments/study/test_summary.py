@@ -8,7 +8,7 @@ from cplm_megatron.experiments.run import Evaluation, Run
 from cplm_megatron.experiments.study.plan import GLOBAL_BATCH, SEQ_LEN
 from cplm_megatron.experiments.study.report import headline_table, readme_block
 from cplm_megatron.experiments.study.summary import summarize, tokens_to_reach
-from cplm_megatron.model.accounting import CopyHeadShape, train_flops_figures
+from cplm_megatron.model.sizing.accounting import CopyHeadShape, train_flops_figures
 from cplm_megatron.run_config import load_run_config
 from cplm_megatron.training.run_record import Layout, RunRecord
 
@@ -186,8 +186,8 @@ def test_headline_table_marks_the_default_and_shows_spreads():
 def test_copy_head_params_count_every_mixing_rules_gate_rows(mixing):
     """accounting.copy_head_params = the parameters of the copy head as the (HF) model builds it: sentinel has one
     gate row (d + 1 parameters) per copy head."""
-    from cplm_megatron.model.accounting import CopyHeadShape, copy_head_params
     from cplm_megatron.model.config import ModelConfig
+    from cplm_megatron.model.sizing.accounting import CopyHeadShape, copy_head_params
     from tests.hf.hf_testing import cplm_config, tiny_cplm
 
     model = tiny_cplm(cplm_config(copy_mixing=mixing, copy_qk_norm=True))

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Dict, Optional
 from cplm_megatron.model.config import ModelConfig
 
 if TYPE_CHECKING:
-    from cplm_megatron.model.accounting import CopyHeadShape
+    from cplm_megatron.model.sizing.accounting import CopyHeadShape
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ def micro_batch_seconds(model: ModelConfig, copy: Optional[CopyHeadShape], seq_l
                         param_bytes: int = 2, speed: NodeSpeed = DEFAULT_SPEED) -> Dict[str, float]:
     """Seconds of one micro-batch on one GPU: ``compute`` (its 1/(tp x cp x pp) of the training FLOPs, with
     recomputation), ``tp`` and ``cp`` communication, and their ``total``."""
-    from cplm_megatron.model.accounting import forward_flops_per_token, train_flops_per_token
+    from cplm_megatron.model.sizing.accounting import forward_flops_per_token, train_flops_per_token
 
     per_token = train_flops_per_token(model, seq_len, copy, recompute)
     if lm_head_loss != "megatron":  # the tiled losses recompute the logits in the backward

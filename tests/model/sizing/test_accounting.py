@@ -9,7 +9,8 @@ softmax, SwiGLU, residual adds) that the MFU convention leaves out.
 import pytest
 
 from cplm_kernels.linear_ce import CPU_CHUNKS
-from cplm_megatron.model.accounting import (
+from cplm_megatron.model.config import load_preset
+from cplm_megatron.model.sizing.accounting import (
     GIB,
     CopyHeadShape,
     lm_head_loss_bytes,
@@ -17,7 +18,6 @@ from cplm_megatron.model.accounting import (
     train_flops_figures,
     train_flops_per_token,
 )
-from cplm_megatron.model.config import load_preset
 from tests.dist_utils import run_distributed
 
 pytestmark = pytest.mark.mcore  # the outcome depends on megatron-core (both CI legs)
@@ -27,11 +27,11 @@ def _profile(rank: int, copy: bool):
     import torch
     from deepspeed.profiling.flops_profiler import FlopsProfiler
 
-    from cplm_megatron.model.accounting import CopyHeadShape, forward_flops_per_token
     from cplm_megatron.model.builder import build_run, model_run
     from cplm_megatron.model.config import load_preset
     from cplm_megatron.model.copy_head import CopyHeadConfig
     from cplm_megatron.model.layout import init_distributed
+    from cplm_megatron.model.sizing.accounting import CopyHeadShape, forward_flops_per_token
     from cplm_megatron.parallel.distributed import ParallelConfig
 
     m = load_preset("tiny")
@@ -65,7 +65,7 @@ def _lm_head_memory(rank: int, impl: str, tokens: int, hidden: int, vocab: int):
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
     import lm_head_loss as bench
     import torch
 
@@ -130,7 +130,7 @@ def test_offload_moves_the_optimizer_shard_to_host_memory():
     saved = plain["total_distributed_optimizer_gib"] - full["total_distributed_optimizer_gib"]
     assert saved == pytest.approx(plain["optimizer_distributed_gib"])
     with pytest.raises(ValueError, match="distributed optimizer"):
-        from cplm_megatron.model.accounting import optimizer_bytes_per_param
+        from cplm_megatron.model.sizing.accounting import optimizer_bytes_per_param
 
         optimizer_bytes_per_param(2, 4, distributed=False, offload_fraction=0.5)
 
@@ -138,8 +138,8 @@ def test_offload_moves_the_optimizer_shard_to_host_memory():
 def test_context_parallel_divides_activations_and_adds_the_gathered_keys():
     """cp=2: layer activations and local attention state halve; every layer holds the whole sequence's
     all-gathered K/V (bf16) and the head the gathered copy keys; the distributed optimizer shards over dp x cp
-    (the planner's CP layouts: tests/model/test_planner.py)."""
-    from cplm_megatron.model.accounting import CopyHeadShape, attention_bytes
+    (the planner's CP layouts: tests/model/sizing/test_planner.py)."""
+    from cplm_megatron.model.sizing.accounting import CopyHeadShape, attention_bytes
 
     m, c, seq = load_preset("smollm2-1.7b"), CopyHeadShape(4, 64), 32768
     kw = dict(tp=1, pp=1, dp=2, seq_len=seq, micro_batch=1)
@@ -159,10 +159,10 @@ def test_the_planners_gpu_tile_is_the_kernels_and_the_estimate_imports_no_torch(
     import sys
 
     from cplm_kernels.linear_ce import GPU_CHUNKS
-    from cplm_megatron.model.accounting import GPU_CE_TILE
+    from cplm_megatron.model.sizing.accounting import GPU_CE_TILE
 
     assert GPU_CE_TILE == (GPU_CHUNKS.tokens, GPU_CHUNKS.vocab)
-    code = ("import sys; from cplm_megatron.model.accounting import memory_estimate; "
+    code = ("import sys; from cplm_megatron.model.sizing.accounting import memory_estimate; "
             "from cplm_megatron.model.config import load_preset; "
             "memory_estimate(load_preset('smollm2-135m'), lm_head_loss='chunked'); print('torch' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
@@ -199,9 +199,9 @@ def test_activation_model_matches_what_autograd_keeps_in_a_layer(fused_swiglu):
 
     import torch
 
-    from cplm_megatron.model.accounting import activation_bytes_per_layer_token
     from cplm_megatron.model.builder import build_run, model_run
     from cplm_megatron.model.layout import single_process_megatron
+    from cplm_megatron.model.sizing.accounting import activation_bytes_per_layer_token
     from cplm_megatron.run_config import PrecisionConfig
 
     seq, micro = 128, 2

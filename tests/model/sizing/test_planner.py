@@ -1,11 +1,11 @@
-"""The layout planner (cplm_megatron/model/planner.py): every layout of a node, the least costly fitting one first
+"""The layout planner (cplm_megatron/model/sizing/planner.py): every layout of a node, the least costly fitting one first
 (no offload, no extra FLOPs, the least model parallelism), the fused LM-head loss where Megatron's logits do not
 fit, context-parallel layouts only with an attention that supports them."""
 import pytest
 
-from cplm_megatron.model.accounting import GIB, CopyHeadShape, memory_estimate
 from cplm_megatron.model.config import load_preset
-from cplm_megatron.model.planner import PlannedLayout, plan_layouts
+from cplm_megatron.model.sizing.accounting import GIB, CopyHeadShape, memory_estimate
+from cplm_megatron.model.sizing.planner import PlannedLayout, plan_layouts
 
 pytestmark = pytest.mark.mcore  # layout_valid builds megatron's layout checks
 
@@ -55,7 +55,7 @@ def _measured_peaks():
     from dataclasses import replace
     from pathlib import Path
 
-    results = Path(__file__).resolve().parents[2] / "results" / "gpu" / "2026-12-04"
+    results = Path(__file__).resolve().parents[3] / "results" / "gpu" / "2026-12-04"
 
     def estimate(preset, seq, micro, loss, copy, param_bytes=2):
         model = replace(load_preset(preset), max_position_embeddings=max(seq, 2048))
@@ -84,7 +84,7 @@ def test_the_margins_are_the_measured_peaks_over_the_estimates():
     2048 and 4096, Megatron's and the chunked loss, with and without the copy head) and four of the transformers
     peer's (by shape), each run's peak over the planner's current estimate; each margin covers its largest ratio by
     less than 0.05 more."""
-    from cplm_megatron.model.planner import PEAK_MARGIN, PEER_PEAK_MARGINS, peer_margin
+    from cplm_megatron.model.sizing.planner import PEAK_MARGIN, PEER_PEAK_MARGINS, peer_margin
 
     ours, peer = _measured_peaks()
     assert len(ours) == 9 and len(peer) == 4
@@ -101,7 +101,7 @@ def test_the_micro_batch_a_device_holds():
     (79.6 GiB) holds micro-batch 2, an H200 141GB (140.4 GiB) micro-batch 4; a device too small says so."""
     from dataclasses import replace
 
-    from cplm_megatron.model.planner import PEAK_MARGIN, choose_micro_batch
+    from cplm_megatron.model.sizing.planner import PEAK_MARGIN, choose_micro_batch
 
     model = replace(load_preset("smollm2-1.7b"), max_position_embeddings=4096)
 

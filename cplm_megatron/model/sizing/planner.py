@@ -1,6 +1,6 @@
 """The layout planner: every way to run a model on a number of GPUs (tensor, pipeline, context and data
 parallelism, activation recomputation, the LM-head loss path, optimizer offload), with its memory estimate
-(model/accounting.py), its extra FLOPs and its estimated time per sequence (model/step_time.py), the least costly
+(model/sizing/accounting.py), its extra FLOPs and its estimated time per sequence (model/sizing/step_time.py), the least costly
 first. `tools/model_info.py --plan` prints it; the recipes' layouts follow its first fitting row. And the micro-batch
 a device holds: the largest whose estimate, times the margin measured on a GPU, fits its memory less a reserve.
 """
@@ -9,14 +9,14 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Callable, Optional, Tuple
 
-from cplm_megatron.model.accounting import (
+from cplm_megatron.model.config import ModelConfig
+from cplm_megatron.model.sizing.accounting import (
     CopyHeadShape,
     forward_flops_per_token,
     memory_estimate,
     train_flops_per_token,
 )
-from cplm_megatron.model.config import ModelConfig
-from cplm_megatron.model.step_time import seconds_per_sequence
+from cplm_megatron.model.sizing.step_time import seconds_per_sequence
 
 
 @dataclass(frozen=True)
@@ -108,7 +108,7 @@ def plan_layouts(model: ModelConfig, copy: Optional[CopyHeadShape], gpus: int, s
 
 # A run's peak over the estimate, measured: the training runs of the 2026-12-04 H200 lease (results/gpu/2026-12-04:
 # 135M and 1.7B, seq 2048 and 4096, Megatron's and the chunked loss) peaked at most 1.003 x the current estimate
-# (tests/model/test_planner.py recomputes it from the committed figures). The transformers peer, estimated as our
+# (tests/model/sizing/test_planner.py recomputes it from the committed figures). The transformers peer, estimated as our
 # model with fp32 weights and Megatron's logits, by shape (preset, sequence length): 1.50 x at 135M (fp32 logits
 # and their gradient dominate), 1.01 x at 1.7B seq 2048, 1.16 x at seq 4096; the largest for other shapes.
 PEAK_MARGIN = 1.02

@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from cplm_megatron.errors import ConfigError
-from cplm_megatron.model.accounting import (
+from cplm_megatron.model.config import ModelConfig, load_preset
+from cplm_megatron.model.sizing.accounting import (
     GIB,
     CopyHeadShape,
     backbone_params,
@@ -24,8 +25,7 @@ from cplm_megatron.model.accounting import (
     memory_estimate,
     model_summary,
 )
-from cplm_megatron.model.config import ModelConfig, load_preset
-from cplm_megatron.model.planner import DEVICE_RESERVE, choose_micro_batch, plan_layouts
+from cplm_megatron.model.sizing.planner import DEVICE_RESERVE, choose_micro_batch, plan_layouts
 from cplm_megatron.parallel.config import ParallelConfig
 
 _UNITS = {"": 1e9, "gb": 1e9, "g": 1e9, "gib": 2**30, "mb": 1e6, "mib": 2**20, "tb": 1e12, "tib": 2**40}

@@ -1,14 +1,14 @@
-"""The planner's time estimate (cplm_megatron/model/step_time.py) and the rule it sets for the layout of the long-context
+"""The planner's time estimate (cplm_megatron/model/sizing/step_time.py) and the rule it sets for the layout of the long-context
 recipe: among the layouts that fit, the least model parallelism, then at equal degree the one that moves fewer bytes
 (for SmolLM2-1.7B at 32k, CP=2 moves fewer than TP=2, but only TP=2 fits 8 x 80 GB with Megatron's logits)."""
 from dataclasses import replace
 
 import pytest
 
-from cplm_megatron.model.accounting import GIB, CopyHeadShape, memory_estimate
 from cplm_megatron.model.config import load_preset
-from cplm_megatron.model.planner import plan_layouts
-from cplm_megatron.model.step_time import communication_bytes, micro_batch_seconds, seconds_per_sequence
+from cplm_megatron.model.sizing.accounting import GIB, CopyHeadShape, memory_estimate
+from cplm_megatron.model.sizing.planner import plan_layouts
+from cplm_megatron.model.sizing.step_time import communication_bytes, micro_batch_seconds, seconds_per_sequence
 from cplm_megatron.run_config import load_run_config
 from tests.training.pretrain_utils import REPO
 
