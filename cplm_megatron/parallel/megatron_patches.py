@@ -1,7 +1,7 @@
 """The megatron-core patch layer: the only place where megatron-core is patched.
 
 megatron-core assumes CUDA (and Apex or Transformer Engine). Each patch below names the megatron-core
-code it replaces and why (README "The megatron-core patch layer" lists what each fixes). Two scopes:
+code it replaces and why (docs/contributing.md "The megatron-core patch layer" lists what each fixes). Two scopes:
 
 * ``cpu``            — applied only when CUDA is absent (``torch.cuda.is_available()`` is False);
                        these never touch a GPU run.
