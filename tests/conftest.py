@@ -3,6 +3,7 @@ the environment every test starts from; markers; and the session-end check that 
 (tests/session_processes.py)."""
 import os
 import shutil
+import signal
 import sys
 
 import pytest
@@ -16,6 +17,12 @@ if shutil.which("nvidia-smi") is None:
     os.environ.setdefault("TRITON_INTERPRET", "1")  # fused copy kernels run in Triton's CPU interpreter
 
 pytest_plugins = ["tests.data_fixtures", "tests.trained_runs"]
+
+# Every test starts its processes with the signals at their defaults, however the suite was started: under `nohup`
+# or in a script's background (`cmd &`), SIGHUP or SIGINT arrive ignored, the processes would inherit that, and the
+# tests of what those signals do would fail (the tests of a start under nohup ignore them themselves).
+signal.signal(signal.SIGHUP, signal.SIG_DFL)
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 _PROCESSES = SessionProcesses()  # marks this session's processes before any is started
 

@@ -103,6 +103,7 @@ on_signal() {  # the running part stops as at its timeout (it writes its summary
     kill -TERM "$CURRENT_PID" 2>/dev/null
     for _ in $(seq 300); do kill -0 "$CURRENT_PID" 2>/dev/null || break; sleep 0.1; done
     kill -KILL "$CURRENT_PID" 2>/dev/null
+    rm -f "$folder/details.tar.gz.tmp"  # a tarball the kill cut short (the part's previous one stays)
   fi
   exit 143
 }
@@ -151,6 +152,7 @@ for name in "${PARTS[@]}"; do
   rc=$?
   CURRENT_PID=""
   CURRENT=""
+  rm -f "$folder/details.tar.gz.tmp"  # a part stopped at its timeout's kill (-k) while writing its tarball
   printf 'end\t%s\t%s\t%s\n' "$name" "$rc" "$((SECONDS - start))" >> "$OUT/lease.tsv"
   tail -n 4 "$LEASE_WORK/$name.console" | sed 's/^/    /'
   log "end $name: exit $rc in $((SECONDS - start))s"

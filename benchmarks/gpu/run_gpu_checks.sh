@@ -164,8 +164,11 @@ publish() {  # summary.json + details.tar.gz in $OUT from what $WORK holds now (
   timeout -k 2 20 "$PY" "$WORK/tree/benchmarks/gpu/gpu_steps.py" summary "$WORK" "$OUT/summary.json" \
     "${SUMMARY_FLAGS[@]}" > "$WORK/logs/summary_refresh.log" 2>&1
   cp "$OUT/steps.log" "$WORK/steps.log" 2>/dev/null
-  tar -czf "$OUT/details.tar.gz.tmp" -C "$WORK" --exclude=runs --exclude=site --exclude=tree --exclude=block . \
-    && mv -f "$OUT/details.tar.gz.tmp" "$OUT/details.tar.gz"
+  if tar -czf "$OUT/details.tar.gz.tmp" -C "$WORK" --exclude=runs --exclude=site --exclude=tree --exclude=block .; then
+    mv -f "$OUT/details.tar.gz.tmp" "$OUT/details.tar.gz"
+  else
+    rm -f "$OUT/details.tar.gz.tmp"  # tar stopped (a signal to the group): the previous tarball stays
+  fi
 }
 
 CURRENT=""       # the step running now (recorded as interrupted if the script ends during it)

@@ -34,7 +34,7 @@ import json
 import os
 import platform
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -202,35 +202,73 @@ def _adapted_line(split: str, asked: SplitRule, rule: SplitRule) -> str:
     return f"{split}: the asked {text(asked)} fit no distribution (or filled under {MIN_FILL:.0%}); took {text(rule)}"
 
 
+def _candidates(order: Sequence[Distribution], taken: set[str], total: int, asked: SplitRule, others: float
+                ) -> Iterator[tuple[SplitRule, list[Distribution]]]:
+    """A held-out split's choices, the asked rule's first: each rung that fills at least MIN_FILL of its target,
+    then the last rung with any distribution at all, whole and then with fewer of its distributions (what is left
+    may be all a later split can take)."""
+    free = [d.bytes / total for d in order if d.name not in taken]
+    rungs = _rungs(asked, others, free)
+    for i, rule in enumerate(rungs):
+        chosen, filled = _fill(order, taken, total, rule)
+        last = i == len(rungs) - 1
+        if chosen and (filled >= MIN_FILL * rule.fraction * total or last):
+            yield rule, chosen
+        if chosen and last:
+            for keep in range(len(chosen) - 1, 0, -1):
+                yield rule, chosen[:keep]
+
+
+def _held_out(splits: Sequence[str], order: Sequence[Distribution], total: int, asked: dict[str, SplitRule],
+              rules: dict[str, SplitRule], taken: set[str]) -> dict[str, tuple[SplitRule, list[Distribution]]] | None:
+    """The first choice of each split in `splits` (in turn) that leaves the later splits a choice: a split that took
+    every small distribution would leave the next none (None: no choice fits them all)."""
+    if not splits:
+        return {}
+    split = splits[0]
+    others = sum(r.fraction for k, r in rules.items() if k != split)
+    for rule, chosen in _candidates(order, taken, total, asked[split], others):
+        rest = _held_out(splits[1:], order, total, asked, {**rules, split: rule}, taken | {d.name for d in chosen})
+        if rest is not None:
+            return {split: (rule, chosen), **rest}
+    return None
+
+
 def split_distributions(dists: Sequence[Distribution], s: CodeCorpusSettings,
                         more: str = "--max-bytes, --packages") -> SplitPlan:
     """Whole distributions per split (see the module doc, step 1), a held-out split's rule relaxed rung by rung
     where the asked one fits no distribution; ValueError (one line, naming the options `more` that add sources)
-    when even the most relaxed rung fits none."""
+    when no choice of rungs fits every held-out split."""
     total = sum(d.bytes for d in dists)
     order = sorted(dists, key=lambda d: name_hash(d.name, "split"))
-    taken: set[str] = set()
     asked = {split: SplitRule(fraction, s.max_distribution_share, s.max_document_share)
              for split, fraction in (("val", s.val_fraction), ("dev", s.dev_fraction))}
-    rules, out, adapted = dict(asked), {}, {}
-    for split in HELD_OUT[::-1]:  # validation first
-        free = [d.bytes / total for d in dists if d.name not in taken]
-        rungs = _rungs(asked[split], sum(r.fraction for k, r in rules.items() if k != split), free)
-        for i, rule in enumerate(rungs):
-            chosen, filled = _fill(order, taken, total, rule)
-            if chosen and (filled >= MIN_FILL * rule.fraction * total or i == len(rungs) - 1):
-                break
-        if not chosen:
-            raise ValueError(f"no distribution fits the {split} split: {len(dists)} distributions, {len(taken)} "
-                             f"already held out, and holding out any one of the others whole would take the held-out splits "
-                             f"past {MAX_HELD_OUT:.0%} of the {total:,} source bytes; include more packages "
-                             f"({more})")
-        if rule != asked[split]:
-            adapted[split] = _adapted_line(split, asked[split], rule)
-        rules[split], out[split] = rule, chosen
-        taken.update(d.name for d in chosen)
-    out["train"] = [d for d in dists if d.name not in taken]
-    return SplitPlan({split: sorted(out[split], key=lambda d: d.name) for split in SPLITS}, rules, adapted, total)
+    plan = _held_out(HELD_OUT[::-1], order, total, asked, dict(asked), set())  # validation first
+    if plan is None:
+        split, taken = _first_unfilled(order, total, asked)
+        raise ValueError(f"no distribution fits the {split} split: {len(dists)} distributions, {len(taken)} "
+                         f"already held out, and holding out any one of the others whole would take the held-out splits "
+                         f"past {MAX_HELD_OUT:.0%} of the {total:,} source bytes; include more packages ({more})")
+    taken = {d.name for _, chosen in plan.values() for d in chosen}
+    out = {split: sorted(chosen, key=lambda d: d.name) for split, (_, chosen) in plan.items()}
+    out["train"] = sorted((d for d in dists if d.name not in taken), key=lambda d: d.name)
+    adapted = {split: _adapted_line(split, asked[split], rule) for split, (rule, _) in plan.items()
+               if rule != asked[split]}
+    return SplitPlan({split: out[split] for split in SPLITS}, {k: r for k, (r, _) in plan.items()}, adapted, total)
+
+
+def _first_unfilled(order: Sequence[Distribution], total: int, asked: dict[str, SplitRule]) -> tuple[str, set[str]]:
+    """For the refusal: the first split without a choice when each split before it takes its first, and what those
+    took."""
+    rules, taken = dict(asked), set()
+    for split in HELD_OUT[::-1]:
+        others = sum(r.fraction for k, r in rules.items() if k != split)
+        first = next(_candidates(order, taken, total, asked[split], others), None)
+        if first is None:
+            return split, taken
+        rules[split] = first[0]
+        taken |= {d.name for d in first[1]}
+    return HELD_OUT[0], taken
 
 
 def assign_splits(dists: Sequence[Distribution], s: CodeCorpusSettings,
