@@ -88,8 +88,11 @@ def test_timing_counts_every_attempt_of_a_job(tmp_path: Path):
     (tmp_path / "timing.json").write_text(json.dumps({"train_seconds": 100.0, "eval_seconds": 0.0, "attempts": 1,
                                                       "complete": False}))  # the killed attempt's last tick
     clock = _JobClock(tmp_path, "train_seconds", interval=0.05)
-    time.sleep(0.2)
+    deadline = time.monotonic() + 30  # a tick every 0.05 s; under load the first may come late (0.2 s flaked)
     ticked = json.loads((tmp_path / "timing.json").read_text())
+    while (ticked["attempts"] < 2 or ticked["train_seconds"] <= 100.0) and time.monotonic() < deadline:
+        time.sleep(0.05)
+        ticked = json.loads((tmp_path / "timing.json").read_text())
     assert ticked["train_seconds"] > 100.0 and ticked["complete"] is False and ticked["attempts"] == 2
     seconds = clock.stop()
     clock = _JobClock(tmp_path, "eval_seconds")
