@@ -19,9 +19,10 @@ if shutil.which("nvidia-smi") is None:
 pytest_plugins = ["tests.data_fixtures", "tests.trained_runs"]
 
 # Every test starts its processes with the signals at their defaults, however the suite was started: under `nohup`
-# or in a script's background (`cmd &`), SIGHUP or SIGINT arrive ignored, the processes would inherit that, and the
-# tests of what those signals do would fail (the tests of a start under nohup ignore them themselves).
+# or in a script's background (`cmd &`), SIGHUP, SIGINT or SIGQUIT arrive ignored, the processes would inherit that,
+# and the tests of what those signals do would fail (the tests of a start under nohup ignore them themselves).
 signal.signal(signal.SIGHUP, signal.SIG_DFL)
+signal.signal(signal.SIGQUIT, signal.SIG_DFL)
 signal.signal(signal.SIGINT, signal.default_int_handler)
 
 _PROCESSES = SessionProcesses()  # marks this session's processes before any is started
