@@ -454,15 +454,14 @@ def read_saved_config(path: Path) -> Dict[str, Any]:
     from megatron.core.dist_checkpointing import load_common_state_dict
     from torch.distributed.checkpoint.api import CheckpointException  # a BaseException
 
+    from cplm_megatron.checkpoint.storage import error_chain
+
     try:
         common = load_common_state_dict(str(path))
     except (Exception, CheckpointException) as e:  # noqa: BLE001 - torch.load of a damaged file raises anything
         if is_committed(path):  # a file changed since the save: named by its checksum, with the intact checkpoint
             verify_contents(path)
-        failures = getattr(e, "failures", None)  # torch's CheckpointException: {rank: the error (and traceback)}
-        if isinstance(failures, dict) and failures:
-            e = next(iter(failures.values()))
-            e = e[0] if isinstance(e, tuple) else e
+        e = next((x for x in error_chain(e) if not isinstance(x, CheckpointException)), e)  # the rank's own error
         what = next((line for line in str(e).splitlines() if line.strip()), "").split(". ")[0]  # one sentence
         raise CheckpointError(f"checkpoint {path}: {COMMON_STATE} is unreadable ({type(e).__name__}: {what}); "
                               f"{repoint_fix(Path(path).parent, iteration_of(Path(path)))}") from e

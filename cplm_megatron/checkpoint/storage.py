@@ -121,7 +121,7 @@ def save_failure_message(ckpt_dir: Path, needed: float, error: BaseException) ->
     where = _existing_ancestor(ckpt_dir)
     free = shutil.disk_usage(where).free
     text = " ".join(_error_texts(error))
-    codes = {getattr(e, "errno", None) for e in _error_chain(error)}
+    codes = {getattr(e, "errno", None) for e in error_chain(error)}
     limited = _size_limit_message(ckpt_dir, error, codes, text)
     if limited is not None:
         return limited
@@ -137,7 +137,7 @@ def save_failure_message(ckpt_dir: Path, needed: float, error: BaseException) ->
     return None
 
 
-def _error_chain(error: BaseException) -> list:
+def error_chain(error: BaseException) -> list:
     """An exception, the ones it was raised from, and the per-rank failures torch's CheckpointException wraps."""
     chain, seen, todo = [], set(), [error]
     while todo:
@@ -154,8 +154,8 @@ def _error_chain(error: BaseException) -> list:
 
 
 def _error_texts(error: BaseException) -> list:
-    """The messages of `_error_chain(error)`."""
-    return [str(e) for e in _error_chain(error)]
+    """The messages of `error_chain(error)`."""
+    return [str(e) for e in error_chain(error)]
 
 
 def _first_line(error: BaseException) -> str:
