@@ -152,8 +152,8 @@ def test_the_cycle_finder_finds_a_type_only_circle(tmp_path: Path):
 # cplm_megatron/experiments/ inside: the shared toolkit below the experiments, each experiment its own package
 # (none imports another), the pipeline and the entry points above them
 EXPERIMENT_RANKS = {"run": 0, "records": 1, "launch": 2, "toolkit": 3, "paired": 3, "progress": 3, "registry": 3,
-                    "ablation": 4, "study": 4, "scaling": 4, "long_context": 4, "pipeline": 5, "emergence": 5,
-                    "cli": 6, "demo": 6, "__main__": 6}
+                    "ablation": 4, "study": 4, "scaling": 4, "long_context": 4, "gpu_study": 4, "pipeline": 5,
+                    "emergence": 5, "cli": 6, "demo": 6, "__main__": 6}
 
 
 def experiment_violations(package: Path) -> list[str]:

@@ -12,9 +12,9 @@ exit code or "interrupted", seconds; one row as each step ends), env.json, compa
 copy_kernel.json, train_<group>_<run>.json + .yaml + .metrics.jsonl (benchmarks/gpu/runs.py; the trainer's
 run_record.json, or run_record_stopped_early.json when its budget stopped it, resolved config and per-step metrics:
 the figures come from the per-step times after the warm-up steps), peer_<group>.json (benchmarks/gpu/hf_peer.py),
-lm_head_loss.json, study.json (benchmarks/gpu/study_step.py). The summary runs after every step and from the
-script's EXIT trap, so it imports no torch (the memory estimate of Megatron's LM-head path is torch-free) and reads
-partial files as they are.
+lm_head_loss.json, study.json (benchmarks/gpu/study_step.py, the installed cplm_megatron.experiments.gpu_study). The
+summary runs after every step and from the script's EXIT trap, so it imports no torch (the memory estimate of
+Megatron's LM-head path is torch-free) and reads partial files as they are.
 """
 from __future__ import annotations
 
@@ -38,7 +38,8 @@ STEP_MODULES = ("megatron.core", "cplm_kernels", "cplm_kernels.configs", "cplm_k
                 "cplm_megatron.recipes", "cplm_megatron.model.config", "cplm_megatron.model.sizing.accounting",
                 "cplm_megatron.model.attention", "cplm_megatron.model.document_mask", "cplm_megatron.model.layout",
                 "cplm_megatron.model.lm_head_loss", "cplm_megatron.parallel.megatron_patches",
-                "cplm_megatron.parallel.distributed", "cplm_megatron.entry_points", "cplm_megatron.pretrain")
+                "cplm_megatron.parallel.distributed", "cplm_megatron.entry_points", "cplm_megatron.pretrain",
+                "cplm_megatron.experiments.gpu_study.experiment")
 FLOPS_CONVENTION = (
     "matmul FLOPs only (2mnk), training = 3 x forward (+ recomputed forward); mfu_full_attention counts attention "
     "scores and values (and the copy head's scores) at full T x T, the Megatron/PaLM convention the trainer logs; "

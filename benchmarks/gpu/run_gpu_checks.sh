@@ -52,9 +52,10 @@
 #   perf_peer      45  hf_peer.py perf: the peer at the 1.7B seq 4096 shape, four micro-batches per step
 #   lm_head_loss   45  benchmarks/lm_head_loss.py (Megatron's LM-head loss path vs chunked vs fused)
 #   study:
-#   study         300  benchmarks/gpu/study_step.py: the code corpus from the machine's own Python sources, baseline
-#                      and CPLM trained the same tokens within the step's budget (probed every N steps), scored with
-#                      their controls (--budget study=S: a shorter budget, as benchmarks/gpu/lease.sh gives it)
+#   study         300  benchmarks/gpu/study_step.py (the installed cplm_megatron.experiments.gpu_study): the code
+#                      corpus from the machine's own Python sources, baseline and CPLM trained the same tokens within
+#                      the step's budget (probed every N steps), scored with their controls (--budget study=S: a
+#                      shorter budget, as benchmarks/gpu/lease.sh gives it)
 #   (the lease's parts, benchmarks/gpu/lease.sh, in no group):
 #   perf_small    150  train_runs.py perf --slots small: the lever matrix's 135M runs (each lever alone, all levers,
 #                      the LM-head loss paths), the most wanted first

@@ -1,5 +1,5 @@
 """Experiments: the baseline-vs-CPLM ablation, the recipe study (on CPU or a SLURM cluster), the emergence study,
-the scaling sweep, the long-context comparison and their reports.
+the scaling sweep, the long-context comparison, the GPU check's study and their reports.
 
     .venv/bin/python -m cplm_megatron.experiments --list
     from cplm_megatron.experiments.pipeline import run_experiment
@@ -20,6 +20,8 @@ command line), found by scanning (registry); over a shared toolkit (imports run 
               on SLURM: submit, collect), summary (aggregation) with decision (the rule), report
   scaling/    plan (the sweep's grid), sweep (submission, the CLI), report
   long_context/  short-context training vs long-context continuation at 4k-32k: runs, evaluation by length, report
+  gpu_study/  the GPU check's study (benchmarks/gpu/study_step.py): sizes and throughput estimate, the arms trained
+              within a time budget, scoring with controls and paired comparisons, study.json
   emergence/  plan, study, summary, report, cli (tools/emergence.py)
   pipeline    any experiment by name: plan, run, report
   __main__    `python -m cplm_megatron.experiments NAME ...`: every experiment's command line

@@ -1,8 +1,8 @@
 """The experiment registry: name -> its `Experiment` (settings, plan, run, report and its command line).
 
 Every package under cplm_megatron/experiments/ with a module `experiment` that defines `EXPERIMENT` is an
-experiment (ablation/, study/, emergence/, scaling/, long_context/): adding one is one package; the CLI
-(`python -m cplm_megatron.experiments NAME ...`) and the pipeline (pipeline.py) find it by name. Nothing else
+experiment (ablation/, study/, emergence/, scaling/, long_context/, gpu_study/): adding one is one package; the
+CLI (`python -m cplm_megatron.experiments NAME ...`) and the pipeline (pipeline.py) find it by name. Nothing else
 branches on an experiment's name. `register_experiment` adds one from elsewhere (a plugin, a test).
 """
 from __future__ import annotations

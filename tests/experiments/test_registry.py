@@ -67,7 +67,7 @@ def tiny_package(tmp_path: Path, monkeypatch) -> Path:
 
 def test_every_shipped_experiment_is_found_by_scanning():
     found = registry.registry(rescan=True)
-    assert {"ablation", "study", "emergence", "scaling", "long_context"} <= set(found)
+    assert {"ablation", "study", "emergence", "scaling", "long_context", "gpu_study"} <= set(found)
     for name, spec in found.items():
         assert spec.package == f"cplm_megatron.experiments.{spec.package.rsplit('.', 1)[1]}" and spec.name == name
 
@@ -116,4 +116,4 @@ def test_the_command_lists_every_experiment_as_users_run_it():
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert [line.split()[0] for line in proc.stdout.splitlines() if line.strip()] == [
-        "ablation", "emergence", "long_context", "scaling", "study"]
+        "ablation", "emergence", "gpu_study", "long_context", "scaling", "study"]
