@@ -90,27 +90,6 @@ def test_the_image_env_has_only_the_image_packages(image_env):
     assert names == sorted(["cplm_megatron", "megatron_core", *STREAMING_WHEELS]), names
 
 
-@pytest.mark.slow
-def test_install_runs_the_project_from_its_wheel_not_the_checkout(tmp_path: Path, image_env):
-    """The GPU machine's view: `--steps compat` (install is always added) in the image-only env. The install step
-    installs both wheels and imports every module the steps import (the model config and its recipes too: an
-    uninstalled checkout has no `cplm_megatron.recipes`), each from the private site dir; compat runs on them."""
-    out = tmp_path / "out"
-    proc = subprocess.run(["bash", str(SCRIPT), "--cpu-dry-run", "--steps", "compat"], cwd=REPO,
-                          env=_env(tmp_path, image_env), capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
-    summary = json.loads((out / "summary.json").read_text())
-    assert [(s["name"], s["status"]) for s in summary["steps"]] == [("install", "ok"), ("compat", "ok"),
-                                                                    ("summary", "ok")]
-    assert summary["missing"] == [] and summary["compat"]["ok"]
-    env = summary["environment"]
-    assert env["megatron-core"] == "0.19.2" and env["cplm-megatron"] == "0.1.0"
-    origins = env["module_origins"]
-    assert {"cplm_megatron.model.config", "cplm_megatron.recipes", "cplm_megatron.pretrain", "megatron.core"} <= set(origins)
-    for name, origin in origins.items():
-        assert origin.startswith(str(tmp_path)) and "/site/" in origin and str(REPO) not in origin, (name, origin)
-
-
 def test_install_check_refuses_modules_from_elsewhere(tmp_path: Path, capsys):
     """Run here (editable project, .venv's megatron-core), the install check names the first module that does not
     come from WORK/site and fails."""
@@ -288,6 +267,16 @@ def _assert_study(study: dict) -> None:
     assert study["estimate"]["tokens_per_sec_h200"]["cplm"] > 0
 
 
+def _assert_from_the_wheels(origins: dict, tmp_path: Path) -> None:
+    """The GPU machine's view: the install step imported every module the steps import (the model config and its
+    recipes too: an uninstalled checkout has no `cplm_megatron.recipes`), each from the private site dir of the
+    wheels it installed, none from this checkout."""
+    assert {"cplm_megatron.model.config", "cplm_megatron.recipes", "cplm_megatron.pretrain", "megatron.core",
+            "cplm_megatron.experiments.gpu_study.experiment"} <= set(origins), sorted(origins)
+    for name, origin in origins.items():
+        assert origin.startswith(str(tmp_path)) and "/site/" in origin and str(REPO) not in origin, (name, origin)
+
+
 def _lease_dry_run(tmp_path: Path, command: str) -> tuple[Path, dict, dict]:
     """`make gpu-dry-run OUT=DIR LEASE=COMMAND` in the image-only env (cached by the fixture; the wheels installed
     by the lease's own install part, nothing editable): (out dir, lease_summary.json, each part's summary.json),
@@ -307,8 +296,10 @@ def _lease_dry_run(tmp_path: Path, command: str) -> tuple[Path, dict, dict]:
         assert all(s["rc"] == 0 and s["status"] == "ok" for s in summary["steps"]), (name, summary["steps"])
         assert summary["budget_total_s"] + 4 <= summary["budget_limit_s"] == 360  # + nvidia-smi's 4 s
         env = summary["environment"]  # the image's versions, the project and megatron-core from the wheels
-        assert (env["triton"], env["transformers"], env["megatron-core"]) == ("3.6.0", "5.17.0", "0.19.2")
-        assert env["python"].startswith("3.11") and all("/site/" in o for o in env["module_origins"].values())
+        assert (env["triton"], env["transformers"], env["megatron-core"], env["cplm-megatron"]) == (
+            "3.6.0", "5.17.0", "0.19.2", "0.1.0")
+        assert env["python"].startswith("3.11")
+        _assert_from_the_wheels(env["module_origins"], tmp_path)
     assert "CPU DRY RUN" in (out / "lease.log").read_text()
     return out, lease, summaries
 
