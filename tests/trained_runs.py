@@ -1,4 +1,5 @@
-"""The session's trained runs: each is trained once per test session and shared by every test that needs it.
+"""The session's trained runs: each is trained once per test session (once for all its xdist workers) and shared
+by every test that needs it.
 
 * `reference_run`: the tiny recipe on the embedded corpus, 10 iterations at TP=1 in one interpreter (the README's
   first command: `python pretrain/pretrain_cplm.py`), validated and probed (PROBES) at 5 and 10, wandb offline,
@@ -12,14 +13,18 @@ A test that modifies a run works on `copy_run(run, tmp_path)`, never on the shar
 """
 from __future__ import annotations
 
+import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 from cplm_megatron.training.signals import RESUME_EXIT_CODE
 
 REFERENCE_ITERS = 10
+DONE = "built"  # the marker of a finished build (built_once)
 # the in-training probe (evaluation/probes.py) of the reference run, at its validation cadence
 PROBES = {"train.probe_interval": 5, "train.probe_sequences": 4, "train.probe_copy_length": 64}
 
@@ -29,16 +34,34 @@ def copy_run(run_dir: Path, tmp_path: Path, name: str = "run") -> Path:
     return Path(shutil.copytree(run_dir, tmp_path / name))
 
 
+def built_once(factory: pytest.TempPathFactory, name: str, build: Callable[[Path], None]) -> Path:
+    """`name`'s folder, built by `build(folder)` once per test session: under pytest-xdist every worker shares it
+    (the first to ask builds it under a file lock, the others wait and reuse it; a failed build is retried afresh)."""
+    base = factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "built-once" / name
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(f"{root}.lock"):
+        if not (root / DONE).is_file():
+            shutil.rmtree(root, ignore_errors=True)
+            root.mkdir()
+            build(root)
+            (root / DONE).write_text("ok\n")
+    return root
+
+
 @pytest.fixture(scope="session")
 def reference_run(stdlib_corpus, tmp_path_factory) -> dict:
     """One uninterrupted single-process run: {'dir', 'losses', 'stdout'} (read only)."""
     from tests.training import pretrain_utils as pu
 
-    run_dir = tmp_path_factory.mktemp("reference") / "run"
-    proc = pu.run(1, pu.tiny_overrides(stdlib_corpus, run_dir, REFERENCE_ITERS, **{
-        "train.eval_interval": 5, "logging.wandb": "true", **PROBES}), mode="python")
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return {"dir": run_dir, "losses": pu.losses(run_dir), "stdout": proc.stdout}
+    def build(root: Path) -> None:
+        proc = pu.run(1, pu.tiny_overrides(stdlib_corpus, root / "run", REFERENCE_ITERS, **{
+            "train.eval_interval": 5, "logging.wandb": "true", **PROBES}), mode="python")
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        (root / "stdout.txt").write_text(proc.stdout)
+
+    root = built_once(tmp_path_factory, "reference", build)
+    return {"dir": root / "run", "losses": pu.losses(root / "run"), "stdout": (root / "stdout.txt").read_text()}
 
 
 @pytest.fixture(scope="session")
@@ -47,9 +70,12 @@ def stopped_run(stdlib_corpus, tmp_path_factory) -> Path:
     from cplm_megatron.checkpoint.lookup import list_checkpoints
     from tests.training import pretrain_utils as pu
 
-    run_dir = tmp_path_factory.mktemp("stopped") / "run"
-    proc = pu.run(1, pu.tiny_overrides(stdlib_corpus, run_dir, REFERENCE_ITERS, **{"train.exit_after_iters": 4}))
-    assert proc.returncode == RESUME_EXIT_CODE, proc.stderr[-3000:]
+    def build(root: Path) -> None:
+        proc = pu.run(1, pu.tiny_overrides(stdlib_corpus, root / "run", REFERENCE_ITERS,
+                                           **{"train.exit_after_iters": 4}))
+        assert proc.returncode == RESUME_EXIT_CODE, proc.stderr[-3000:]
+
+    run_dir = built_once(tmp_path_factory, "stopped", build) / "run"
     assert [p.name for p in list_checkpoints(run_dir / "checkpoints")] == ["iter_0000003", "iter_0000004"]
     return run_dir
 
@@ -57,17 +83,20 @@ def stopped_run(stdlib_corpus, tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """{'baseline': run dir, 'cplm': run dir} on synthetic copy data (tests/evaluation/runs.py)."""
-    from tests.evaluation.runs import shared_runs
+    from tests.evaluation.runs import NAMES, train_pair
 
-    return shared_runs(tmp_path_factory.getbasetemp())
+    root = built_once(tmp_path_factory, "evaluation-runs", train_pair)
+    return {name: root / name for name in NAMES}
 
 
 @pytest.fixture(scope="session")
 def hf_exports(runs: dict[str, Path], tiny_corpus, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """tools/convert_to_hf.py exports of both runs (CPLMForCausalLM / LlamaForCausalLM)."""
-    from tests.evaluation.runs import shared_exports
+    from tests.evaluation.runs import export_hf
 
-    return shared_exports(tmp_path_factory.getbasetemp(), runs, tiny_corpus.tokenizer_dir)
+    root = built_once(tmp_path_factory, "evaluation-exports",
+                      lambda folder: export_hf(runs, folder, tiny_corpus.tokenizer_dir))
+    return {name: root / name for name in runs}
 
 
 @pytest.fixture(scope="session")

@@ -48,23 +48,3 @@ def export_hf(run_dirs: dict[str, Path], root: Path, tokenizer: Path) -> dict[st
         out, _ = proc.communicate(timeout=harness.PROCESS_TIMEOUT_S)
         assert proc.returncode == 0, f"export of {name} failed:\n{out[-4000:]}"
     return {name: root / name for name in run_dirs}
-
-
-def shared_runs(base: Path) -> dict[str, Path]:
-    """The session's trained pair under `base` (trained on first use; later callers reuse it)."""
-    root = base / "evaluation-runs"
-    if not (root / "done").is_file():
-        root.mkdir(parents=True, exist_ok=True)
-        train_pair(root)
-        (root / "done").write_text("ok\n")
-    return {name: root / name for name in NAMES}
-
-
-def shared_exports(base: Path, run_dirs: dict[str, Path], tokenizer: Path) -> dict[str, Path]:
-    """The session's HF exports of the trained pair under `base` (exported on first use)."""
-    root = base / "evaluation-exports"
-    if not (root / "done").is_file():
-        root.mkdir(parents=True, exist_ok=True)
-        export_hf(run_dirs, root, tokenizer)
-        (root / "done").write_text("ok\n")
-    return {name: root / name for name in run_dirs}
