@@ -108,6 +108,7 @@ def test_an_unwritable_output_and_truncated_hf_weights_are_one_line_before_any_e
     assert not out.exists()
 
 
+@pytest.mark.slow  # a tool's signal handling: the pinned megatron-core's leg only
 def test_ctrl_c_while_evaluating_is_one_line_and_exit_130(runs, tmp_path: Path):
     """tools/evaluate.py as its own interpreter, sent SIGINT once its copy task is under way (its progress bar on
     stderr): one `[evaluate] interrupted` line, exit 130, no traceback (was ~100 `[rank0]:` lines), no results

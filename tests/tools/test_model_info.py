@@ -26,6 +26,7 @@ def test_json_report_for_smollm2_135m():
     assert mem["optimizer_distributed_gib"] * 8 == mem["optimizer_gib"]
 
 
+@pytest.mark.slow  # two starts of the tool (its command line): the pinned megatron-core's leg only
 def test_table_output_and_layout_error():
     proc = harness.run_tool("model_info", "--preset", "tiny", "--tp", "2")  # the command line, exit codes included
     assert proc.returncode == 0 and "total parameters" in proc.stdout

@@ -145,6 +145,7 @@ def test_a_refused_launch_leaves_no_new_run_dir(tmp_path):
 
 
 @pytest.mark.mcore
+@pytest.mark.slow  # the lock's refusal by a real launch: the pinned megatron-core's leg only
 @pytest.mark.usefixtures("isolated_streaming")
 def test_a_second_launch_into_a_live_runs_dir_exits_2_in_seconds_and_the_holders_files_stay(stdlib_corpus,
                                                                                             tmp_path):
