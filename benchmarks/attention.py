@@ -19,7 +19,7 @@ and their gradients (the CUDA allocator; torch's MemTracker on CPU); time the me
 repetitions after a warm-up call. The document backends and ``dense`` compute the same function: their
 outputs and q/k/v gradients are compared (max relative error).
 
-    python benchmarks/attention.py --json OUT.json [--quick]    # --quick: tiny sizes on CPU (a smoke run)
+    python -m benchmarks.attention --json OUT.json [--quick]    # --quick: tiny sizes on CPU (a smoke run)
 """
 from __future__ import annotations
 
@@ -28,17 +28,14 @@ import os
 import statistics
 import sys
 import time
-from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
-from common import HAS_CUDA, memory_probe, rel_err  # noqa: E402
-from common import sync as _sync  # noqa: E402
-from partial_results import write_partial  # noqa: E402
+from benchmarks.common import HAS_CUDA, memory_probe, rel_err
+from benchmarks.common import sync as _sync
+from benchmarks.partial_results import write_partial
+from benchmarks.ratios import ratio
 
 
 def variants() -> List[str]:
@@ -167,10 +164,10 @@ def ratios(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
                                      "selected_at_build": doc["selected_at_build"],
                                      "max_rel_err_vs_dense": doc.get("max_rel_err_vs_dense")}
             for other in ("dense", "causal"):
-                if other in by and by[other].get("seconds") and doc.get("seconds"):
-                    entry[f"time_vs_{other}"] = doc["seconds"] / by[other]["seconds"]
-                if other in by and by[other].get("extra_bytes"):
-                    entry[f"memory_vs_{other}"] = doc["extra_bytes"] / by[other]["extra_bytes"]
+                reference = by.get(other, {})
+                figures = {"time": ratio(doc.get("seconds"), reference.get("seconds")),
+                           "memory": ratio(doc.get("extra_bytes"), reference.get("extra_bytes"))}
+                entry.update({f"{kind}_vs_{other}": v for kind, v in figures.items() if v is not None})
             out.append(entry)
     return out
 

@@ -1,10 +1,9 @@
-#!/usr/bin/env python
 """What checkpoint checksums cost: a model with its Adam state (one training step taken) is saved with the trainer's
 Checkpointer (torch_dist, synchronous) and loaded back, and the checksum work inside each is timed on its own:
 computing the xxh3-128 of every file when the save commits, and checking them before the load.
 
-  taskset -c 1 .venv/bin/python benchmarks/checkpoint_checksums.py --preset tiny
-  taskset -c 1 .venv/bin/python benchmarks/checkpoint_checksums.py --preset smollm2-135m --repeats 2
+  taskset -c 1 .venv/bin/python -m benchmarks.checkpoint_checksums --preset tiny
+  taskset -c 1 .venv/bin/python -m benchmarks.checkpoint_checksums --preset smollm2-135m --repeats 2
 
 One process, fp32, on CPU unless CUDA is present; the checkpoint goes to --dir (default: a temporary directory on
 the filesystem of TMPDIR). Prints one JSON object: bytes, and per repeat the save and load seconds with the
@@ -20,9 +19,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 
 def parse_args(argv=None) -> argparse.Namespace:

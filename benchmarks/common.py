@@ -1,6 +1,6 @@
 """What every benchmark measures the same way: device synchronization, relative error against a reference and the
 peak memory of a call beyond what existed before it (CUDA's allocator on GPU, torch's MemTracker on CPU). Imported
-by the scripts in benchmarks/ (their directory is on sys.path)."""
+by the benchmarks as `from benchmarks.common import ...` (their ratios: `benchmarks.ratios`, which imports no torch)."""
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator

@@ -1,11 +1,10 @@
-#!/usr/bin/env python
 """Copy-Paste head overhead: forward+backward step time and peak memory, baseline vs CPLM.
 
 Both models are built from the same seed in the same process and timed interleaved (A, B, A, B, ...)
 on the same batch, so the ratio is measured side by side. Peak memory of one step beyond the weights and
 batch: CUDA max allocated on GPU, torch's MemTracker (every tensor storage followed) on CPU.
 
-  python benchmarks/copy_head_overhead.py [--json OUT.json] [--quick]
+  python -m benchmarks.copy_head_overhead [--json OUT.json] [--quick]
 """
 from __future__ import annotations
 
@@ -19,9 +18,9 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional
 
+from benchmarks.ratios import ratio
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))  # common (imported where torch is: the measuring child process)
 
 MODELS = {
     "tiny": {"preset": "tiny"},
@@ -66,7 +65,8 @@ def _step(model, batch) -> None:
 
 def time_pair(model_name: str, seq: int, reps: int, dtype: str) -> Dict[str, float]:
     """Median step seconds of baseline and CPLM, interleaved."""
-    from common import sync
+    from benchmarks.common import sync
+
     base, batch = _build(model_name, False, seq, dtype)
     cplm, _ = _build(model_name, True, seq, dtype)
     for _ in range(2):
@@ -89,7 +89,7 @@ def time_pair(model_name: str, seq: int, reps: int, dtype: str) -> Dict[str, flo
 def step_peak_mib(model, batch) -> float:
     """Peak memory of one step above what is allocated before it (weights, batch), in MiB: CUDA's allocator
     statistics on GPU; on CPU torch's MemTracker, which follows every tensor storage (RSS would hide reuse)."""
-    from common import HAS_CUDA, memory_probe
+    from benchmarks.common import HAS_CUDA, memory_probe
 
     if not HAS_CUDA:
         model.zero_grad(set_to_none=True)  # the tracker counts storages it saw allocated: free the old grads first
@@ -100,7 +100,8 @@ def step_peak_mib(model, batch) -> float:
 
 def _subprocess(args: List[str]) -> Dict:
     env = dict(os.environ, PYTHONWARNINGS="ignore")
-    proc = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, env=env, cwd=REPO)
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.copy_head_overhead", *args], capture_output=True, text=True,
+                          env=env, cwd=REPO)
     if proc.returncode != 0:
         raise RuntimeError(proc.stderr[-3000:])
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -113,8 +114,8 @@ def measure(model_name: str, seq: int, reps: int, dtype: str) -> Dict:
 
     row["memory_measure"] = ("CUDA max allocated" if torch.cuda.is_available() else "torch MemTracker peak (CPU)") + \
         " during one step above the step's start (weights and batch excluded)"
-    row["time_ratio"] = row["cplm_step_s"] / row["baseline_step_s"]
-    row["memory_ratio"] = row["cplm_peak_mem_mib"] / max(row["baseline_peak_mem_mib"], 1e-9)
+    row["time_ratio"] = ratio(row["cplm_step_s"], row["baseline_step_s"])
+    row["memory_ratio"] = ratio(row["cplm_peak_mem_mib"], max(row["baseline_peak_mem_mib"], 1e-9))
     return row
 
 

@@ -11,9 +11,9 @@ product).
 On CPU it times the torch implementations at T <= 4k in fp32 (memory: torch's MemTracker) and runs the fused kernels in the
 Triton interpreter at tiny T (labelled: correctness path, not a speed measurement).
 
-    python benchmarks/copy_kernel.py [--json OUT.json] [--quick] [--sweep-tiles] [--seq-lens T ...] [--head-dims d ...]
+    python -m benchmarks.copy_kernel [--json OUT.json] [--quick] [--sweep-tiles] [--seq-lens T ...] [--head-dims d ...]
                                      [--d128-seq-lens [T ...]]   # no values: no extra d_c = 128 rows
-    python benchmarks/copy_kernel.py --gpu-row-set --seq-lens 64 128 --head-dims 32   # the GPU table's rows on CPU
+    python -m benchmarks.copy_kernel --gpu-row-set --seq-lens 64 128 --head-dims 32   # the GPU table's rows on CPU
         (fused kernels interpreted; d_c = 128 at T = 32): a dry run of the GPU benchmark, not a measurement
 """
 from __future__ import annotations
@@ -34,11 +34,11 @@ if not HAS_CUDA:
     # Triton picks interpreter vs GPU when the kernels are defined: set before cplm_kernels.fused loads.
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from common import memory_probe  # noqa: E402  (benchmarks/ is the script's directory)
-from common import sync as _sync  # noqa: E402
-from partial_results import write_partial  # noqa: E402
-
 import cplm_kernels as ck  # noqa: E402
+from benchmarks.common import memory_probe  # noqa: E402
+from benchmarks.common import sync as _sync  # noqa: E402
+from benchmarks.partial_results import write_partial  # noqa: E402
+from benchmarks.ratios import ok_row, ratio  # noqa: E402
 from cplm_kernels.configs import KernelConfigs, TileConfig  # noqa: E402
 
 HEADS, BATCH, VOCAB = 4, 1, 1000
@@ -339,13 +339,6 @@ def _single_grad_runner(inp: Inputs, configs: KernelConfigs, frozen: torch.Tenso
 
 # ---- report ----
 
-def _find(rows: list[Row], **key) -> Row | None:
-    for row in rows:
-        if all(getattr(row, k) == v for k, v in key.items()) and row.status == "ok":
-            return row
-    return None
-
-
 def ratios(rows: list[Row]) -> dict[str, object]:
     """fused/SDPA (fwd+bwd), bf16/FP8 speed-up (forward on pre-quantized q/k; forward+backward with the
     quantization), fused extra memory as % of naive at the largest T (32k on GPUs), chunked/naive."""
@@ -353,22 +346,19 @@ def ratios(rows: list[Row]) -> dict[str, object]:
     for row in rows:
         if row.impl != "fused" or row.dtype != "bf16" or row.status != "ok":
             continue
-        key = f"T={row.T},d={row.d}"
+        fp8 = ok_row(rows, impl="fused", dtype="fp8", T=row.T, d=row.d, mode=row.mode)
         if row.mode == "fwd+bwd":
-            sdpa = _find(rows, impl="sdpa-flash", T=row.T, d=row.d, mode="fwd+bwd")
-            if sdpa:
-                out[f"fused_over_sdpa_fwd_bwd[{key}]"] = round(row.time_ms / sdpa.time_ms, 3)
-            fp8 = _find(rows, impl="fused", dtype="fp8", T=row.T, d=row.d, mode="fwd+bwd")
-            if fp8:
-                out[f"fp8_fwd_bwd_speedup_over_bf16[{key}]"] = round(row.time_ms / fp8.time_ms, 3)
+            references = {"fused_over_sdpa_fwd_bwd": ok_row(rows, impl="sdpa-flash", T=row.T, d=row.d, mode="fwd+bwd"),
+                          "fp8_fwd_bwd_speedup_over_bf16": fp8}
         else:
-            fp8 = _find(rows, impl="fused", dtype="fp8", T=row.T, d=row.d, mode="fwd")
-            if fp8:
-                out[f"fp8_fwd_speedup_over_bf16[{key}]"] = round(row.time_ms / fp8.time_ms, 3)
+            references = {"fp8_fwd_speedup_over_bf16": fp8}
+        for name, reference in references.items():
+            if reference:
+                out[f"{name}[T={row.T},d={row.d}]"] = ratio(row.time_ms, reference.time_ms, 3)
     memory_t = max((r.T for r in rows if r.impl == "fused"), default=MEMORY_TARGET_T)  # 32k in the GPU run
     for row in rows:
         if (row.impl, row.dtype, row.mode, row.T) == ("fused", "bf16", "fwd+bwd", memory_t) and row.status == "ok":
-            naive_row = _find(rows, impl="naive", T=row.T, d=row.d, mode="fwd+bwd")
+            naive_row = ok_row(rows, impl="naive", T=row.T, d=row.d, mode="fwd+bwd")
             if naive_row and naive_row.extra_mem_bytes:
                 base, how = naive_row.extra_mem_bytes, "measured naive peak"
             else:
@@ -378,12 +368,13 @@ def ratios(rows: list[Row]) -> dict[str, object]:
     for row in rows:  # the torch paths side by side (the CPU run's comparison; on GPU too)
         if row.impl != "chunked" or row.status != "ok":
             continue
-        naive_row = _find(rows, impl="naive", dtype=row.dtype, T=row.T, d=row.d, mode=row.mode)
+        naive_row = ok_row(rows, impl="naive", dtype=row.dtype, T=row.T, d=row.d, mode=row.mode)
         if naive_row:
             key = f"{row.mode},T={row.T},d={row.d}"
-            out[f"chunked_over_naive_time[{key}]"] = round(row.time_ms / naive_row.time_ms, 3)
-            if row.extra_mem_bytes is not None and naive_row.extra_mem_bytes:
-                out[f"chunked_over_naive_extra_mem[{key}]"] = round(row.extra_mem_bytes / naive_row.extra_mem_bytes, 4)
+            out[f"chunked_over_naive_time[{key}]"] = ratio(row.time_ms, naive_row.time_ms, 3)
+            memory = ratio(row.extra_mem_bytes, naive_row.extra_mem_bytes, 4)
+            if memory is not None:
+                out[f"chunked_over_naive_extra_mem[{key}]"] = memory
     return out
 
 

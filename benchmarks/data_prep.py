@@ -17,9 +17,9 @@ Rates are tokens per CPU-second of this process (`time.process_time`: a busy mac
 not CPU time), i.e. tokens per second per core; wall-clock rates are kept beside them. `prepare_data.py
 --workers W` runs W such tokenizer processes beside one writer, so a task's rate grows with its cores until
 the writer (``write``) is the bottleneck. Core-hours for 100B tokens = 1e11 / rate / 3600. Median of --reps.
-Run it pinned to one core: ``taskset -c 0 python benchmarks/data_prep.py --json results/data_prep_cpu.json``.
+Run it pinned to one core: ``taskset -c 0 python -m benchmarks.data_prep --json results/data_prep_cpu.json``.
 
-    python benchmarks/data_prep.py --json OUT.json [--reps N] [--max-bytes B] [--corpus DIR]
+    python -m benchmarks.data_prep --json OUT.json [--reps N] [--max-bytes B] [--corpus DIR]
 """
 from __future__ import annotations
 
@@ -36,12 +36,7 @@ from pathlib import Path
 os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread: a per-core figure
 os.environ.setdefault("RAYON_NUM_THREADS", "1")
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
-
-from partial_results import write_partial  # noqa: E402
-
+from benchmarks.partial_results import write_partial  # noqa: E402
 from cplm_megatron.data.documents import DocumentReader  # noqa: E402
 from cplm_megatron.data.manifest import read_manifest  # noqa: E402
 from cplm_megatron.data.parallel_tokenize import tokenize_documents  # noqa: E402
@@ -49,6 +44,7 @@ from cplm_megatron.data.prepare import prepare_dataset  # noqa: E402
 from cplm_megatron.data.shards import write_packed_samples  # noqa: E402
 from cplm_megatron.data.tokenizer import backend_json, describe_tokenizer, load_tokenizer  # noqa: E402
 
+REPO = Path(__file__).resolve().parents[1]
 TOKENS_100B = 100e9
 
 

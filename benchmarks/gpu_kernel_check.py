@@ -11,8 +11,8 @@ documents compile the kernels the benchmark (benchmarks/copy_kernel.py) then fin
 Tolerances (max |fused - ref| / max |ref|, per tensor): fp32 1e-5 (tl.dot in ieee fp32),
 bf16 2e-2 and FP8 2e-2 (bf16 dS in the gradient matmuls; fp8 tensor-core accumulation).
 
-    python benchmarks/gpu_kernel_check.py [--json OUT.json]
-    python benchmarks/gpu_kernel_check.py --tiny   # CPU dry run: T=64, b=1, kernels in the Triton interpreter
+    python -m benchmarks.gpu_kernel_check [--json OUT.json]
+    python -m benchmarks.gpu_kernel_check --tiny   # CPU dry run: T=64, b=1, kernels in the Triton interpreter
 """
 from __future__ import annotations
 
@@ -29,10 +29,9 @@ import torch
 if "--tiny" in sys.argv[1:]:
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before cplm_kernels defines the kernels
 
-from common import rel_err  # noqa: E402  (benchmarks/ is the script's directory)
-from partial_results import write_partial  # noqa: E402
-
 import cplm_kernels as ck  # noqa: E402
+from benchmarks.common import rel_err  # noqa: E402
+from benchmarks.partial_results import write_partial  # noqa: E402
 from cplm_kernels.configs import select_configs  # noqa: E402
 
 HEADS, N_LABELS = 4, 64

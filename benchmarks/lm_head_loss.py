@@ -1,4 +1,3 @@
-#!/usr/bin/env python
 """LM head + loss, forward+backward: Megatron's path vs `model.lm_head_loss: chunked | fused`.
 
 Megatron's path is megatron-core's own: the GPT output layer (``ColumnParallelLinear``, no bias) and
@@ -18,7 +17,7 @@ beyond the inputs (hidden states, weight, labels, upstream gradient):
 Times: median of interleaved repetitions (A, B, A, B, ...) after one warm-up each. Values and
 gradients of every implementation are compared with Megatron's (max relative error).
 
-    python benchmarks/lm_head_loss.py --json OUT.json [--quick] [--reps N] [--chunks TOKENSxVOCAB[v]]
+    python -m benchmarks.lm_head_loss --json OUT.json [--quick] [--reps N] [--chunks TOKENSxVOCAB[v]]
 
 ``--quick``: tiny sizes, 2 repetitions (CPU smoke run). On CPU ``fused`` runs in the Triton
 interpreter at a tiny size only (correctness path, not a speed measurement), and the full run also
@@ -35,7 +34,6 @@ import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
@@ -44,15 +42,11 @@ HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton loads: `fused` runs interpreted on CPU
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
+from benchmarks.common import memory_probe, rel_err  # noqa: E402
+from benchmarks.common import sync as _sync  # noqa: E402
+from benchmarks.partial_results import write_partial  # noqa: E402
+from benchmarks.ratios import ok_row, ratio  # noqa: E402
 from cplm_kernels.linear_ce import CEChunks  # noqa: E402
-
-sys.path.insert(0, str(REPO / "benchmarks"))
-from common import memory_probe, rel_err  # noqa: E402
-from common import sync as _sync  # noqa: E402
-from partial_results import write_partial  # noqa: E402
 
 VOCAB = 49152
 FULL_SIZES = [(576, 2048), (576, 8192), (2048, 2048), (2048, 8192)]  # (hidden, seq)
@@ -213,16 +207,15 @@ def bench_size(hidden: int, seq: int, vocab: int, dtype: torch.dtype, variants: 
 def ratios(rows: List[Row]) -> Dict[str, Dict[str, float]]:
     """Per size and implementation: working, peak and saved memory and time relative to Megatron's path."""
     out: Dict[str, Dict[str, float]] = {}
-    refs = {(r.hidden, r.seq, r.vocab, r.dtype): r for r in rows if r.impl == "megatron" and r.status == "ok"}
     for r in rows:
-        ref = refs.get((r.hidden, r.seq, r.vocab, r.dtype))
+        ref = ok_row(rows, impl="megatron", hidden=r.hidden, seq=r.seq, vocab=r.vocab, dtype=r.dtype)
         if r.impl == "megatron" or ref is None or r.status != "ok" or "interpreter" in r.note:
             continue
         out[f"{r.impl}[h={r.hidden},seq={r.seq},V={r.vocab},{r.dtype}]"] = {
-            "memory_ratio": round(r.working_bytes / ref.working_bytes, 4),
-            "peak_ratio": round(r.peak_bytes / ref.peak_bytes, 4),
-            "saved_ratio": round(r.saved_bytes / max(ref.saved_bytes, 1), 6),
-            "time_ratio": round(r.time_s / ref.time_s, 3),
+            "memory_ratio": ratio(r.working_bytes, ref.working_bytes, 4),
+            "peak_ratio": ratio(r.peak_bytes, ref.peak_bytes, 4),
+            "saved_ratio": ratio(r.saved_bytes, max(ref.saved_bytes, 1), 6),
+            "time_ratio": ratio(r.time_s, ref.time_s, 3),
         }
     return out
 

@@ -16,7 +16,7 @@ loops was counted per score) and from the Triton fused-attention tutorial's Hopp
   programs per SM); larger tiles spill (dQ 128 x 64) or gain < 10% of instructions for half the programs.
 
 fp32 operands take the exact (ieee) FMA path, not tensor cores: small tiles avoid register spills. Timing
-alternatives on a GPU: ``benchmarks/copy_kernel.py --sweep-tiles``.
+alternatives on a GPU: ``python -m benchmarks.copy_kernel --sweep-tiles``.
 """
 from __future__ import annotations
 

@@ -5,7 +5,9 @@ the run config and checkpoint never import training, evaluation, hf or experimen
 evaluation, hf or experiments; evaluation and hf never import training (they read runs through the run config
 and checkpoint); evaluation never imports experiments. Inside model/, no import circle; inside experiments/, the shared toolkit
 (run, records, launch, toolkit) sits below the experiments (ablation, study, scaling), which never import each other,
-and the pipeline and entry points sit on top."""
+and the pipeline and entry points sit on top. benchmarks/ sits above it all: it imports cplm_megatron and cplm_kernels,
+nothing in them, tools/ or pretrain/ imports it, and its modules import each other as `benchmarks.*` (no sys.path
+edits)."""
 from __future__ import annotations
 
 import ast
@@ -191,3 +193,62 @@ def test_an_experiment_importing_another_is_caught(tmp_path: Path):
     assert experiment_violations(pkg) == ["cplm_megatron.experiments.run -> cplm_megatron.experiments.records",
                                           "cplm_megatron.experiments.study.plan -> "
                                           "cplm_megatron.experiments.ablation.report"]
+
+
+# benchmarks/ on top: a package (its modules run as `python -m benchmarks.NAME`) that imports the project, which never
+# imports it; its modules reach each other as `benchmarks.*`, never through a sys.path edit
+BENCHMARKS = PACKAGE.parent / "benchmarks"
+BELOW_BENCHMARKS = ("cplm_megatron", "cplm_kernels", "tools", "pretrain")
+
+
+def absolute_imports(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every absolute import in a file (TYPE_CHECKING and function-level ones too)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.append((node.lineno, node.module))
+    return found
+
+
+def benchmark_violations(root: Path) -> list[str]:
+    """The project (cplm_megatron, cplm_kernels, tools/, pretrain/) importing `benchmarks`; a benchmark importing a
+    sibling by its bare name (reachable only through a sys.path edit) or touching sys.path."""
+    benchmarks = root / "benchmarks"
+    siblings = {p.stem for p in benchmarks.rglob("*.py")} - {"__init__"}
+    out = [f"{path.relative_to(root)}:{line}: imports {name}"
+           for top in BELOW_BENCHMARKS for path in sorted((root / top).rglob("*.py"))
+           for line, name in absolute_imports(path) if name.split(".")[0] == "benchmarks"]
+    for path in sorted(benchmarks.rglob("*.py")):
+        rel = path.relative_to(root)
+        out += [f"{rel}:{line}: imports {name} by its bare name" for line, name in absolute_imports(path)
+                if name.split(".")[0] in siblings]
+        out += [f"{rel}:{node.lineno}: touches sys.path" for node in ast.walk(ast.parse(path.read_text(), str(path)))
+                if isinstance(node, ast.Attribute) and node.attr == "path" and isinstance(node.value, ast.Name)
+                and node.value.id == "sys"]
+    return out
+
+
+def test_benchmarks_sit_above_the_project():
+    """Every benchmark imports its siblings as `benchmarks.*` and the project as users do; nothing of the project
+    imports a benchmark; no import circle among the benchmarks."""
+    assert benchmark_violations(PACKAGE.parent) == []
+    tops = {name.split(".")[0] for path in BENCHMARKS.rglob("*.py") for _, name in absolute_imports(path)}
+    assert {"benchmarks", "cplm_megatron", "cplm_kernels"} <= tops, sorted(tops)
+    graph = module_imports(BENCHMARKS, PACKAGE.parent)
+    assert {"benchmarks.ratios", "benchmarks.gpu.gpu_steps"} <= set(graph) and cycles(graph) == []
+
+
+def test_the_benchmark_scan_sees_upward_imports_bare_siblings_and_path_edits(tmp_path: Path):
+    """The rule would fail on what it is meant to catch: the project importing a benchmark (function-level too),
+    a benchmark's `from common import` and its `sys.path.insert`."""
+    for folder in (*BELOW_BENCHMARKS, "benchmarks/gpu"):
+        (tmp_path / folder).mkdir(parents=True, exist_ok=True)
+    (tmp_path / "benchmarks" / "common.py").write_text("import torch\n")
+    (tmp_path / "benchmarks" / "gpu" / "step.py").write_text(
+        "import sys\nsys.path.insert(0, '..')\nfrom common import sync\nfrom benchmarks.common import sync\n")
+    (tmp_path / "cplm_megatron" / "model.py").write_text("def f():\n    from benchmarks.gpu import step\n")
+    assert benchmark_violations(tmp_path) == ["cplm_megatron/model.py:2: imports benchmarks.gpu",
+                                              "benchmarks/gpu/step.py:3: imports common by its bare name",
+                                              "benchmarks/gpu/step.py:2: touches sys.path"]

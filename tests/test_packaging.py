@@ -57,6 +57,7 @@ def test_the_wheel_holds_every_subpackage_and_the_data_files(installed):
             "cplm_megatron/recipes/models/smollm2-1.7b.yaml", "cplm_megatron/hf/modeling_cplm.py",
             "cplm_kernels/linear_ce.py"} <= names, sorted(names)[:20]
     assert any(n.startswith("cplm_megatron/evaluation/tasks/lm_eval_tasks/") and n.endswith(".yaml") for n in names)
+    assert not any(n.startswith(("benchmarks/", "tests/", "tools/")) for n in names)  # run from the checkout only
     recipes = {p.name for p in REPO.joinpath("configs").glob("*.yaml")}
     assert recipes == {n.split("/")[-1] for n in names if n.startswith("cplm_megatron/recipes/") and n.count("/") == 2
                        and n.endswith(".yaml")}

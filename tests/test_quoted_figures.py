@@ -21,9 +21,9 @@ from typing import Any, Callable
 
 import pytest
 
+from benchmarks.gpu import results_table as gpu
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks" / "gpu"))
-import results_table as gpu  # noqa: E402 - benchmarks/gpu/results_table.py
 
 GPU = "results/gpu/2026-12-04"
 STUDY = "results/study_cpu_v3/summary.json"
@@ -889,8 +889,9 @@ def test_each_quoted_figure_is_its_records(quote: Quote):
 
 @pytest.mark.parametrize("target, args", [("README.md", []), (f"{GPU}/README.md", ["--results-readme"])])
 def test_the_gpu_tables_are_printed_from_the_records(target: str, args: list):
-    """README.md's and the lease README's tables are what benchmarks/gpu/results_table.py prints, run as users do."""
-    printed = subprocess.run([sys.executable, str(REPO / "benchmarks/gpu/results_table.py"), GPU, *args],
+    """README.md's and the lease README's tables are what `python -m benchmarks.gpu.results_table` prints, run as users
+    do."""
+    printed = subprocess.run([sys.executable, "-m", "benchmarks.gpu.results_table", GPU, *args],
                              capture_output=True, text=True, cwd=REPO, timeout=120)
     assert printed.returncode == 0, printed.stderr[-2000:]
     expected = gpu.readme_table(REPO / GPU) if not args else gpu.results_table(REPO / GPU)
@@ -899,7 +900,7 @@ def test_the_gpu_tables_are_printed_from_the_records(target: str, args: list):
 
 
 def test_the_table_generator_refuses_a_folder_without_a_check():
-    printed = subprocess.run([sys.executable, str(REPO / "benchmarks/gpu/results_table.py"), "results"],
+    printed = subprocess.run([sys.executable, "-m", "benchmarks.gpu.results_table", "results"],
                              capture_output=True, text=True, cwd=REPO, timeout=120)
     assert printed.returncode == 2 and printed.stderr.startswith("error: results has no check_summary.json")
 

@@ -46,7 +46,9 @@ def readme_commands() -> list[list[str]]:
 
 @lru_cache(maxsize=None)
 def tool_help(script: str) -> str:
-    proc = subprocess.run([sys.executable, str(REPO / script), "--help"], capture_output=True, text=True, cwd=REPO,
+    """`--help` of a script (`tools/NAME.py`) or of a benchmark module (`benchmarks.NAME`, run with -m)."""
+    target = [str(REPO / script)] if script.endswith(".py") else ["-m", script]
+    proc = subprocess.run([sys.executable, *target, "--help"], capture_output=True, text=True, cwd=REPO,
                           timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     return proc.stdout
@@ -111,7 +113,8 @@ def test_readme_install_lines_pick_what_they_say(tmp_path: Path):
 def test_tool_flags_exist():
     checked = 0
     for page, cmd in all_commands():
-        script = next((w for w in cmd if re.fullmatch(r"(tools|benchmarks)/\w+\.py", w)), None)
+        script = next((w for w in cmd if re.fullmatch(r"tools/\w+\.py", w)), None) or next(
+            (m for flag, m in zip(cmd, cmd[1:]) if flag == "-m" and re.fullmatch(r"benchmarks(\.\w+)+", m)), None)
         if script is None and any(w.endswith("pretrain/pretrain_cplm.py") for w in cmd):
             script = "pretrain/pretrain_cplm.py"
             cmd = cmd[cmd.index(next(w for w in cmd if w.endswith("pretrain/pretrain_cplm.py"))):]
@@ -122,6 +125,19 @@ def test_tool_flags_exist():
             assert re.search(rf"{re.escape(flag)}\b", help_text), f"{script} has no {flag} ({page}: {' '.join(cmd)})"
         checked += 1
     assert checked >= 30
+
+
+def test_benchmarks_are_run_as_modules():
+    """The benchmarks are a package (their helpers imported as `benchmarks.common`, no sys.path edits): every page,
+    usage line and the GPU check's scripts run one as `python -m benchmarks.NAME` from the checkout's root, never
+    by its path (which would fail to import its helpers)."""
+    by_path = re.compile(r"(?:python3?|\"\$PY\")\s+(?:\S*/)?benchmarks/[\w/]+\.py")
+    files = [*PAGES, REPO / "cplm_kernels" / "README.md", REPO / "slurm" / "README.md", REPO / "Makefile",
+             *sorted((REPO / "benchmarks").rglob("*.py")), *sorted((REPO / "benchmarks").rglob("*.sh"))]
+    found = [f"{path.relative_to(REPO)}: {m.group(0)}" for path in files for m in by_path.finditer(path.read_text())]
+    assert found == []
+    modules = [w for _, cmd in all_commands() for w in cmd if w.startswith("benchmarks.")]
+    assert "benchmarks.long_context" in modules, modules
 
 
 def test_training_lines_resolve_to_valid_configs_for_their_world_size():

@@ -2,10 +2,10 @@
 the installed wheels), compat-layer scope check, and the summary that turns every step's raw output into the
 figures of the README's GPU table.
 
-    python benchmarks/gpu/gpu_steps.py install-check WORK_DIR   # modules from WORK_DIR/site; -> env.json
-    python benchmarks/gpu/gpu_steps.py compat  WORK_DIR
-    python benchmarks/gpu/gpu_steps.py summary WORK_DIR SUMMARY_JSON [--dry-run] [--budget-limit S] [--warmup-steps N]
-    python benchmarks/gpu/gpu_steps.py lease-summary LEASE_OUT [--command first|rest] [--limit S] [--dry-run]
+    python -m benchmarks.gpu.gpu_steps install-check WORK_DIR   # modules from WORK_DIR/site; -> env.json
+    python -m benchmarks.gpu.gpu_steps compat  WORK_DIR
+    python -m benchmarks.gpu.gpu_steps summary WORK_DIR SUMMARY_JSON [--dry-run] [--budget-limit S] [--warmup-steps N]
+    python -m benchmarks.gpu.gpu_steps lease-summary LEASE_OUT [--command first|rest] [--limit S] [--dry-run]
 
 WORK_DIR holds the steps' files: plan.tsv (the planned steps and budgets, in order), steps.tsv (name, budget,
 exit code or "interrupted", seconds; one row as each step ends), env.json, compat.json, kernel_check.json,
@@ -26,8 +26,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any, Optional
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from runs import SLOT_TITLES, group_runs, run_stem  # noqa: E402 - beside this script (torch-free)
+from benchmarks.gpu.runs import SLOT_TITLES, group_runs, run_stem  # torch-free, as the summary must be
+from benchmarks.ratios import ok_row, ratio
 
 GPU_BUDGET_S = 360  # one pass + a machine start leave the 4 minutes a second start needs in a 15-minute lease
 TRAIN_STEPS = {"check": "train", "perf": "perf_train"}  # the step that trains each group's runs
@@ -124,19 +124,8 @@ def _load(path: Path) -> Optional[Any]:
         return None
 
 
-def _ok_row(rows: list[dict], **key) -> Optional[dict]:
-    for row in rows:
-        if row["status"] == "ok" and all(row[k] == v for k, v in key.items()):
-            return row
-    return None
-
-
-def _ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
-    return round(a / b, 4) if a is not None and b else None
-
-
 def _field(rows: list[dict], field: str, impl: str, T: int, d: int, mode: str, dtype: str = "bf16") -> Optional[float]:
-    row = _ok_row(rows, impl=impl, T=T, d=d, mode=mode, dtype=dtype)
+    row = ok_row(rows, impl=impl, T=T, d=d, mode=mode, dtype=dtype)
     return row[field] if row else None
 
 
@@ -161,8 +150,8 @@ def kernel_figures(report: Optional[dict]) -> dict[str, Any]:
             "heads": env.get("heads"), "attention_impl": "copy-head scores: fused Triton kernel vs torch SDPA flash "
                                                           "vs chunked vs naive",
             "fused_fwd_bwd_ms": fused, "sdpa_flash_fwd_bwd_ms": sdpa, "chunked_fwd_bwd_ms": chunked,
-            "fused_over_sdpa_flash": _ratio(fused, sdpa), "fused_over_chunked": _ratio(fused, chunked),
-            "bf16_fwd_ms": bf16_fwd, "fp8_fwd_ms": fp8_fwd, "fp8_fwd_speedup": _ratio(bf16_fwd, fp8_fwd),
+            "fused_over_sdpa_flash": ratio(fused, sdpa, 4), "fused_over_chunked": ratio(fused, chunked, 4),
+            "bf16_fwd_ms": bf16_fwd, "fp8_fwd_ms": fp8_fwd, "fp8_fwd_speedup": ratio(bf16_fwd, fp8_fwd, 4),
             "fused_extra_mem_bytes": fused_mem, "naive_extra_mem_bytes": naive_mem, "naive_basis": naive_basis,
             "fused_extra_mem_pct_of_naive": None if fused_mem is None else round(100 * fused_mem / naive_mem, 4),
         }
@@ -273,7 +262,7 @@ def run_figures(work: Path, name: str, warmup: int, device: Optional[str]) -> Op
         "record": "stopped early at its budget" if record.get("stopped_early") else (
             "complete" if record else "metrics.jsonl only (no trainer record)"),
         "memory_estimate_gib": round(estimate, 3),
-        "peak_over_estimate": _ratio(record.get("peak_memory_gib"), estimate),
+        "peak_over_estimate": ratio(record.get("peak_memory_gib"), estimate, 4),
         "levers": {f"model.{k}": config["model"].get(k) for k in ("compile", "fused_swiglu")} | {
             "optimizer.fused": config["optimizer"].get("fused")},
         **profile_figures(_load(work / f"{name}.profile.json")),
@@ -308,10 +297,10 @@ def group_figures(work: Path, group: str, warmup: int, device: Optional[str] = N
         base = entry.get("base_auto", {}).get("step_time")
         for key, figures in list(entry.items()):
             if isinstance(figures, dict) and key != "base_auto":
-                figures["step_time_over_base_auto"] = _ratio(figures["step_time"], base)
+                figures["step_time_over_base_auto"] = ratio(figures["step_time"], base, 4)
             if key.startswith("cplm_") and isinstance(figures, dict):
-                ratio = _ratio(figures["step_time"], (entry.get("base_" + key[5:]) or {}).get("step_time"))
-                entry[f"cplm_step_time_overhead_{key[5:]}"] = None if ratio is None else round(ratio - 1, 4)
+                over = ratio(figures["step_time"], (entry.get("base_" + key[5:]) or {}).get("step_time"), 4)
+                entry[f"cplm_step_time_overhead_{key[5:]}"] = None if over is None else round(over - 1, 4)
     return out
 
 
@@ -327,7 +316,7 @@ def versus_peer(training: dict[str, Any], peers: dict[str, Any]) -> list[dict[st
             peer = variants.get(f"{slot}_{mode}", {}).get("tokens_per_sec")
             if peer is not None:
                 row[f"peer_{mode}_tokens_per_sec"] = peer
-                row[f"ours_over_peer_{mode}"] = _ratio(ours, peer)
+                row[f"ours_over_peer_{mode}"] = ratio(ours, peer, 4)
         if len(row) > 3:
             rows.append(row)
     return rows

@@ -5,7 +5,7 @@ attention, gradient clipping, random tokens; eager, and under torch.compile wher
 step time after the warm-up steps, tokens/s, peak memory -> WORK_DIR/peer_<group>.json (rewritten after every
 variant).
 
-    python benchmarks/gpu/hf_peer.py WORK_DIR GROUP [--dry-run]
+    python -m benchmarks.gpu.hf_peer WORK_DIR GROUP [--dry-run]
 
 On a GPU the micro-batch is the largest that divides the slot's sequences per step and whose estimate (the planner's
 for our model with fp32 weights and Megatron's logits) times the peer's margin measured at that shape
@@ -24,9 +24,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/: common (imported with torch)
-from runs import SHAPES, Shape  # noqa: E402 - beside this script
+from benchmarks.gpu.runs import SHAPES, Shape
 
 # group: (slot, compiled) variants, the most wanted first
 VARIANTS: Dict[str, List[Tuple[str, bool]]] = {
@@ -71,8 +69,9 @@ def peer_micro_batch(shape: Shape, device_gib: float):
 def train_variant(shape: Shape, compiled: bool, device: str, dry_run: bool) -> dict:
     """One variant's figures."""
     import torch
-    from common import sync
     from transformers import LlamaForCausalLM
+
+    from benchmarks.common import sync
 
     choice = None
     if device == "cuda":

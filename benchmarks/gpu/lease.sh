@@ -39,8 +39,7 @@ while [ $# -gt 0 ]; do
   shift
 done
 
-cd "$(dirname "$0")/../.." || exit 2
-ROOT=$PWD
+cd "$(dirname "$0")/../.." || exit 2  # the checkout's root: the lease summary runs from here as a module
 # part: the steps of its run_gpu_checks.sh call, and its budget overrides ("-": none)
 declare -A STEPS=([install]="install" [kernel]="kernel_check,kernel_bench" [perf]="perf_small,peer" [study]="study"
                   [large]="perf_large" [compat_train]="compat,train" [peer_loss]="perf_peer,lm_head_loss,attention")
@@ -80,7 +79,7 @@ log() { echo "[lease $(date +%H:%M:%S) +${SECONDS}s] $*" | tee -a "$OUT/lease.lo
 SUMMARY_FLAGS=(--command "$COMMAND" --limit "$((LIMIT * SCALE))")
 if [ "$DRY_RUN" = 1 ]; then SUMMARY_FLAGS+=(--dry-run); fi
 summarize() {  # $OUT/lease_summary.json from lease.tsv and the parts' summaries (no torch)
-  timeout -k 2 $((20 * SCALE)) "$PY" "$ROOT/benchmarks/gpu/gpu_steps.py" lease-summary "$OUT" "${SUMMARY_FLAGS[@]}" \
+  timeout -k 2 $((20 * SCALE)) "$PY" -m benchmarks.gpu.gpu_steps lease-summary "$OUT" "${SUMMARY_FLAGS[@]}" \
     >> "$OUT/lease.log" 2>&1 || log "the lease summary failed (see above)"
 }
 

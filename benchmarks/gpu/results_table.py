@@ -3,8 +3,8 @@
 transformers peer's JSON). Prints a table between its markers; tests/test_quoted_figures.py checks that each file
 holds exactly what this prints, and ties the prose around the tables to the same figures.
 
-    python benchmarks/gpu/results_table.py results/gpu/2026-12-04                    # README.md's table
-    python benchmarks/gpu/results_table.py results/gpu/2026-12-04 --results-readme   # the lease README's table
+    python -m benchmarks.gpu.results_table results/gpu/2026-12-04                    # README.md's table
+    python -m benchmarks.gpu.results_table results/gpu/2026-12-04 --results-readme   # the lease README's table
 
 Tokens/s is the mean over the steps after the first 3, the check's own rule (gpu_steps.measured_step_time: for
 the metrics.jsonl runs, whose `step_time` was a running average, the wall time between the log lines of step 3
@@ -21,8 +21,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_steps import measured_step_time  # noqa: E402 - beside this script
+from benchmarks.gpu.gpu_steps import measured_step_time
 
 WARMUP_STEPS = 3
 SEQ4096 = {f"1p7b_4k_{arm}_{batch}": f"1p7b_seq4096_{'base' if arm == 'base' else 'cplm'}_{batch}"

@@ -8,7 +8,7 @@
 #
 # The check runs the project as users install it: the install step puts the carried wheels (.whl/: megatron-core,
 # the project's own wheel, and whatever else prepare_wheels.sh carries) into a private site dir, the only entry of
-# PYTHONPATH, and every step runs from a scratch copy of the scripts (benchmarks/, pretrain/, configs/), so
+# PYTHONPATH, and every step runs as a module from a scratch copy of benchmarks/, pretrain/ and configs/, so
 # nothing imports the checkout as a package. `install` runs on every call (--steps adds it): each call has a new
 # work dir, so a rerun installs again.
 #
@@ -37,22 +37,22 @@
 #                      each a few cold Triton compiles)
 #   kernel_bench   40  copy kernels at T = 4k/16k/32k, d=64, and 8k/16k at d=128: fused vs SDPA flash vs chunked vs
 #                      naive, FP8 vs bf16, extra memory (after kernel_check: its compiled kernels are cached)
-#   attention      25  benchmarks/attention.py: document masking by every available backend (flash varlen, nested
+#   attention      25  benchmarks.attention: document masking by every available backend (flash varlen, nested
 #                      jagged, per document) vs the dense-mask reference, seq 8192 / 2048, bf16 (20 s measured)
-#   train          75  benchmarks/gpu/train_runs.py check: in one process, SmolLM2-1.7B at seq 4096 with four
+#   train          75  benchmarks.gpu.train_runs check: in one process, SmolLM2-1.7B at seq 4096 with four
 #                      micro-batches of 4 per step and SmolLM2-135M (seq 2048, micro 8), baseline and CPLM with
 #                      the recipes' defaults (benchmarks/gpu/runs.py): tokens/s, MFU (full and causal attention
 #                      FLOPs), peak memory beside the planner's estimate
-#   peer           85  benchmarks/gpu/hf_peer.py check: transformers' Llama at the 135M shape, eager and
+#   peer           85  benchmarks.gpu.hf_peer check: transformers' Llama at the 135M shape, eager and
 #                      torch.compile (~60 s of compilation)
 #   perf:
 #   perf_train    230  train_runs.py perf: each lever alone at 135M (model.compile, model.fused_swiglu, the
 #                      optimizer's fused step off, the LM-head loss path), all levers at 135M and 1.7B/4k, profiled
 #                      steps (kernel launches per step), the earlier chunked-loss rows
 #   perf_peer      45  hf_peer.py perf: the peer at the 1.7B seq 4096 shape, four micro-batches per step
-#   lm_head_loss   45  benchmarks/lm_head_loss.py (Megatron's LM-head loss path vs chunked vs fused)
+#   lm_head_loss   45  benchmarks.lm_head_loss (Megatron's LM-head loss path vs chunked vs fused)
 #   study:
-#   study         300  benchmarks/gpu/study_step.py (the installed cplm_megatron.experiments.gpu_study): the code
+#   study         300  benchmarks.gpu.study_step (the installed cplm_megatron.experiments.gpu_study): the code
 #                      corpus from the machine's own Python sources, baseline and CPLM trained the same tokens within
 #                      the step's budget (probed every N steps), scored with their controls (--budget study=S: a
 #                      shorter budget, as benchmarks/gpu/lease.sh gives it)
@@ -62,7 +62,7 @@
 #   perf_large    150  train_runs.py perf --slots large_4k,large: its 1.7B runs (at seq 4096: the recipes'
 #                      defaults, all levers, the copy head with them, the fused loss; then seq 2048, chunked loss)
 #   every group:
-#   summary         5  benchmarks/gpu/gpu_steps.py summary (no torch) -> $OUT/summary.json
+#   summary         5  benchmarks.gpu.gpu_steps summary (no torch) -> $OUT/summary.json
 #   (nvidia-smi     4  before the steps, outside the step table)
 set -uo pipefail
 
@@ -162,8 +162,8 @@ log() { echo "[gpu-check $(date +%H:%M:%S)] $*" | tee -a "$OUT/steps.log"; }
 SUMMARY_FLAGS=(--budget-limit "$BUDGET_LIMIT" --warmup-steps "$WARMUP_STEPS")
 if [ "$DRY_RUN" = 1 ]; then SUMMARY_FLAGS+=(--dry-run); fi
 publish() {  # summary.json + details.tar.gz in $OUT from what $WORK holds now (the summary imports no torch)
-  timeout -k 2 20 "$PY" "$WORK/tree/benchmarks/gpu/gpu_steps.py" summary "$WORK" "$OUT/summary.json" \
-    "${SUMMARY_FLAGS[@]}" > "$WORK/logs/summary_refresh.log" 2>&1
+  (cd "$WORK/tree" && timeout -k 2 20 "$PY" -m benchmarks.gpu.gpu_steps summary "$WORK" "$OUT/summary.json" \
+    "${SUMMARY_FLAGS[@]}") > "$WORK/logs/summary_refresh.log" 2>&1
   cp "$OUT/steps.log" "$WORK/steps.log" 2>/dev/null
   if tar -czf "$OUT/details.tar.gz.tmp" -C "$WORK" --exclude=runs --exclude=site --exclude=tree --exclude=block .; then
     mv -f "$OUT/details.tar.gz.tmp" "$OUT/details.tar.gz"
@@ -226,8 +226,9 @@ step() {  # step NAME CMD...: run CMD within NAME's budget (log: $WORK/logs/NAME
 }
 
 # The project as users install it: the carried wheels in $WORK/site (the install step), the only PYTHONPATH entry;
-# the steps run from $WORK/tree, a copy of the scripts and recipes without the packages, so a script that puts
-# its checkout on sys.path still imports the installed project.
+# the steps run as modules (python -m benchmarks.NAME) from $WORK/tree, a copy of the benchmarks, scripts and
+# recipes without the project's packages: the tree goes first on sys.path, and cplm_megatron and cplm_kernels still
+# come from the site dir (the install check fails for a module from anywhere else).
 if [ -n "$SHARED_SITE" ]; then ln -s "$SHARED_SITE" "$WORK/site"; else mkdir -p "$WORK/site"; fi
 mkdir -p "$WORK/tree"
 cp -r benchmarks pretrain configs "$WORK/tree/"
@@ -260,7 +261,7 @@ install_wheels() {
   # --ignore-requires-python: the dry run installs megatron-core 0.19.2's cp311 wheel (its metadata asks for 3.12)
   "$PY" -m pip install -q --disable-pip-version-check --no-index --no-deps --no-compile --no-cache-dir \
     --ignore-requires-python --upgrade --target "$WORK/site" "${wheels[@]}" || return 1
-  "$PY" benchmarks/gpu/gpu_steps.py install-check "$WORK" || return 1
+  "$PY" -m benchmarks.gpu.gpu_steps install-check "$WORK" || return 1
   cp "$WORK/env.json" "$WORK/site/env.json" && touch "$WORK/site/.installed"
 }
 
@@ -272,34 +273,34 @@ steps: $(cut -f1 "$WORK/plan.tsv" | paste -sd,); python $PY; wheels $WHEELS; wor
 export -f install_wheels
 export PY DRY_RUN WORK WHEELS
 step install bash -c install_wheels
-step compat "$PY" benchmarks/gpu/gpu_steps.py compat "$WORK"
+step compat "$PY" -m benchmarks.gpu.gpu_steps compat "$WORK"
 DRY=()  # the Python steps' tiny-size flag in the dry run
 if [ "$DRY_RUN" = 1 ]; then DRY=(--dry-run); fi
 if [ "$DRY_RUN" = 1 ]; then
-  step kernel_check "$PY" benchmarks/gpu_kernel_check.py --tiny --json "$WORK/kernel_check.json"
-  step kernel_bench "$PY" benchmarks/copy_kernel.py --gpu-row-set --seq-lens 32 64 --head-dims 32 \
+  step kernel_check "$PY" -m benchmarks.gpu_kernel_check --tiny --json "$WORK/kernel_check.json"
+  step kernel_bench "$PY" -m benchmarks.copy_kernel --gpu-row-set --seq-lens 32 64 --head-dims 32 \
     --json "$WORK/copy_kernel.json"
-  step attention "$PY" benchmarks/attention.py --quick --json "$WORK/attention.json"
+  step attention "$PY" -m benchmarks.attention --quick --json "$WORK/attention.json"
 else
-  step kernel_check "$PY" benchmarks/gpu_kernel_check.py --json "$WORK/kernel_check.json"
-  step kernel_bench "$PY" benchmarks/copy_kernel.py --seq-lens 4096 16384 32768 --head-dims 64 \
+  step kernel_check "$PY" -m benchmarks.gpu_kernel_check --json "$WORK/kernel_check.json"
+  step kernel_bench "$PY" -m benchmarks.copy_kernel --seq-lens 4096 16384 32768 --head-dims 64 \
     --json "$WORK/copy_kernel.json"
-  step attention "$PY" benchmarks/attention.py --json "$WORK/attention.json"
+  step attention "$PY" -m benchmarks.attention --json "$WORK/attention.json"
 fi
-step train "$PY" benchmarks/gpu/train_runs.py "$WORK" check "${DRY[@]}"
-step perf_small "$PY" benchmarks/gpu/train_runs.py "$WORK" perf --slots small "${DRY[@]}"
-step peer "$PY" benchmarks/gpu/hf_peer.py "$WORK" check "${DRY[@]}"
-step perf_train "$PY" benchmarks/gpu/train_runs.py "$WORK" perf "${DRY[@]}"
-step perf_peer "$PY" benchmarks/gpu/hf_peer.py "$WORK" perf "${DRY[@]}"
+step train "$PY" -m benchmarks.gpu.train_runs "$WORK" check "${DRY[@]}"
+step perf_small "$PY" -m benchmarks.gpu.train_runs "$WORK" perf --slots small "${DRY[@]}"
+step peer "$PY" -m benchmarks.gpu.hf_peer "$WORK" check "${DRY[@]}"
+step perf_train "$PY" -m benchmarks.gpu.train_runs "$WORK" perf "${DRY[@]}"
+step perf_peer "$PY" -m benchmarks.gpu.hf_peer "$WORK" perf "${DRY[@]}"
 LM_HEAD_ARGS=(--json "$WORK/lm_head_loss.json")
 if [ "$DRY_RUN" = 1 ]; then LM_HEAD_ARGS+=(--quick); fi
-step lm_head_loss "$PY" benchmarks/lm_head_loss.py "${LM_HEAD_ARGS[@]}"
+step lm_head_loss "$PY" -m benchmarks.lm_head_loss "${LM_HEAD_ARGS[@]}"
 STUDY_ARGS=(--budget $((BUDGET[study] * TIMEOUT_SCALE - GRACE - 5)))  # its scoring ends before the step's SIGTERM
 if [ "$DRY_RUN" = 1 ]; then STUDY_ARGS+=(--tiny); fi
-step study env PYTHONPATH="$STUDY_PYTHONPATH" "$PY" benchmarks/gpu/study_step.py "$WORK" "${STUDY_ARGS[@]}"
-step perf_large "$PY" benchmarks/gpu/train_runs.py "$WORK" perf --slots large_4k,large "${DRY[@]}"
+step study env PYTHONPATH="$STUDY_PYTHONPATH" "$PY" -m benchmarks.gpu.study_step "$WORK" "${STUDY_ARGS[@]}"
+step perf_large "$PY" -m benchmarks.gpu.train_runs "$WORK" perf --slots large_4k,large "${DRY[@]}"
 
-step summary "$PY" benchmarks/gpu/gpu_steps.py summary "$WORK" "$OUT/summary.json" "${SUMMARY_FLAGS[@]}"
+step summary "$PY" -m benchmarks.gpu.gpu_steps summary "$WORK" "$OUT/summary.json" "${SUMMARY_FLAGS[@]}"
 RESULT=$(awk -F'\t' '$3 != 0 { bad = 1 } END { print bad + 0 }' "$WORK/steps.tsv")
 FINISHED=1
 log "done in ${SECONDS}s"

@@ -3,7 +3,7 @@
 run's record, resolved config, per-step metrics and profile to WORK_DIR/train_<group>_<name>.{json,yaml,metrics.jsonl,
 profile.json} as it ends.
 
-    python benchmarks/gpu/train_runs.py WORK_DIR GROUP [--slots SLOT,SLOT] [--dry-run]
+    python -m benchmarks.gpu.train_runs WORK_DIR GROUP [--slots SLOT,SLOT] [--dry-run]
 
 On a GPU each run's micro-batch is the largest that divides its sequences per step and whose planner estimate,
 times the margin measured on a GPU, fits the device's memory less a reserve (model/sizing/planner.py choose_micro_batch:
@@ -28,8 +28,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import List, Optional
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from runs import GROUPS, SHAPES, TrainRun, group_runs, overrides, run_stem, shape  # noqa: E402 - beside this script
+from benchmarks.gpu.runs import GROUPS, SHAPES, TrainRun, group_runs, overrides, run_stem, shape
 
 RECIPE = "configs/smollm2_135m.yaml"
 RECORDS = ("run_record.json", "run_record_stopped_early.json")

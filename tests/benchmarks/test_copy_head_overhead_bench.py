@@ -5,13 +5,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "copy_head_overhead.py"
+REPO = Path(__file__).resolve().parents[2]
+MODULE = "benchmarks.copy_head_overhead"  # run as users do: python -m, from the checkout's root
 
 
 def test_quick_cpu_run_measures_both_variants(tmp_path):
     out = tmp_path / "overhead.json"
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
-    result = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--json", str(out)], env=env,
+    result = subprocess.run([sys.executable, "-m", MODULE, "--quick", "--json", str(out)], env=env, cwd=REPO,
                             capture_output=True, text=True, check=False, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     [row] = json.loads(out.read_text())["rows"]

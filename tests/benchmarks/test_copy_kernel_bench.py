@@ -5,14 +5,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "copy_kernel.py"
+REPO = Path(__file__).resolve().parents[2]
+MODULE = "benchmarks.copy_kernel"  # run as users do: python -m, from the checkout's root
 
 
 def test_quick_cpu_run_writes_all_rows(tmp_path):
     out = tmp_path / "bench.json"
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     env.pop("TRITON_INTERPRET", None)  # the script must turn the interpreter on by itself on CPU
-    result = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--json", str(out)], env=env,
+    result = subprocess.run([sys.executable, "-m", MODULE, "--quick", "--json", str(out)], env=env, cwd=REPO,
                             capture_output=True, text=True, check=False, timeout=240)
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads(out.read_text())

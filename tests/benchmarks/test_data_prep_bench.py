@@ -9,15 +9,15 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-SCRIPT = REPO / "benchmarks" / "data_prep.py"
+MODULE = "benchmarks.data_prep"  # run as users do: python -m, from the checkout's root
 COMMITTED = REPO / "results" / "data_prep_cpu.json"
 STAGES = ["read", "read_jsonl_zst", "tokenize", "write", "prepare"]
 
 
 def test_small_run_reports_every_stage(tmp_path, stdlib_corpus):
     out = tmp_path / "data_prep.json"
-    result = subprocess.run([sys.executable, str(SCRIPT), "--reps", "1", "--max-bytes", "150000", "--corpus",
-                             str(stdlib_corpus.root), "--json", str(out)], capture_output=True, text=True,
+    result = subprocess.run([sys.executable, "-m", MODULE, "--reps", "1", "--max-bytes", "150000", "--corpus",
+                             str(stdlib_corpus.root), "--json", str(out)], cwd=REPO, capture_output=True, text=True,
                             timeout=600, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads(out.read_text())

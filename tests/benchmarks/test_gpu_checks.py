@@ -15,13 +15,14 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import tarfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+
+from benchmarks.gpu import runs as gpu_runs  # the check's training runs, by group
 
 REPO = Path(__file__).resolve().parents[2]
 GPU_DIR = REPO / "benchmarks" / "gpu"
@@ -30,10 +31,6 @@ LEASE = GPU_DIR / "lease.sh"
 IMAGE_VENV = REPO / ".venv-gpu-image"
 IMAGE_PYTHON = IMAGE_VENV / "bin" / "python"
 IMAGE_WHEELS = IMAGE_VENV / "wheels"
-sys.path.insert(0, str(GPU_DIR))
-import runs as gpu_runs  # noqa: E402 - benchmarks/gpu/runs.py: the check's training runs, by group
-
-sys.path.remove(str(GPU_DIR))
 GROUP_STEPS = {"check": ["install", "compat", "kernel_check", "kernel_bench", "attention", "train", "peer", "summary"],
                "perf": ["install", "perf_train", "perf_peer", "lm_head_loss", "summary"],
                "study": ["install", "study", "summary"]}
@@ -93,11 +90,7 @@ def test_the_image_env_has_only_the_image_packages(image_env):
 def test_install_check_refuses_modules_from_elsewhere(tmp_path: Path, capsys):
     """Run here (editable project, .venv's megatron-core), the install check names the first module that does not
     come from WORK/site and fails."""
-    sys.path.insert(0, str(GPU_DIR))
-    try:
-        import gpu_steps
-    finally:
-        sys.path.remove(str(GPU_DIR))
+    from benchmarks.gpu import gpu_steps
     (tmp_path / "site").mkdir()
     assert gpu_steps.install_check(tmp_path) == 1
     assert "error: megatron.core comes from" in capsys.readouterr().out
@@ -414,12 +407,7 @@ def test_the_check_chooses_micro_batches_by_the_devices_memory(monkeypatch):
     """Ours and the transformers peer at the 1.7B/4k shape (16 sequences per step): micro-batch 4 on an H200's
     140.4 GiB (ours peaked at 78.5 GiB there, the peer at 85.9), 2 on an H100's 79.6 GiB; the 135M keeps 8."""
     monkeypatch.chdir(REPO)  # the recipe's path, as in the check's scratch tree
-    sys.path.insert(0, str(GPU_DIR))
-    try:
-        import hf_peer
-        import train_runs
-    finally:
-        sys.path.remove(str(GPU_DIR))
+    from benchmarks.gpu import hf_peer, train_runs
     h100, h200 = 81_559 / 1024, 143_771 / 1024
     large = next(r for r in gpu_runs.CHECK if r.slot == "large_4k" and r.variant == "cplm")
     small = next(r for r in gpu_runs.CHECK if r.slot == "small")
@@ -434,11 +422,7 @@ def test_the_check_chooses_micro_batches_by_the_devices_memory(monkeypatch):
 def test_a_lease_killed_outright_still_says_where_it_stopped(tmp_path: Path):
     """The top-level summary is written as each part starts: read after a SIGKILL of everything (no trap runs), it
     names the part that was running; with the part's end recorded, the next one."""
-    sys.path.insert(0, str(GPU_DIR))
-    try:
-        import gpu_steps
-    finally:
-        sys.path.remove(str(GPU_DIR))
+    from benchmarks.gpu import gpu_steps
     rows = ["plan\tinstall\tinstall", "plan\tkernel\tkernel_check,kernel_bench", "plan\tperf\tperf_small,peer",
             "start\tinstall\t560\t0", "end\tinstall\t0\t15", "start\tkernel\t540\t15"]
     (tmp_path / "lease.tsv").write_text("\n".join(rows) + "\n")
@@ -487,7 +471,7 @@ def test_a_killed_step_and_a_stopped_script_still_leave_every_result(tmp_path: P
         timeout_pid = int(line.rsplit("pid ", 1)[1].rstrip(")"))
         deadline = time.time() + 120
 
-        def checking() -> list[int]:  # timeout -> bash -c -> python gpu_steps.py install-check
+        def checking() -> list[int]:  # timeout -> bash -c -> python -m benchmarks.gpu.gpu_steps install-check
             return [p for p in _descendants(timeout_pid) if b"install-check" in _cmdline(p)]
 
         while not checking():

@@ -6,14 +6,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "lm_head_loss.py"
+REPO = Path(__file__).resolve().parents[2]
+MODULE = "benchmarks.lm_head_loss"  # run as users do: python -m, from the checkout's root
 
 
 def test_quick_cpu_run_reports_memory_and_time_ratios(tmp_path):
     out = tmp_path / "lm_head.json"
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
     env.pop("TRITON_INTERPRET", None)  # the script turns the interpreter on by itself on CPU
-    result = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--json", str(out)], env=env,
+    result = subprocess.run([sys.executable, "-m", MODULE, "--quick", "--json", str(out)], env=env, cwd=REPO,
                             capture_output=True, text=True, check=False, timeout=900)
     assert result.returncode == 0, result.stdout + result.stderr
     report = json.loads(out.read_text())
@@ -41,12 +42,13 @@ def test_a_failing_variant_is_reported_and_the_others_kept(tmp_path):
     """A variant that raises (here an unknown model.lm_head_loss) becomes a failed row; Megatron's row and the
     JSON (written after every size) are still there, and the exit code says something failed."""
     out = tmp_path / "lm_head.json"
-    code = (f"import sys; sys.path.insert(0, {str(SCRIPT.parent)!r}); import lm_head_loss as b\n"
+    code = ("import sys; from benchmarks import lm_head_loss as b\n"
             "real = b.variants_for\n"
             "b.variants_for = lambda quick, chunks: real(quick, chunks)[:1] + [('broken', 'no-such-loss', None)]\n"
             f"sys.exit(b.main(['--quick', '--sizes', '64x64', '--json', {str(out)!r}]))")
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
-    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    result = subprocess.run([sys.executable, "-c", code], env=env, cwd=REPO, capture_output=True, text=True,
+                            timeout=600)
     assert result.returncode == 1, result.stdout + result.stderr
     report = json.loads(out.read_text())
     status = {(r["impl"], r["hidden"]): r["status"] for r in report["rows"]}
@@ -64,9 +66,8 @@ def test_the_smollm2_recipes_choose_their_lm_head_loss_by_memory():
     from cplm_megatron.model.lm_head_choice import choose_lm_head_loss
     from cplm_megatron.model.sizing.accounting import GIB
 
-    repo = SCRIPT.parents[1]
     for recipe in ("smollm2_135m", "smollm2_360m", "smollm2_1p7b", "smollm2_1p7b_32k"):
-        config = yaml.safe_load((repo / "configs" / f"{recipe}.yaml").read_text())
+        config = yaml.safe_load((REPO / "configs" / f"{recipe}.yaml").read_text())
         assert config["model"]["lm_head_loss"] == "auto", recipe
         model, train, cp = load_preset(config["model"]["preset"]), config["train"], config["parallel"].get("cp", 1)
         tokens = train["seq_len"] * train["micro_batch"] // cp

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "long_context.py"
+REPO = Path(__file__).resolve().parents[2]
+MODULE = "benchmarks.long_context"  # run as users do: python -m, from the checkout's root
 LENGTHS, VOCAB = [128, 256, 512], 512
 
 pytestmark = pytest.mark.mcore  # training and scoring through megatron-core
@@ -19,11 +20,11 @@ pytestmark = pytest.mark.mcore  # training and scoring through megatron-core
 def test_tiny_cp2_pipeline_writes_results_by_length(tmp_path):
     out = tmp_path / "out"
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--runs", str(tmp_path / "runs"), "--out", str(out),
+    proc = subprocess.run([sys.executable, "-m", MODULE, "--runs", str(tmp_path / "runs"), "--out", str(out),
                            "--seq-len", "256", "--iters", "3", "--lengths", ",".join(map(str, LENGTHS)),
                            "--depths", "0,1", "--samples", "1", "--vocab", str(VOCAB), "--short-seq-len", "64",
                            "--short-iters", "2", "--short-global-batch", "2", "--phase-lengths", "32,64"],
-                          env=env, capture_output=True, text=True, timeout=600)
+                          env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((out / "long_context_cpu.json").read_text())
     assert (out / "long_context_cpu.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -60,16 +61,18 @@ def test_tiny_cp2_pipeline_writes_results_by_length(tmp_path):
             assert ("copy_head_accuracy" in row and "copy_mean_gate" in row) == (name == "cplm")
     assert "length    512" in proc.stdout and "cplm short phase, length     64:" in proc.stdout
     assert report["settings"]["copy_task"] == "copy_random"
+    assert report["command"].startswith("python -m benchmarks.long_context --runs "), report["command"]
     # a second call trains nothing and reports the training time the first one recorded
-    again = subprocess.run([*proc.args, "--name", "again"], env=env, capture_output=True, text=True, timeout=600)
+    again = subprocess.run([*proc.args, "--name", "again"], env=env, cwd=REPO, capture_output=True, text=True,
+                           timeout=600)
     assert again.returncode == 0 and "training" not in again.stdout, again.stdout[-3000:] + again.stderr[-3000:]
     second = json.loads((out / "again.json").read_text())
     for name, run in report["runs"].items():
         assert [p["train_seconds"] for p in second["runs"][name]["phases"]] == [p["train_seconds"] for p in run["phases"]]
     # another vocabulary (or lr, global batch, ...) with the same run dirs: refused, nothing trained or relabelled
     # (issue 43 item 3: the vocab-512 models were reported as vocab_size=256)
-    other = subprocess.run([*proc.args, "--name", "other", "--vocab", "256"], env=env, capture_output=True, text=True,
-                           timeout=600)
+    other = subprocess.run([*proc.args, "--name", "other", "--vocab", "256"], env=env, cwd=REPO, capture_output=True,
+                           text=True, timeout=600)
     errors = [line for line in other.stderr.splitlines() if line.startswith("error: ")]
     assert other.returncode == 2 and len(errors) == 1 and "training" not in other.stdout, other.stderr[-3000:]
     assert "holds a run trained with other settings (model.vocab_size: 512 -> 256)" in errors[0], errors
@@ -88,10 +91,10 @@ def test_killing_the_benchmark_in_its_long_phase_stops_torchrun_and_keeps_its_ti
 
     runs = tmp_path / "runs"
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "OMP_NUM_THREADS": "1"}
-    bench = subprocess.Popen([sys.executable, str(SCRIPT), "--runs", str(runs), "--out", str(tmp_path / "out"),
+    bench = subprocess.Popen([sys.executable, "-m", MODULE, "--runs", str(runs), "--out", str(tmp_path / "out"),
                               "--seq-len", "256", "--cp", "1", "--iters", "200", "--short-iters", "0",
                               "--vocab", str(VOCAB),
-                              "--lengths", "256", "--samples", "1"], env=env, stdout=subprocess.DEVNULL,
+                              "--lengths", "256", "--samples", "1"], env=env, cwd=REPO, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL, start_new_session=True)
     run_dir = runs / "copy_random" / "baseline"
     try:

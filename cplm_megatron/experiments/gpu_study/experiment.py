@@ -2,7 +2,7 @@
 the same tokens (set by a time budget) on the code corpus of this machine's own installed Python sources, probed
 every N steps, and scored beside their controls.
 
-    python benchmarks/gpu/study_step.py WORK_DIR [--tiny] [--budget SECONDS]
+    python -m benchmarks.gpu.study_step WORK_DIR [--tiny] [--budget SECONDS]
     python -m cplm_megatron.experiments gpu_study WORK_DIR [--tiny] [--budget SECONDS]
 
 Runs with the project, megatron-core and the carried wheels (mosaicml-streaming and its compiled needs) installed

@@ -1,7 +1,7 @@
 """Long-context evaluation: passkey retrieval (first key token) and copy accuracy by context length for a tiny
 baseline and a tiny CPLM trained with context parallelism at one length, scored at that length and beyond.
 
-  taskset -c 0 .venv/bin/python benchmarks/long_context.py            # CP=2 at 8k, scored at 4k/8k/16k/32k
+  taskset -c 0 .venv/bin/python -m benchmarks.long_context            # CP=2 at 8k, scored at 4k/8k/16k/32k
 
 Training has two phases, as long-context models are usually made: --short-iters steps at --short-seq-len in
 one process (where copying is learned at a CPU's budget: from scratch at 8k neither model left chance in 120
@@ -456,7 +456,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     """benchmarks/long_context.py: settings that differ from a run dir's are one line and exit 2, a stopped phase one
     line and exit 75."""
     args = parse_args(argv)
-    command = portable([sys.executable, "benchmarks/long_context.py", *(sys.argv[1:] if argv is None else argv)])
+    command = portable([sys.executable, "-m", "benchmarks.long_context", *(sys.argv[1:] if argv is None else argv)])
     try:
         run_comparison(args, command)
     except SettingsDiffer as e:

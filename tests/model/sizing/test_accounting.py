@@ -62,12 +62,9 @@ def test_flops_formula_matches_deepspeed_profiler(copy):
 def _lm_head_memory(rank: int, impl: str, tokens: int, hidden: int, vocab: int):
     """MemTracker: bytes the LM-head loss keeps from forward to backward and its peak beyond inputs
     and returned gradients (fp32, TP=1, Megatron's output layer)."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
-    import lm_head_loss as bench
     import torch
+
+    from benchmarks import lm_head_loss as bench
 
     bench.init_megatron()
     case = bench.make_case(hidden, tokens, vocab, torch.float32)
