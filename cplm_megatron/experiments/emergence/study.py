@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,18 @@ class EmergenceOutcome:
     summary: dict[str, Any]
 
 
+def corpus_built(path: Path) -> bool:
+    """Whether a corpus directory holds its three splits."""
+    return all((path / split / "manifest.json").is_file() for split in ("train", "dev", "val"))
+
+
+def summarized(settings: EmergenceSettings, data_root: Path) -> EmergenceSettings:
+    """The grid the summary covers: the invoked domains, then every other domain whose corpus is built (a run of one
+    domain keeps the other's finished runs in summary.json and the report)."""
+    built = tuple(d for d, path in corpus_dirs(tuple(DOMAINS), data_root).items() if corpus_built(path))
+    return replace(settings, domains=tuple(dict.fromkeys(settings.domains + built)))
+
+
 def ensure_corpora(domains: tuple[str, ...], data_root: Path, small: bool = False,
                    log: Callable[[str], None] = print) -> dict[str, Path]:
     """Each domain's corpus under `data_root`, built when missing (`small`: a few packages, for the smoke test)."""
@@ -46,7 +58,7 @@ def ensure_corpora(domains: tuple[str, ...], data_root: Path, small: bool = Fals
     dirs = corpus_dirs(domains, data_root)
     code = corpus_dirs(("code",), data_root)["code"]
     for domain, path in dirs.items():
-        if all((path / split / "manifest.json").is_file() for split in ("train", "dev", "val")):
+        if corpus_built(path):
             continue
         log(f"[emergence] building the {domain} corpus in {path} ({DOMAINS[domain].build})")
         if domain == "code":
@@ -79,6 +91,11 @@ def run_emergence(output: Path, settings: EmergenceSettings, data_root: Path, pi
         todo = pilots if pilot is not None else grid
         log(f"[emergence] {len(todo)} runs ({'the pilot' if pilot else 'the grid'}), {jobs} at a time")
         launcher.run_all(todo, jobs=jobs, on_done=on_done)
+    settings = summarized(settings, data_root)
+    corpora = {**corpus_dirs(settings.domains, data_root), **corpora}
+    grid = emergence_runs(settings, corpora)
+    pilots = pilot_runs(PilotSettings(tuple(v for v in known.variants if v[0] in corpora), known.probe_interval),
+                        corpora, settings)
     finished = [spec for spec in grid if launcher.is_finished(spec)]
     pilot_done = [spec for spec in pilots if launcher.is_finished(spec)]
     log(f"[emergence] finished: {len(finished)} of {len(grid)} grid runs, {len(pilot_done)} of {len(pilots)} pilot "

@@ -71,3 +71,19 @@ def test_throughput_is_the_median_of_the_logged_intervals():
     logged = [{"iteration": i, "tokens_per_sec": t} for i, t in enumerate([7500, 7400, 3100, 7600, 7450])]
     assert median_tokens_per_sec(SimpleNamespace(metrics=logged + [{"iteration": 5, "val_loss": 3.0}])) == 7450
     assert median_tokens_per_sec(SimpleNamespace(metrics=[])) is None
+
+
+def test_a_run_of_one_domain_summarizes_every_built_domain(tmp_path):
+    """`--domains code` trains code only; its summary keeps prose's finished runs when the prose corpus is built (it
+    wrote a code-only summary.json over the two-domain one), and names no domain whose corpus was never built."""
+    from cplm_megatron.experiments.emergence.plan import EmergenceSettings, corpus_dirs
+    from cplm_megatron.experiments.emergence.study import summarized
+
+    prose = corpus_dirs(("prose",), tmp_path)["prose"]
+    for split in ("train", "dev", "val"):
+        (prose / split).mkdir(parents=True)
+        (prose / split / "manifest.json").write_text("{}")
+    assert summarized(EmergenceSettings(domains=("code",)), tmp_path).domains == ("code", "prose")
+    assert summarized(EmergenceSettings(domains=("prose",)), tmp_path).domains == ("prose",)  # code not built
+    (prose / "val" / "manifest.json").unlink()  # a corpus missing a split is not built
+    assert summarized(EmergenceSettings(domains=("code",)), tmp_path).domains == ("code",)
