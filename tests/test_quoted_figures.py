@@ -641,6 +641,21 @@ def emergence_helps(s: dict) -> tuple:
              for f in seed.values()]
     return (*share, *(f["aux1"]["lm_val_loss"] for f in seed.values()))
 
+def emergence_code_seeds(s: dict) -> tuple:
+    """Code over seeds: aux1's and the baseline's val loss (mean, std), aux1 minus the baseline and minus the cache
+    control with their t intervals over seeds."""
+    scale = s["scales"]["code"]
+    aux1, base = (scale["arms"][a]["mean_std"]["val_loss"] for a in ("aux1", "baseline"))
+    vs_base, vs_cache = scale["vs_baseline"]["aux1"], scale["vs_cache"]["aux1"]
+    return (aux1["mean"], aux1["std"], base["mean"], base["std"],
+            *(v[k] for v in (vs_base, vs_cache) for k in ("mean", "ci_low", "ci_high")))
+
+
+def emergence_second_aux1(s: dict) -> tuple:
+    """The seed-2 code aux1 run: its val loss and held-out text copy gain."""
+    return (s["scales"]["code"]["arms"]["aux1"]["per_seed"]["2"]["val_loss"],
+            s["emergence"]["code-aux1-s2"]["final_text_copy_gain"])
+
 QUOTES = [
     # README.md, ## Results
     Quote("README.md", "tokens/s: the mean over the steps after the first {}", (SUMMARY_GPU,),
@@ -678,6 +693,13 @@ QUOTES = [
           emergence_helps),
     Quote("README.md", "The second code baseline (seed 2) copies too: {:.3f} against {:.3f} (gain {:.3f}, past 0.1 after "
           "{:.1f}M tokens), validation loss {:.3f} and {:.3f} with the cache", (EMERGENCE,), emergence_second_seed),
+    Quote("README.md", "On code both arms have two seeds now: `aux1` {:.3f} ± {:.3f} against the baseline's {:.3f} ± "
+          "{:.3f}, `aux1` minus the baseline {:+.3f} [{:+.3f}, {:+.3f}] and minus the cache control {:+.3f} [{:+.3f}, "
+          "{:+.3f}] (95% t intervals over seeds", (EMERGENCE,), emergence_code_seeds),
+    Quote("docs/evaluation.md", "(on code over two seeds: {:+.3f} [{:+.3f}, {:+.3f}] and {:+.3f} [{:+.3f}, {:+.3f}])",
+          (EMERGENCE,), lambda s: emergence_code_seeds(s)[4:]),
+    Quote("results/emergence_cpu/README.md", "`code-aux1-s2` (val loss {:.3f}; held-out text copy gain {:.3f})",
+          (EMERGENCE,), emergence_second_aux1),
     Quote("results/emergence_cpu/README.md", "`code-baseline-s2` (it copies too: held-out text copy {:.3f} against {:.3f} "
           "at first occurrence, gain {:.3f}; val loss {:.3f}, with the cache {:.3f})", (EMERGENCE,),
           lambda s: tuple(v for i, v in enumerate(emergence_second_seed(s)) if i != 3)),
