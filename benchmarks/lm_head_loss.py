@@ -208,8 +208,10 @@ def ratios(rows: List[Row]) -> Dict[str, Dict[str, float]]:
     """Per size and implementation: working, peak and saved memory and time relative to Megatron's path."""
     out: Dict[str, Dict[str, float]] = {}
     for r in rows:
+        if r.impl == "megatron" or r.status != "ok" or "interpreter" in r.note:
+            continue
         ref = ok_row(rows, impl="megatron", hidden=r.hidden, seq=r.seq, vocab=r.vocab, dtype=r.dtype)
-        if r.impl == "megatron" or ref is None or r.status != "ok" or "interpreter" in r.note:
+        if ref is None:
             continue
         out[f"{r.impl}[h={r.hidden},seq={r.seq},V={r.vocab},{r.dtype}]"] = {
             "memory_ratio": ratio(r.working_bytes, ref.working_bytes, 4),

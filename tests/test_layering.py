@@ -30,26 +30,26 @@ FORBIDDEN = {
 }
 
 
+def imported_names(path: Path, here: tuple | None = ()) -> list[tuple[int, str]]:
+    """(line, module) of every import in a file (TYPE_CHECKING and function-level ones too); relative imports
+    resolved against `here`, the module's dotted parts, or left out where `here` is None."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level and here is not None:  # from . import x / from ..m import y
+            base = list(here[: len(here) - node.level])
+            found.append((node.lineno, ".".join(base + ([node.module] if node.module else []))))
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            found.append((node.lineno, node.module))
+    return found
+
+
 def imported_layers_of(path: Path, here: tuple = ()) -> list[tuple[int, str]]:
     """(line, layer) of every `cplm_megatron.<layer>` import in a module (relative imports resolved against
     `here`, the module's dotted parts)."""
-    tree = ast.parse(path.read_text(), str(path))
-    found = []
-    for node in ast.walk(tree):
-        names: list[str] = []
-        if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:  # from . import x / from ..model import y
-                base = list(here[: len(here) - node.level])
-                names = [".".join(base + ([node.module] if node.module else []))]
-            elif node.module:
-                names = [node.module]
-        for name in names:
-            parts = name.split(".")
-            if parts[0] == "cplm_megatron" and len(parts) > 1:
-                found.append((node.lineno, parts[1]))
-    return found
+    return [(line, name.split(".")[1]) for line, name in imported_names(path, here)
+            if name.split(".")[0] == "cplm_megatron" and "." in name]
 
 
 def imported_layers(path: Path) -> list[tuple[int, str]]:
@@ -201,17 +201,6 @@ BENCHMARKS = PACKAGE.parent / "benchmarks"
 BELOW_BENCHMARKS = ("cplm_megatron", "cplm_kernels", "tools", "pretrain")
 
 
-def absolute_imports(path: Path) -> list[tuple[int, str]]:
-    """(line, module) of every absolute import in a file (TYPE_CHECKING and function-level ones too)."""
-    found = []
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            found += [(node.lineno, a.name) for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
-            found.append((node.lineno, node.module))
-    return found
-
-
 def benchmark_violations(root: Path) -> list[str]:
     """The project (cplm_megatron, cplm_kernels, tools/, pretrain/) importing `benchmarks`; a benchmark importing a
     sibling by its bare name (reachable only through a sys.path edit) or touching sys.path."""
@@ -219,10 +208,10 @@ def benchmark_violations(root: Path) -> list[str]:
     siblings = {p.stem for p in benchmarks.rglob("*.py")} - {"__init__"}
     out = [f"{path.relative_to(root)}:{line}: imports {name}"
            for top in BELOW_BENCHMARKS for path in sorted((root / top).rglob("*.py"))
-           for line, name in absolute_imports(path) if name.split(".")[0] == "benchmarks"]
+           for line, name in imported_names(path, None) if name.split(".")[0] == "benchmarks"]
     for path in sorted(benchmarks.rglob("*.py")):
         rel = path.relative_to(root)
-        out += [f"{rel}:{line}: imports {name} by its bare name" for line, name in absolute_imports(path)
+        out += [f"{rel}:{line}: imports {name} by its bare name" for line, name in imported_names(path, None)
                 if name.split(".")[0] in siblings]
         out += [f"{rel}:{node.lineno}: touches sys.path" for node in ast.walk(ast.parse(path.read_text(), str(path)))
                 if isinstance(node, ast.Attribute) and node.attr == "path" and isinstance(node.value, ast.Name)
@@ -234,7 +223,7 @@ def test_benchmarks_sit_above_the_project():
     """Every benchmark imports its siblings as `benchmarks.*` and the project as users do; nothing of the project
     imports a benchmark; no import circle among the benchmarks."""
     assert benchmark_violations(PACKAGE.parent) == []
-    tops = {name.split(".")[0] for path in BENCHMARKS.rglob("*.py") for _, name in absolute_imports(path)}
+    tops = {name.split(".")[0] for path in BENCHMARKS.rglob("*.py") for _, name in imported_names(path, None)}
     assert {"benchmarks", "cplm_megatron", "cplm_kernels"} <= tops, sorted(tops)
     graph = module_imports(BENCHMARKS, PACKAGE.parent)
     assert {"benchmarks.ratios", "benchmarks.gpu.gpu_steps"} <= set(graph) and cycles(graph) == []

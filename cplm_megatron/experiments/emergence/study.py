@@ -71,6 +71,13 @@ def ensure_corpora(domains: tuple[str, ...], data_root: Path, small: bool = Fals
     return dirs
 
 
+def planned_runs(settings: EmergenceSettings, pilot: PilotSettings, corpora: dict[str, Path]
+                 ) -> tuple[list, list]:
+    """The grid's runs and the pilot's (its variants whose domain has a corpus in `corpora`)."""
+    variants = PilotSettings(tuple(v for v in pilot.variants if v[0] in corpora), pilot.probe_interval)
+    return emergence_runs(settings, corpora), pilot_runs(variants, corpora, settings)
+
+
 def run_emergence(output: Path, settings: EmergenceSettings, data_root: Path, pilot: PilotSettings | None = None,
                   jobs: int = 1, command: str = "", on_done: Callable[[JobResult], None] | None = None,
                   log: Callable[[str], None] = print, summarize_only: bool = False, small_corpora: bool = False
@@ -82,20 +89,15 @@ def run_emergence(output: Path, settings: EmergenceSettings, data_root: Path, pi
         raise UserError(f"--summarize-only: nothing has run under {output} (no runs/ there); check --output")
     domains = tuple(dict.fromkeys(settings.domains + tuple(d for d, _, _ in (pilot.variants if pilot else ()))))
     corpora = ensure_corpora(domains, data_root, small_corpora, log)
-    grid = emergence_runs(settings, corpora)
     known = pilot or PilotSettings()  # without --pilot: the pilot's runs that finished are reported with the grid
-    pilots = pilot_runs(PilotSettings(tuple(v for v in known.variants if v[0] in corpora), known.probe_interval),
-                        corpora, settings)
+    grid, pilots = planned_runs(settings, known, corpora)
     launcher = Launcher(output, Path(data_root).resolve())
     if not summarize_only:
         todo = pilots if pilot is not None else grid
         log(f"[emergence] {len(todo)} runs ({'the pilot' if pilot else 'the grid'}), {jobs} at a time")
         launcher.run_all(todo, jobs=jobs, on_done=on_done)
     settings = summarized(settings, data_root)
-    corpora = {**corpus_dirs(settings.domains, data_root), **corpora}
-    grid = emergence_runs(settings, corpora)
-    pilots = pilot_runs(PilotSettings(tuple(v for v in known.variants if v[0] in corpora), known.probe_interval),
-                        corpora, settings)
+    grid, pilots = planned_runs(settings, known, {**corpus_dirs(settings.domains, data_root), **corpora})
     finished = [spec for spec in grid if launcher.is_finished(spec)]
     pilot_done = [spec for spec in pilots if launcher.is_finished(spec)]
     log(f"[emergence] finished: {len(finished)} of {len(grid)} grid runs, {len(pilot_done)} of {len(pilots)} pilot "

@@ -67,7 +67,3 @@ def study_model(sizes: Sizes, vocab: int, seq_len: int) -> Any:
 
     return replace(load_preset("tiny"), **sizes.model, vocab_size=vocab, max_position_embeddings=seq_len)
 
-
-def replace_sizes(sizes: Sizes, **changes: Any) -> Sizes:
-    """`sizes` with some fields changed."""
-    return replace(sizes, **changes)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from cplm_megatron.experiments.gpu_study.sizes import ARMS, Sizes, replace_sizes, study_model
+from cplm_megatron.experiments.gpu_study.sizes import ARMS, Sizes, study_model
 
 # The throughput model behind the shape (seconds per token = layers x a + training FLOPs per token / R), fitted to two
 # runs measured on one H200 on 2026-12-04 (results/gpu/2026-12-04, bf16, SDPA, Megatron's LM-head loss):
@@ -44,7 +44,7 @@ def candidate_model(sizes: Sizes, vocab: int, layers: int, width: int) -> Any:
     """A candidate shape as a ModelConfig (the study's model with `layers` x `width`)."""
     shape = {"num_layers": layers, "hidden_size": width, "ffn_hidden_size": 3 * width,
              "num_attention_heads": width // 64, "num_query_groups": 2}
-    return study_model(replace_sizes(sizes, model=shape), vocab, sizes.seq_len)
+    return study_model(replace(sizes, model=shape), vocab, sizes.seq_len)
 
 
 def estimate(sizes: Sizes, vocab: int) -> dict[str, Any]:
