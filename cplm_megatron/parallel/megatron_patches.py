@@ -26,6 +26,7 @@ import contextlib
 import functools
 import inspect
 import os
+import pickle
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Callable, Dict, Iterable, List, Mapping, Optional
@@ -342,6 +343,52 @@ def _patch_foreach_fallback() -> None:
     mo._multi_tensor_copy_this_to_that = _foreach_copy_this_to_that
 
 
+# --- results queue ---------------------------------------------------------------------------------
+class PickledQueue:
+    """megatron's write-results queue carrying pickled bytes: the Manager server that holds it stores them
+    without unpickling (and so without importing) torch's checkpoint classes."""
+
+    def __init__(self, queue) -> None:
+        self._queue = queue
+
+    def put(self, item) -> None:
+        """Queue `item`, pickled here (in the writer)."""
+        self._queue.put(pickle.dumps(item))
+
+    def get(self, block: bool = True, timeout: Optional[float] = None):
+        """The next item, unpickled here (in the trainer)."""
+        return pickle.loads(self._queue.get(block, timeout))
+
+    def get_nowait(self):
+        """The next item without waiting (queue.Empty if none)."""
+        return pickle.loads(self._queue.get_nowait())
+
+
+_RESULTS_QUEUE_GETTERS = ("_get_write_results_queue", "get_write_results_queue")  # megatron-core 0.16, 0.19
+
+
+def _results_queue_getter() -> Optional[str]:
+    from megatron.core.dist_checkpointing.strategies import filesystem_async as fa
+
+    return next((name for name in _RESULTS_QUEUE_GETTERS if callable(getattr(fa, name, None))), None)
+
+
+def _patch_results_queue() -> None:
+    from megatron.core.dist_checkpointing.strategies import filesystem_async as fa
+
+    if not _mark(fa, "results_queue"):
+        return
+    name = _results_queue_getter()
+    original = getattr(fa, name)
+
+    def get_write_results_queue(*args, **kwargs):
+        if not isinstance(fa._results_queue, PickledQueue):
+            fa._results_queue = PickledQueue(original(*args, **kwargs))
+        return fa._results_queue
+
+    setattr(fa, name, get_write_results_queue)
+
+
 PATCHES: List[Patch] = [
     Patch("rng_tracker", "tensor_parallel/random.py: CUDA RNG state get/set + CudaRNGStatesTracker",
           "cpu", _patch_rng_tracker),
@@ -372,6 +419,10 @@ PATCHES: List[Patch] = [
           "_multi_tensor_copy_this_to_that: per-tensor loops (a host sync per tensor in the grad norm, two kernels "
           "per tensor to clip, one per parameter to copy main params to 16-bit ones) -> torch._foreach_* ops",
           "torch_fallback", _patch_foreach_fallback, _local_multi_tensor_fallback),
+    Patch("results_queue", "dist_checkpointing/strategies/filesystem_async.py (_)get_write_results_queue: the "
+          "Manager it spawns unpickles every save's write results, importing torch (~2.5 CPU-s on each process's "
+          "first save; CI launches hundreds of trainers) -> the queue carries pickled bytes", "cpu",
+          _patch_results_queue, lambda: _results_queue_getter() is not None),
 ]
 
 

@@ -161,6 +161,29 @@ def _foreach_scenario(rank: int) -> None:
     assert all(torch.equal(m, p.detach().to(torch.bfloat16)) for m, p in zip(model, params))
 
 
+def _results_queue_scenario(rank: int) -> None:
+    """A checkpoint save's write results reach the trainer through megatron's Manager, whose server process (spawned
+    by the first save) never imports torch; the checkpoint loads back equal."""
+    import psutil
+    from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing import ShardedTensor
+
+    from cplm_megatron.parallel.distributed import init_process_groups
+
+    init_process_groups(ParallelConfig())
+    weight = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+    with tempfile.TemporaryDirectory() as root:
+        dist_checkpointing.save({"w": ShardedTensor.from_rank_offsets("w", weight)}, root)
+        servers = [p for p in psutil.Process().children() if "spawn_main" in " ".join(p.cmdline())]
+        assert servers, "no Manager server was spawned by the save"
+        with_torch = [p.pid for p in servers if "libtorch" in open(f"/proc/{p.pid}/maps").read()]
+        for server in servers:  # this worker ends with os._exit: no Manager finalizer runs
+            server.terminate()
+        assert not with_torch, f"the save's results Manager (pid {with_torch}) imported torch"
+        loaded = dist_checkpointing.load({"w": ShardedTensor.from_rank_offsets("w", torch.zeros(3, 4))}, root)
+    assert torch.equal(loaded["w"], weight)
+
+
 # name -> (world size, the function every rank runs)
 SCENARIOS: dict[str, tuple[int, Callable]] = {
     "train_step_single": (1, train_step_single),
@@ -170,6 +193,7 @@ SCENARIOS: dict[str, tuple[int, Callable]] = {
     "grad_norm_precision": (1, _grad_norm_scenario),
     "compile_layer": (1, _compile_scenario),
     "foreach_fallback": (1, _foreach_scenario),
+    "results_queue": (1, _results_queue_scenario),
 }
 
 

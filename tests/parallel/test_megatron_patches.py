@@ -28,6 +28,7 @@ NEEDED_BY = {
     "current_stream": ("train_step_single", "current_stream = torch.cuda.current_stream()"),  # mcore >= 0.18.2
     "tp_group_warning": ("compile_layer", "graph break(s)"),
     "foreach_fallback": ("foreach_fallback", "per-tensor torch calls"),
+    "results_queue": ("results_queue", "imported torch"),
 }
 
 
