@@ -67,6 +67,7 @@ class StopSignal:
         self.received: Optional[int] = None
         self.boundaries = 0  # step boundaries reached (calls of `requested`)
         self._received_at = 0.0
+        self._restored = False
         self._previous = {}
         for sig in self.SIGNALS:  # first: starting the resource tracker unblocks SIGINT/SIGTERM (multiprocessing)
             if sig in IGNORED_IF_IGNORED and signal.getsignal(sig) == signal.SIG_IGN:
@@ -112,8 +113,8 @@ class StopSignal:
         if self._arrivals.running:  # it times the signals as they arrive, and stops the process itself
             return
         if now - self._received_at > REPEAT_AFTER_S:
-            print(f"[train] {signal.Signals(signum).name} again: stopping now, without a checkpoint",
-                  file=sys.stderr, flush=True)
+            lost = "its checkpoint is saved" if self._restored else "without a checkpoint"
+            print(f"[train] {signal.Signals(signum).name} again: stopping now, {lost}", file=sys.stderr, flush=True)
             kill_descendants()
             os._exit(128 + signum)
 
@@ -132,12 +133,15 @@ class StopSignal:
         return bool(flag.item())
 
     def restore(self) -> None:
+        """Give the previous handlers back; after a stop (its checkpoint saved, the process on its way out) keep
+        this one, so that a second signal during the exit still stops the process at once with 128 + the signal."""
         self._watching.set()
         self._arrivals.close()
+        self._restored = True
         if _ACTIVE == [self]:
             _ACTIVE.clear()
         for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
+            signal.signal(sig, handler if self.received is None else self._handle)
 
 
 class _Arrivals:

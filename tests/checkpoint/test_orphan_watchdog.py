@@ -4,6 +4,7 @@ used to live on, parent 1, for an hour); SIGHUP stops like SIGTERM (checkpoint, 
 torchrun killed with -9 stops instead of training on alone."""
 import json
 import os
+import re
 import signal
 import time
 
@@ -96,7 +97,8 @@ def test_a_second_signal_while_an_async_save_shuts_down_exits_130_at_once(stdlib
     """SIGTERM to the run's process group, then SIGINT 1.5 s later, while the stop's async save starts megatron's
     Manager and finishes: the Manager printed a KeyboardInterrupt traceback and the trainer exited 75 (the two
     signals, handled together after a long wait of the main thread, counted as one request). Now the second signal
-    ends the run at once: exit 130, one line, no traceback, no process left."""
+    ends the run at once: exit 130, one line, no traceback, no process left (the save may have finished by then:
+    the same outcome during the exit, tests/training/test_signals.py)."""
     run_dir, log = tmp_path / "run", tmp_path / "run.log"
     proc = pu.start(1, pu.tiny_overrides(stdlib_corpus, run_dir, 400, **{
         "checkpoint.async_save": "true", "checkpoint.interval": 1000}), log, mode="python")
@@ -114,8 +116,13 @@ def test_a_second_signal_while_an_async_save_shuts_down_exits_130_at_once(stdlib
     finally:
         pu.kill_group(proc)
     text = log.read_text()
-    assert proc.returncode == 130, text[-3000:]
     assert seconds < 10, (seconds, text[-3000:])
     assert "Traceback" not in text and "KeyboardInterrupt" not in text, text[-3000:]
-    assert text.rstrip().endswith("\n[train] SIGINT again: stopping now, without a checkpoint"), text[-3000:]
+    if proc.returncode == -signal.SIGINT:  # it came in the interpreter's own teardown (no Python handler runs
+        # there), after the run had stopped with its checkpoint; a shell reports 130, the launchers the recorded 75
+        assert f"exit code {RESUME_EXIT_CODE} = resume me" in text and read_latest(run_dir / "checkpoints"), text
+    else:  # during the save (the stop's checkpoint unfinished) or after it, while the process exits
+        assert proc.returncode == 130, text[-3000:]
+        assert re.search(r"\n\[train\] SIGINT again: stopping now, (without a checkpoint|its checkpoint is saved)$",
+                         text.rstrip()), text[-3000:]
     assert not alive, [(h.pid, h.cmdline()) for h in alive]

@@ -35,6 +35,32 @@ def test_a_second_ctrl_c_stops_at_once_and_a_forwarded_copy_does_not():
     assert "SIGINT again: stopping now, without a checkpoint" in proc.stderr
 
 
+AFTER_THE_STOP = textwrap.dedent("""
+    import os, signal, sys, time
+    from cplm_megatron.training.signals import REPEAT_AFTER_S, StopSignal
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # Python's own: KeyboardInterrupt
+    stop = StopSignal()
+    os.kill(os.getpid(), signal.SIGINT)  # the stop request: the trainer saves and returns 75
+    time.sleep(REPEAT_AFTER_S + 0.2)
+    stop.restore()  # the trainer's finally: the process is on its way out (joins helpers, tears down)
+    print("restored", flush=True)
+    os.kill(os.getpid(), signal.SIGINT)  # a second Ctrl-C during that exit
+    time.sleep(5)
+    print("not stopped", flush=True)
+""")
+
+
+def test_a_second_ctrl_c_while_a_stopped_run_exits_is_130_without_a_traceback():
+    """A second Ctrl-C after the stop's checkpoint is saved, while the process exits (joins megatron's Manager,
+    tears down its process groups), raised KeyboardInterrupt there (the previous handler was back): the process
+    died of SIGINT. It stops at once with 130 and one line now."""
+    proc = subprocess.run([sys.executable, "-c", AFTER_THE_STOP], cwd=REPO, capture_output=True, text=True,
+                          timeout=60, env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 130 and proc.stdout == "restored\n", proc.stdout + proc.stderr
+    assert proc.stderr.rstrip().endswith("[train] SIGINT again: stopping now, its checkpoint is saved"), proc.stderr
+    assert "Traceback" not in proc.stderr and "KeyboardInterrupt" not in proc.stderr
+
+
 HUP_QUIT = textwrap.dedent("""
     import os, signal, sys, time
     from cplm_megatron.training.signals import StopSignal, stop_received
