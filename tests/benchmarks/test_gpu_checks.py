@@ -245,7 +245,7 @@ def _assert_study(study: dict) -> None:
         assert all(0 <= p["probe_copy_accuracy"] <= 1 and math.isfinite(p["probe_in_context_score"]) for p in probes)
         assert arms[arm]["val_loss_ci_low"] <= arms[arm]["val_loss"] <= arms[arm]["val_loss_ci_high"]
         assert 0 < arms[arm]["val_loss"] < 2 * math.log(vocab)  # a few steps: near ln V, not diverged
-    assert arms["cplm"]["train"]["stopped_by"] == "time share"  # 25 s, far from the cap of 400 steps
+    assert arms["cplm"]["train"]["stopped_by"] == "time share"  # 25 s, far from the cap of 5,000 steps
     assert arms["baseline"]["train"]["stopped_by"] == "the CPLM's iteration count"
     assert 0 < controls["baseline_plus_cache"]["val_loss"] and 0 <= controls["baseline_plus_cache"]["lambda"] <= 1
     assert 0 <= controls["copy_one_token_match_copier"]["copy_accuracy"] <= 1

@@ -55,7 +55,7 @@ GPU = Sizes(model=STUDY_MODEL, corpus_bytes=60_000_000, vocab_size=8192, seq_len
 TINY = Sizes(model={"num_layers": 2, "hidden_size": 64, "ffn_hidden_size": 192, "num_attention_heads": 2,
                     "num_query_groups": 1},
              corpus_bytes=4_000_000, vocab_size=512, seq_len=128, tokenizer_sample_bytes=400_000, micro_batch=4,
-             global_batch=4, max_iters=400, max_arm_seconds=25, warmup_iters=2, lr=1e-3, probe_interval=5,
+             global_batch=4, max_iters=5000, max_arm_seconds=25, warmup_iters=2, lr=1e-3, probe_interval=5,
              probe_sequences=4, probe_copy_length=32, probe_val_batches=1, score_reserve_s=60, eval_batch=4,
              val_sequences=16, copy_sequences=4, copy_length=64, passkey_per_cell=2, passkey_lengths=(64, 128),
              passkey_depths=(0.0, 1.0), budget_s=2000)

@@ -73,6 +73,14 @@ def release_memory() -> None:
         torch.cuda.empty_cache()
 
 
+def stopped_by(share_fired: bool, launch: RunRecord | None, exit_after: int | None) -> str:
+    """What ended an arm's training: its time share only when the run stopped early (a share that fires while a
+    finished run exits ended nothing), else the CPLM's iteration count (the baseline) or the iteration cap."""
+    if share_fired and (launch is None or launch.stopped_early):
+        return "time share"
+    return "the CPLM's iteration count" if exit_after else "iteration cap"
+
+
 def train_arm(arm: str, work: Path, sizes: Sizes, corpus: Path, record: Record, seconds: float,
               exit_after: int | None = None) -> int:
     """One arm's training run (this process) within `seconds`; its figures and probes into the record; returns the
@@ -89,7 +97,7 @@ def train_arm(arm: str, work: Path, sizes: Sizes, corpus: Path, record: Record, 
     iterations = int(launch.iterations if launch else 0)
     record.data["arms"].setdefault(arm, {})["train"] = {
         "exit_code": code, "seconds": round(time.perf_counter() - start, 1), "time_share_s": round(seconds, 1),
-        "stopped_by": ("time share" if share.fired else "the CPLM's iteration count" if exit_after else "iteration cap"),
+        "stopped_by": stopped_by(share.fired, launch, exit_after),
         "iterations": iterations, "tokens": iterations * sizes.tokens_per_step,
         **{k: getattr(launch, k, None) for k in ("tokens_per_sec", "peak_memory_gib", "lm_head_loss")},
         "final_train_loss": final_train_loss(metrics)}

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from cplm_megatron.experiments.gpu_study.sizes import GPU
 from cplm_megatron.experiments.gpu_study.time_share import TimeShare
-from cplm_megatron.experiments.gpu_study.training import final_train_loss, launch_record, probes, train_overrides
+from cplm_megatron.experiments.gpu_study.training import (final_train_loss, launch_record, probes, stopped_by,
+                                                            train_overrides)
 from cplm_megatron.run_config import LoggingConfig
 from cplm_megatron.training.metrics_log import MetricsLogger, read_metrics
 from cplm_megatron.training.run_record import Layout, RunRecord, write_run_record
@@ -23,6 +24,18 @@ def test_the_arms_differ_only_in_the_copy_head_and_the_baseline_stops_at_the_cpl
     assert base[len(cplm):] == ["train.exit_after_iters=700"] and len(base) == len(cplm) + 1
     assert "data.streams=[/c/train]" in base and "model.vocab_size=8192" in base and "schedule.style=constant" in base
     assert "train.probe_interval=100" in base and "model.hidden_size=256" in base and "model.num_layers=4" in base
+
+
+def test_an_arm_is_stopped_by_its_time_share_only_when_its_run_stopped_early():
+    """A share that fires while a run that reached its cap exits ended nothing (found when the dry run's CPLM reached
+    its 400-step cap within its 25 s on a fast CI machine and was reported as stopped by its share)."""
+    stopped, finished = (RunRecord(preset="tiny", copy_head=True, layout=Layout(1, 1, 1, None, False, 1), nodes=1,
+                                   device="cpu", seq_len=128, global_batch=4, iterations=400, tokens_per_sec=900.0,
+                                   tflops_per_device=None, mfu=None, step_time=None, peak_memory_gib=0.5,
+                                   config_hash="", flops_per_token=1.0, stopped_early=early) for early in (True, False))
+    assert stopped_by(True, stopped, None) == "time share" and stopped_by(True, None, None) == "time share"
+    assert stopped_by(True, finished, None) == "iteration cap" and stopped_by(False, finished, None) == "iteration cap"
+    assert stopped_by(True, finished, 700) == "the CPLM's iteration count" == stopped_by(False, finished, 700)
 
 
 def test_a_time_share_waits_for_the_trainers_handler():
