@@ -625,11 +625,11 @@ def emergence_shape(s: dict) -> tuple:
             s["scales"]["code"]["tokens"] / 1e6)
 
 
-def emergence_second_seed(s: dict) -> tuple:
-    """The seed-2 code baseline: held-out text copy accuracy vs first occurrence, the gain, where it passed the
+def emergence_second_seed(s: dict, domain: str = "code") -> tuple:
+    """A domain's seed-2 baseline: held-out text copy accuracy vs first occurrence, the gain, where it passed the
     threshold (M tokens); its val loss and with the cache."""
-    run = s["emergence"]["code-baseline-s2"]
-    base = s["scales"]["code"]["arms"]["baseline"]["per_seed"]["2"]
+    run = s["emergence"][f"{domain}-baseline-s2"]
+    base = s["scales"][domain]["arms"]["baseline"]["per_seed"]["2"]
     return (run["final_text_copy_accuracy"], run["final_text_copy_first_accuracy"], run["final_text_copy_gain"],
             run["text_copy_emerges"]["tokens"] / 1e6, base["val_loss"], base["cache_val_loss"])
 
@@ -641,10 +641,10 @@ def emergence_helps(s: dict) -> tuple:
              for f in seed.values()]
     return (*share, *(f["aux1"]["lm_val_loss"] for f in seed.values()))
 
-def emergence_code_seeds(s: dict) -> tuple:
-    """Code over seeds: aux1's and the baseline's val loss (mean, std), aux1 minus the baseline and minus the cache
+def emergence_seeds(s: dict, domain: str) -> tuple:
+    """A domain over seeds: aux1's and the baseline's val loss (mean, std), aux1 minus the baseline and minus the cache
     control with their t intervals over seeds."""
-    scale = s["scales"]["code"]
+    scale = s["scales"][domain]
     aux1, base = (scale["arms"][a]["mean_std"]["val_loss"] for a in ("aux1", "baseline"))
     vs_base, vs_cache = scale["vs_baseline"]["aux1"], scale["vs_cache"]["aux1"]
     return (aux1["mean"], aux1["std"], base["mean"], base["std"],
@@ -693,11 +693,19 @@ QUOTES = [
           emergence_helps),
     Quote("README.md", "The second code baseline (seed 2) copies too: {:.3f} against {:.3f} (gain {:.3f}, past 0.1 after "
           "{:.1f}M tokens), validation loss {:.3f} and {:.3f} with the cache", (EMERGENCE,), emergence_second_seed),
+    Quote("README.md", "the second prose baseline too: {:.3f} against {:.3f} (gain {:.3f}, past 0.1 after {:.1f}M "
+          "tokens), validation loss {:.3f} and {:.3f} with the cache", (EMERGENCE,),
+          lambda s: emergence_second_seed(s, "prose")),
+    Quote("README.md", "On prose too: `aux1` {:.3f} ± {:.3f} against the baseline's {:.3f} ± {:.3f}, `aux1` minus the "
+          "baseline {:+.3f} [{:+.3f}, {:+.3f}] and minus the cache control {:+.3f} [{:+.3f}, {:+.3f}].", (EMERGENCE,),
+          lambda s: emergence_seeds(s, "prose")),
+    Quote("docs/evaluation.md", "; on prose: {:+.3f} [{:+.3f}, {:+.3f}] and {:+.3f} [{:+.3f}, {:+.3f}])",
+          (EMERGENCE,), lambda s: emergence_seeds(s, "prose")[4:]),
     Quote("README.md", "On code both arms have two seeds now: `aux1` {:.3f} ± {:.3f} against the baseline's {:.3f} ± "
           "{:.3f}, `aux1` minus the baseline {:+.3f} [{:+.3f}, {:+.3f}] and minus the cache control {:+.3f} [{:+.3f}, "
-          "{:+.3f}] (95% t intervals over seeds", (EMERGENCE,), emergence_code_seeds),
-    Quote("docs/evaluation.md", "(on code over two seeds: {:+.3f} [{:+.3f}, {:+.3f}] and {:+.3f} [{:+.3f}, {:+.3f}])",
-          (EMERGENCE,), lambda s: emergence_code_seeds(s)[4:]),
+          "{:+.3f}] (95% t intervals over seeds", (EMERGENCE,), lambda s: emergence_seeds(s, "code")),
+    Quote("docs/evaluation.md", "(on code over two seeds: {:+.3f} [{:+.3f}, {:+.3f}] and {:+.3f} [{:+.3f}, {:+.3f}];",
+          (EMERGENCE,), lambda s: emergence_seeds(s, "code")[4:]),
     Quote("results/emergence_cpu/README.md", "`code-aux1-s2` (val loss {:.3f}; held-out text copy gain {:.3f})",
           (EMERGENCE,), emergence_second_aux1),
     Quote("results/emergence_cpu/README.md", "`code-baseline-s2` (it copies too: held-out text copy {:.3f} against {:.3f} "
