@@ -24,7 +24,7 @@ Sources (cplm_megatron.data.code_sources): the standard library and every site-p
    by content hash: the same sample for the same package set wherever it is installed).
 5. Packed MDS datasets (train, dev, val) written by every core; DIR/split.json: every split's distributions,
    documents, tokens, the largest document's share, what was left out and why, the held-out shingles that occur
-   in train, the package list with versions, and the size rules checked.
+   in train, the package list with versions and licences, and the size rules checked.
 
 The result depends only on the package set (names, versions, file contents) and the settings.
 """
@@ -490,8 +490,8 @@ def split_record(output: Path, s: CodeCorpusSettings, roots: Sequence[Path], spl
         "settings": asdict(s), "splits": counts,
         "tokenizer": {"vocab_size": tokenizer.vocab_size, "sha256": tokenizer.sha256, "sample_files": len(sample),
                       "sample_bytes": sum(f.size for f in sample)},
-        "distributions": [{"name": d.name, "version": d.version, "split": split, "files": len(d.files),
-                           "bytes": d.bytes} for split in SPLITS for d in splits[split]],
+        "distributions": [{"name": d.name, "version": d.version, "licence": d.licence, "split": split,
+                           "files": len(d.files), "bytes": d.bytes} for split in SPLITS for d in splits[split]],
         "left_out_while_listing": skipped.to_dict(),
         "left_out_while_listing_files": [{"file": path, "reason": reason} for reason, path in skipped.named],
         "left_out": clean.dropped,

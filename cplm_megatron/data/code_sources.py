@@ -7,7 +7,8 @@ top-level entry (`unowned-<name>`: system packages without a file list). The sta
 left out, as in the embedded stdlib corpus) is the distribution `python-stdlib`. Each file carries its path relative
 to its root and the sha256 of its bytes, so everything later (order, dedup, split, sample) is the same wherever the
 same package set is installed. Files that are not UTF-8 text (another encoding, NUL bytes), empty, unreadable or
-above `max_file_bytes` are left out and counted; dangling links are not listed.
+above `max_file_bytes` are left out and counted; dangling links are not listed. Each distribution carries its
+licence as its metadata states it (`distribution_licence`).
 """
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ from pathlib import Path
 from cplm_megatron.data.stdlib_corpus import stdlib_root, stdlib_sources
 
 STDLIB = "python-stdlib"
+STDLIB_LICENCE = "PSF-2.0"
+NO_METADATA_LICENCE = "unknown (no distribution metadata)"
 DEFAULT_MAX_FILE_BYTES = 4 * 1024 * 1024  # larger .py files are data tables, not code
 _NORMALIZE = re.compile(r"[-_.]+")
 
@@ -56,6 +59,7 @@ class Distribution:
     name: str  # normalized
     version: str
     files: list[SourceFile] = field(default_factory=list)
+    licence: str = NO_METADATA_LICENCE  # as its metadata states it (distribution_licence)
 
     @property
     def bytes(self) -> int:
@@ -105,15 +109,33 @@ def check_roots(roots: Sequence[str | Path]) -> list[Path]:
     return out
 
 
-def _owners(root: Path) -> dict[str, tuple[str, str]]:
-    """{normalized source path: (normalized distribution name, version)} from the file lists of the distributions
-    in `root` (entries outside `root`, such as scripts in bin/, are never among its sources)."""
-    owners: dict[str, tuple[str, str]] = {}
+def distribution_licence(meta) -> str:
+    """A distribution's licence as its core metadata states it: License-Expression (PEP 639), else a one-line
+    License field, else its `License ::` classifiers, else the first line of the licence text the License field
+    holds; "not stated" when none is given."""
+    expression = (meta.get("License-Expression") or "").strip()
+    if expression:
+        return expression
+    lines = [line.strip() for line in (meta.get("License") or "").splitlines() if re.search(r"[A-Za-z]", line)]
+    if len(lines) == 1 and len(lines[0]) <= 80 and lines[0].upper() != "UNKNOWN":
+        return lines[0]
+    classifiers = [c.split("::")[-1].strip() for c in meta.get_all("Classifier") or () if c.startswith("License ::")]
+    if classifiers:
+        return "; ".join(classifiers)
+    if lines and lines[0].upper() != "UNKNOWN":
+        return f"{lines[0][:60]} (the licence text in its metadata)"
+    return "not stated"
+
+
+def _owners(root: Path) -> dict[str, tuple[str, str, str]]:
+    """{normalized source path: (normalized distribution name, version, licence)} from the file lists of the
+    distributions in `root` (entries outside `root`, such as scripts in bin/, are never among its sources)."""
+    owners: dict[str, tuple[str, str, str]] = {}
     for dist in metadata.distributions(path=[str(root)]):
         meta = dist.metadata
         if not meta["Name"]:
             continue
-        owner = (normalize_name(meta["Name"]), meta["Version"] or "")
+        owner = (normalize_name(meta["Name"]), meta["Version"] or "", distribution_licence(meta))
         for entry in dist.files or ():
             if entry.suffix == ".py":
                 owners[os.path.normpath(os.path.join(root, str(entry)))] = owner
@@ -154,13 +176,14 @@ def read_source(path: Path, max_file_bytes: int, skipped: Skipped) -> str | None
     return hashlib.sha256(data).hexdigest()
 
 
-def _listed(dists: dict[str, Distribution], name: str, version: str, path: Path, relpath: str) -> None:
+def _listed(dists: dict[str, Distribution], name: str, version: str, path: Path, relpath: str,
+            licence: str = NO_METADATA_LICENCE) -> None:
     """Add a file (size from stat, digest still unknown) to its distribution (a dangling link is no source)."""
     try:
         size = path.stat().st_size
     except OSError:
         return
-    dist = dists.setdefault(name, Distribution(name, version))
+    dist = dists.setdefault(name, Distribution(name, version, licence=licence))
     if version and version not in dist.version.split("+"):  # the same name in two roots: both versions named
         dist.version = "+".join(v for v in (dist.version, version) if v)
     dist.files.append(SourceFile(path, relpath, size, ""))
@@ -173,13 +196,14 @@ def installed_distributions(roots: Sequence[Path] | None = None, include_stdlib:
     if include_stdlib:
         lib = stdlib_root()
         for path in stdlib_sources(lib):
-            _listed(dists, STDLIB, platform.python_version(), path, path.relative_to(lib).as_posix())
+            _listed(dists, STDLIB, platform.python_version(), path, path.relative_to(lib).as_posix(), STDLIB_LICENCE)
     for root in roots if roots is not None else site_roots():
         owners = _owners(root)
         for path in _py_files(root):
             relpath = path.relative_to(root).as_posix()
-            name, version = owners.get(str(path), (f"unowned-{normalize_name(relpath.split('/')[0])}", ""))
-            _listed(dists, name, version, path, relpath)
+            name, version, licence = owners.get(
+                str(path), (f"unowned-{normalize_name(relpath.split('/')[0])}", "", NO_METADATA_LICENCE))
+            _listed(dists, name, version, path, relpath, licence)
     for dist in dists.values():
         dist.files.sort(key=lambda f: f.relpath)
     return sorted(dists.values(), key=lambda d: d.name)
@@ -197,7 +221,7 @@ def read_distributions(dists: Sequence[Distribution], max_file_bytes: int = DEFA
             if digest is not None:
                 files.append(SourceFile(f.path, f.relpath, f.size, digest))
         if files:
-            out.append(Distribution(dist.name, dist.version, files))
+            out.append(Distribution(dist.name, dist.version, files, dist.licence))
     return out, skipped
 
 

@@ -24,6 +24,9 @@ from cplm_megatron.data.code_corpus import (
     usable_bytes,
 )
 from cplm_megatron.data.code_sources import (
+    NO_METADATA_LICENCE,
+    STDLIB,
+    STDLIB_LICENCE,
     Distribution,
     installed_distributions,
     limit_distributions,
@@ -34,11 +37,11 @@ REPO = Path(__file__).resolve().parents[2]
 WORDS = [f"w{i}" for i in range(5000)]
 
 
-def _install(root: Path, name: str, version: str, files: dict[str, str | bytes]) -> None:
-    """A distribution as pip leaves it: its files and a dist-info with METADATA and RECORD."""
+def _install(root: Path, name: str, version: str, files: dict[str, str | bytes], meta: str = "") -> None:
+    """A distribution as pip leaves it: its files and a dist-info with METADATA (plus `meta`'s fields) and RECORD."""
     info = root / f"{name.replace('-', '_')}-{version}.dist-info"
     info.mkdir(parents=True)
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n{meta}")
     for rel, content in files.items():
         path = root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -74,6 +77,29 @@ def test_installed_sources_belong_to_their_distribution(tmp_path: Path) -> None:
     capped = limit_distributions(dists, max_bytes=dists[0].bytes + 10)
     assert sum(d.bytes for d in capped) <= dists[0].bytes + 10 and capped == limit_distributions(
         dists, max_bytes=dists[0].bytes + 10)
+
+
+def test_each_distribution_carries_the_licence_its_metadata_states(tmp_path: Path) -> None:
+    """License-Expression first, else a one-line License field, else the License classifiers, else the first line
+    of a licence text; "not stated" without any; files no distribution lists have no metadata to state one; the
+    standard library is PSF-2.0."""
+    _install(tmp_path, "expr", "1.0", {"expr.py": _code(1)},
+             "License-Expression: LGPL-2.1-or-later\nClassifier: License :: OSI Approved :: MIT License\n")
+    _install(tmp_path, "field", "1.0", {"field.py": _code(2)}, "License: BSD 3-Clause License\n")
+    _install(tmp_path, "classified", "1.0", {"classified.py": _code(3)},
+             "License: UNKNOWN\nClassifier: License :: OSI Approved :: MIT License\n")
+    _install(tmp_path, "fulltext", "1.0", {"fulltext.py": _code(6)},
+             "License: ====\n        Copyright (c) 2005, Foo Developers.\n        All rights reserved.\n")
+    _install(tmp_path, "silent", "1.0", {"silent.py": _code(4)})
+    (tmp_path / "loose").mkdir()
+    (tmp_path / "loose" / "mod.py").write_text(_code(5))
+    listed = installed_distributions([tmp_path])
+    assert [d.licence for d in listed if d.name == STDLIB] == [STDLIB_LICENCE]
+    dists, _ = read_distributions([d for d in listed if d.name != STDLIB])  # reading keeps each licence
+    assert {d.name: d.licence for d in dists} == {
+        "classified": "MIT License", "expr": "LGPL-2.1-or-later", "field": "BSD 3-Clause License",
+        "fulltext": "Copyright (c) 2005, Foo Developers. (the licence text in its metadata)", "silent": "not stated",
+        "unowned-loose": NO_METADATA_LICENCE}
 
 
 def _corpus(tmp_path: Path) -> list[Distribution]:
@@ -183,7 +209,7 @@ def test_small_build_is_deterministic_and_split_by_distribution(tmp_path: Path) 
     by_split: dict[str, set] = {}
     for dist in a["distributions"]:
         by_split.setdefault(dist["split"], set()).add(dist["name"])
-        assert "version" in dist
+        assert "version" in dist and dist["licence"]  # every source's licence in the manifest
     assert set(by_split) == {"train", "dev", "val"} and len(set.union(*by_split.values())) == len(a["distributions"])
 
     def digests(split: str) -> set[str]:
